@@ -1,0 +1,341 @@
+"""Decode raw capture into iterations: nesting, phases, shapes, kernel ↔ op links, ETS targets.
+
+Pure functions over plain data (``RawOp`` rows, ``KernelEvent``s, a launch table, step bounds);
+they run off the training thread and are tested on synthetic inputs.
+
+Rules (documented in the README's trace-format section):
+- An annotation (``record_function`` scope, ``Optimizer.step#...``) is not an op; an op inside an
+  ``Optimizer.*`` annotation is ``optimizer``.
+- An autograd node (``autograd::engine::evaluate_function: ...``) and everything inside it is
+  ``backward``; ops on the training thread before the iteration's last backward node are
+  ``forward``; the rest (gradient clipping, logging, ...) is ``other``.
+- An op belongs to the iteration whose [start, end) holds the start of its outermost op.
+- A kernel belongs to the innermost op, on the launching thread, whose interval holds its runtime
+  launch call (joined by CUPTI correlation id); host thread ids are matched to profiler thread ids
+  by which assignment contains the most launches.
+"""
+
+from __future__ import annotations
+
+import bisect
+import difflib
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .trace import IterationTrace, KernelEvent, OpEvent, Phase
+
+AUTOGRAD_NODE_PREFIX = "autograd::engine::evaluate_function:"
+OPTIMIZER_ANNOTATION_PREFIX = "Optimizer."
+_ANNOTATION_PREFIXES = ("Optimizer.step#", "Optimizer.zero_grad#", "ProfilerStep#")
+
+# Matches op_capture.USER_SCOPE / BACKWARD_SCOPE (torch RecordScope values), kept here so decoding
+# does not import torch.
+USER_SCOPE = 7
+BACKWARD_SCOPE = 1
+
+
+@dataclass(slots=True)
+class StepBounds:
+    """A timed training step on the trace clock (ns)."""
+
+    step: int
+    start_ns: int
+    end_ns: int
+
+
+class _RawLike:  # the attributes decode needs from op_capture.RawOp
+    name: str
+    start_ns: int
+    duration_ns: int
+    thread: int
+    sequence_nr: int
+    scope: int
+    input_shapes: tuple[tuple[int, ...], ...]
+    input_dtypes: tuple[str, ...]
+
+
+def _is_annotation(raw: _RawLike) -> bool:
+    return raw.scope == USER_SCOPE or raw.name.startswith(_ANNOTATION_PREFIXES)
+
+
+def _is_autograd_node(raw: _RawLike) -> bool:
+    return raw.name.startswith(AUTOGRAD_NODE_PREFIX) or raw.scope == BACKWARD_SCOPE
+
+
+def _nest(raws: Sequence[_RawLike]) -> list[int]:
+    """Parent index (into ``raws``) of each event on its own thread, -1 for outermost."""
+    parents = [-1] * len(raws)
+    by_thread: dict[int, list[int]] = defaultdict(list)
+    for index, raw in enumerate(raws):
+        by_thread[raw.thread].append(index)
+    for indices in by_thread.values():
+        indices.sort(key=lambda i: (raws[i].start_ns, -raws[i].duration_ns))
+        stack: list[int] = []
+        for index in indices:
+            start = raws[index].start_ns
+            while stack and raws[stack[-1]].start_ns + raws[stack[-1]].duration_ns <= start:
+                stack.pop()
+            parents[index] = stack[-1] if stack else -1
+            stack.append(index)
+    return parents
+
+
+def _training_thread(raws: Sequence[_RawLike], parents: list[int]) -> int:
+    """The thread that runs the forward: most outermost non-autograd, non-annotation events."""
+    counts: Counter[int] = Counter(
+        raw.thread
+        for raw, parent in zip(raws, parents)
+        if parent == -1 and not _is_autograd_node(raw) and not _is_annotation(raw)
+    )
+    if not counts:
+        counts = Counter(raw.thread for raw in raws)
+    return counts.most_common(1)[0][0] if counts else 0
+
+
+def _fill_shapes(target: list[OpEvent], source: list[OpEvent]) -> None:
+    """Copy shapes/dtypes onto ``target`` ops from the aligned ops of ``source`` (same names)."""
+    target_names = [op.name for op in target]
+    source_names = [op.name for op in source]
+    matcher = difflib.SequenceMatcher(None, source_names, target_names, autojunk=False)
+    for block in matcher.get_matching_blocks():
+        for offset in range(block.size):
+            src, dst = source[block.a + offset], target[block.b + offset]
+            if not dst.input_shapes and src.input_shapes:
+                dst.input_shapes = src.input_shapes
+                dst.input_dtypes = src.input_dtypes
+
+
+def build_iterations(
+    raws: Sequence[_RawLike], bounds: Sequence[StepBounds], *, shapes_source_step: int | None = None
+) -> list[IterationTrace]:
+    """Split raw profiler events into iterations of ``OpEvent``s with phase, depth and parent.
+
+    ``shapes_source_step``: the step whose ops carry recorded shapes; other iterations get them
+    copied by op-name alignment (``record_shapes="first"``).
+    """
+    parents = _nest(raws)
+    training_thread = _training_thread(raws, parents)
+    ordered_bounds = sorted(bounds, key=lambda b: b.start_ns)
+    starts = [b.start_ns for b in ordered_bounds]
+
+    # Resolve, per event: its root (outermost ancestor), annotation facts and autograd ancestry.
+    roots = list(range(len(raws)))
+    in_optimizer = [False] * len(raws)
+    in_backward = [False] * len(raws)
+    op_parent = [-1] * len(raws)  # nearest non-annotation ancestor
+    depth = [0] * len(raws)
+    order = sorted(range(len(raws)), key=lambda i: (raws[i].start_ns, -raws[i].duration_ns))
+    position = {index: rank for rank, index in enumerate(order)}
+    for index in sorted(range(len(raws)), key=lambda i: position[i]):
+        raw, parent = raws[index], parents[index]
+        if parent >= 0 and position[parent] > position[index]:
+            parent = -1  # defensive: a parent never follows its child
+        if parent >= 0:
+            roots[index] = roots[parent]
+            in_optimizer[index] = in_optimizer[parent] or (
+                _is_annotation(raws[parent])
+                and raws[parent].name.startswith(OPTIMIZER_ANNOTATION_PREFIX)
+            )
+            in_backward[index] = in_backward[parent] or _is_autograd_node(raws[parent])
+            op_parent[index] = parent if not _is_annotation(raws[parent]) else op_parent[parent]
+            depth[index] = depth[parent] + (0 if _is_annotation(raws[parent]) else 1)
+        if _is_annotation(raw):
+            in_optimizer[index] = in_optimizer[index] or raw.name.startswith(
+                OPTIMIZER_ANNOTATION_PREFIX
+            )
+        in_backward[index] = in_backward[index] or _is_autograd_node(raw)
+
+    members: list[list[int]] = [[] for _ in ordered_bounds]
+    for index in order:
+        if _is_annotation(raws[index]):
+            continue
+        slot = bisect.bisect_right(starts, raws[roots[index]].start_ns) - 1
+        if slot < 0 or raws[roots[index]].start_ns >= ordered_bounds[slot].end_ns:
+            continue  # outside every timed step (before the window, in a marked phase gap)
+        members[slot].append(index)
+
+    iterations: list[IterationTrace] = []
+    for bound, indices in zip(ordered_bounds, members):
+        last_backward_start = max(
+            (raws[i].start_ns for i in indices if in_backward[i]), default=None
+        )
+        local = {raw_index: k for k, raw_index in enumerate(indices)}
+        ops: list[OpEvent] = []
+        for raw_index in indices:
+            raw = raws[raw_index]
+            if in_optimizer[raw_index]:
+                phase = Phase.OPTIMIZER
+            elif in_backward[raw_index]:
+                phase = Phase.BACKWARD
+            elif raw.thread == training_thread and (
+                last_backward_start is None or raw.start_ns < last_backward_start
+            ):
+                phase = Phase.FORWARD
+            else:
+                phase = Phase.OTHER
+            ops.append(
+                OpEvent(
+                    name=raw.name,
+                    start_ns=raw.start_ns,
+                    duration_ns=raw.duration_ns,
+                    thread=raw.thread,
+                    phase=phase,
+                    depth=depth[raw_index],
+                    parent=local.get(op_parent[raw_index], -1),
+                    sequence_nr=raw.sequence_nr,
+                    input_shapes=raw.input_shapes,
+                    input_dtypes=raw.input_dtypes,
+                )
+            )
+        iterations.append(
+            IterationTrace(step=bound.step, start_ns=bound.start_ns, end_ns=bound.end_ns, ops=ops)
+        )
+
+    if shapes_source_step is not None:
+        source = next((it for it in iterations if it.step == shapes_source_step), None)
+        if source is not None:
+            for iteration in iterations:
+                if iteration is not source:
+                    _fill_shapes(iteration.ops, source.ops)
+    for iteration in iterations:
+        fill_host_gaps(iteration)
+    return iterations
+
+
+def fill_host_gaps(iteration: IterationTrace) -> None:
+    """CPU ETS gap: time from each outermost op to the next outermost op of its thread.
+
+    The last op of a thread gets the time to the iteration's end. Negative gaps clip to 0.
+    """
+    by_thread: dict[int, list[OpEvent]] = defaultdict(list)
+    for op in iteration.top_level_ops():
+        by_thread[op.thread].append(op)
+    for ops in by_thread.values():
+        for op, following in zip(ops, [*ops[1:], None]):
+            next_start = following.start_ns if following is not None else iteration.end_ns
+            op.gap_ns = max(0, next_start - op.end_ns)
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels
+
+
+def _innermost_op(starts: list[int], ops: list[OpEvent], indices: list[int], time_ns: int) -> int:
+    """Index (into the iteration's ops) of the innermost op of one thread containing time_ns."""
+    position = bisect.bisect_right(starts, time_ns) - 1
+    if position < 0:
+        return -1
+    candidate = indices[position]
+    while candidate >= 0:
+        op = ops[candidate]
+        if op.start_ns <= time_ns <= op.end_ns:
+            return candidate
+        candidate = op.parent
+    return -1
+
+
+def attach_kernels(
+    iterations: list[IterationTrace], kernels: Sequence[KernelEvent], launches: np.ndarray
+) -> float:
+    """Link kernels to ops and file them under iterations; returns the fraction correlated.
+
+    ``launches``: structured array with ``correlation_id``, ``thread_id`` (host OS thread) and
+    ``start_ns`` (already on the trace clock). Kernels whose launch cannot be found are filed by
+    their own start time with ``op_index = -1``.
+    """
+    launch_by_corr: dict[int, tuple[int, int]] = {
+        int(c): (int(t), int(s))
+        for c, t, s in zip(launches["correlation_id"], launches["thread_id"], launches["start_ns"])
+    }
+    # Per iteration and profiler thread: ops sorted by start, for containment queries.
+    thread_tables: list[dict[int, tuple[list[int], list[int]]]] = []
+    for iteration in iterations:
+        table: dict[int, tuple[list[int], list[int]]] = {}
+        for index, op in enumerate(iteration.ops):  # ops are in start order
+            starts, indices = table.setdefault(op.thread, ([], []))
+            starts.append(op.start_ns)
+            indices.append(index)
+        thread_tables.append(table)
+    iteration_starts = [it.start_ns for it in iterations]
+
+    def locate(time_ns: int) -> int:
+        slot = bisect.bisect_right(iteration_starts, time_ns) - 1
+        if slot < 0 or time_ns >= iterations[slot].end_ns:
+            return -1
+        return slot
+
+    # Vote: which profiler thread contains the launches of each host OS thread.
+    votes: Counter[tuple[int, int]] = Counter()
+    for os_thread, start_ns in launch_by_corr.values():
+        slot = locate(start_ns)
+        if slot < 0:
+            continue
+        for profiler_thread, (starts, indices) in thread_tables[slot].items():
+            if _innermost_op(starts, iterations[slot].ops, indices, start_ns) >= 0:
+                votes[(os_thread, profiler_thread)] += 1
+    thread_map: dict[int, int] = {}
+    for (os_thread, profiler_thread), _count in votes.most_common():
+        thread_map.setdefault(os_thread, profiler_thread)
+
+    correlated = 0
+    for kernel in kernels:
+        launch = launch_by_corr.get(kernel.correlation_id)
+        slot, op_index = -1, -1
+        if launch is not None:
+            os_thread, start_ns = launch
+            slot = locate(start_ns)
+            profiler_thread = thread_map.get(os_thread)
+            if slot >= 0 and profiler_thread in thread_tables[slot]:
+                starts, indices = thread_tables[slot][profiler_thread]
+                op_index = _innermost_op(starts, iterations[slot].ops, indices, start_ns)
+        if slot < 0:
+            slot = locate(kernel.start_ns)
+        if slot < 0:
+            continue
+        kernel.op_index = op_index
+        correlated += op_index >= 0
+        iterations[slot].kernels.append(kernel)
+    for iteration in iterations:
+        iteration.kernels.sort(key=lambda k: k.start_ns)
+        fill_device_targets(iteration)
+    total = sum(len(it.kernels) for it in iterations)
+    return correlated / total if total else 1.0
+
+
+def fill_device_targets(iteration: IterationTrace) -> None:
+    """GPU ETS targets for outermost ops: summed kernel time and device gap to the next op.
+
+    ``kernel_duration_ns``/``kernel_count`` cover the op's whole subtree. ``gap_ns`` is the time
+    from the op's last kernel end to the next kernel-launching outermost op's first kernel start
+    (clipped at 0); outermost ops without kernels get ``gap_ns = -1``.
+    """
+    if not iteration.kernels:
+        return
+    ops = iteration.ops
+    root = list(range(len(ops)))
+    for index, op in enumerate(ops):
+        if op.parent >= 0:
+            root[index] = root[op.parent]
+    first_start: dict[int, int] = {}
+    last_end: dict[int, int] = {}
+    for op in ops:
+        if op.depth == 0:
+            op.kernel_duration_ns, op.kernel_count, op.gap_ns = 0, 0, -1
+    for kernel in iteration.kernels:
+        if kernel.op_index < 0:
+            continue
+        top = root[kernel.op_index]
+        op = ops[top]
+        op.kernel_duration_ns += kernel.duration_ns
+        op.kernel_count += 1
+        first_start[top] = min(first_start.get(top, kernel.start_ns), kernel.start_ns)
+        last_end[top] = max(last_end.get(top, kernel.end_ns), kernel.end_ns)
+    launching = sorted(first_start, key=lambda i: first_start[i])
+    for current, following in zip(launching, [*launching[1:], None]):
+        if following is None:
+            ops[current].gap_ns = max(0, iteration.end_ns - last_end[current])
+        else:
+            ops[current].gap_ns = max(0, first_start[following] - last_end[current])

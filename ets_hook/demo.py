@@ -1,0 +1,132 @@
+"""``ets-hook demo``: a real training run with the hook, printing predicted vs actual.
+
+Trains one of the built-in zoo models on synthetic data (CPU by default, CUDA when asked or
+available with ``--device auto``), prints the capture summary once the trace is decoded, the
+prediction at a few early steps, and at the end the error of each early prediction against what
+actually happened: total wall time from hook creation to the last step's end, and the steady-state
+step time (median of the second half of the steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import dataclass
+
+REPORT_STEPS = (1, 2, 3, 5, 10, 20, 50, 100, 200, 500, 1000)
+
+
+@dataclass(frozen=True)
+class EarlyPrediction:
+    step: int
+    iteration_s: float
+    iteration_ci_s: float
+    total_s: float
+    source: str
+
+
+def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
+    from .zoo import DEMO_MODELS
+
+    parser.add_argument(
+        "--model", choices=sorted(DEMO_MODELS), default="transformer", help="built-in model"
+    )
+    parser.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
+    parser.add_argument(
+        "--device", default="cpu", help="cpu (default), cuda, or auto (cuda when available)"
+    )
+    parser.add_argument("--trace", metavar="PATH", help="also write the captured trace here")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def _pct(predicted: float, actual: float) -> str:
+    return f"{100.0 * (predicted - actual) / actual:+.1f}%"
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    import torch
+
+    from .hook import ETSHook
+    from .reporting import format_duration
+    from .zoo import DEMO_MODELS, workloads
+
+    if args.steps < 10:
+        raise SystemExit(f"ets-hook demo: --steps must be >= 10, got {args.steps}")
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("ets-hook demo: --device cuda requested but no CUDA device is available")
+    workload = workloads()[DEMO_MODELS[args.model]]
+    job = workload.build(device, seed=args.seed)
+    batches = job.batches()
+    print(
+        f"ets-hook demo: {workload.name} ({workload.family}) on {device}, {args.steps} steps, "
+        f"batch {workload.batch_size}, torch {torch.__version__}, {torch.get_num_threads()} threads"
+    )
+
+    hook = ETSHook(
+        job.model, optimizer=job.optimizer, total_steps=args.steps, trace_path=args.trace
+    )
+    early: list[EarlyPrediction] = []
+    summary_printed = False
+    for step in range(1, args.steps + 1):
+        job.train_step(next(batches))
+        if step in REPORT_STEPS:
+            prediction = hook.prediction
+            if prediction is not None:
+                early.append(
+                    EarlyPrediction(
+                        step,
+                        prediction.iteration_s,
+                        prediction.iteration_ci_s,
+                        prediction.total_s,
+                        prediction.source,
+                    )
+                )
+                print(
+                    f"  after step {step:>4}: {prediction.iteration_s * 1e3:8.2f} ms/step "
+                    f"±{100 * prediction.iteration_ci_s / prediction.iteration_s:4.1f}%   "
+                    f"total {format_duration(prediction.total_s):>8}   [{prediction.source}]"
+                )
+        if not summary_printed and hook.trace is not None:
+            summary_printed = True
+            _print_capture_summary(hook)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    actual_total_s = (time.perf_counter_ns() - hook.created_ns) / 1e9
+    hook.close()
+    if not summary_printed:
+        _print_capture_summary(hook)
+
+    times = hook.step_times_s
+    steady_s = statistics.median(times[len(times) // 2 :])
+    print(
+        f"\nactual: total {format_duration(actual_total_s)} ({actual_total_s:.2f} s), "
+        f"steady state {steady_s * 1e3:.2f} ms/step (median of the second half), "
+        f"first step {times[0] * 1e3:.1f} ms"
+    )
+    print(f"\n{'after step':>10} {'ms/step':>9} {'error':>8} {'total s':>9} {'error':>8}  source")
+    for item in early:
+        print(
+            f"{item.step:>10} {item.iteration_s * 1e3:>9.2f} {_pct(item.iteration_s, steady_s):>8}"
+            f" {item.total_s:>9.2f} {_pct(item.total_s, actual_total_s):>8}  {item.source}"
+        )
+    return 0
+
+
+def _print_capture_summary(hook: object) -> None:
+    from .cli import summarize_iteration
+
+    trace = getattr(hook, "trace", None)
+    print(f"\ncapture: {hook.capture_status}; kernels: {hook.kernel_capture_status}")  # type: ignore[attr-defined]
+    if trace is None:
+        return
+    for iteration in trace.iterations:
+        s = summarize_iteration(iteration)
+        print(
+            f"  step {s.step}: {s.duration_ms:8.2f} ms, {s.ops} ops ({s.top_level_ops} top-level),"
+            f" {s.kernels} kernels, host gaps {s.gaps_ms:.2f} ms"
+        )
+    print()

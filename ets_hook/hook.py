@@ -1,0 +1,441 @@
+"""ETSHook: the one object a training script creates. Lifecycle, capture window, fallbacks.
+
+Lifecycle::
+
+    created ──► steps [0, skip_steps) timed only
+            ──► capture window: steps [skip_steps, skip_steps + capture_steps)
+                op profiler (+ our CUPTI collector on GPU) enabled once at its start
+            ──► window end: profiler/collector stopped, observers removed, decoding handed to a
+                background thread (trace → estimators → trace file)
+            ──► every later step costs a timestamp and an O(1) forecast update
+            ──► close(): final prediction/status, every hook removed
+
+Contract: nothing in here may raise into the training loop. Every internal failure is caught,
+logged once on ``logging.getLogger("ets_hook")``, and degrades the hook to a passive step timer.
+(The one deliberate exception is the deadline guard with ``on_deadline="raise"``.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import __version__
+from .decode import StepBounds, attach_kernels, build_iterations
+from .op_capture import OpProfiler, other_profiler_active, read_raw_events
+from .steps import StepDetector
+from .sysinfo import device_info, host_info, model_device
+from .trace import CaptureInfo, Trace
+
+logger = logging.getLogger("ets_hook")
+
+RECORD_SHAPES_MODES = ("first", "all", "none")
+
+
+class _State:
+    WAITING = "waiting"
+    CAPTURING = "capturing"
+    DECODING = "decoding"
+    DONE = "done"
+    OFF = "off"
+
+
+def _distributed_rank() -> tuple[int, int]:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except Exception:
+        pass
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def rank_trace_path(path: str | os.PathLike[str], rank: int, world_size: int) -> Path:
+    """One file per rank: fill a ``{rank}`` placeholder, or add ``.rank<N>`` under DDP."""
+    text = os.fspath(path)
+    if "{rank}" in text:
+        return Path(text.format(rank=rank))
+    if world_size > 1:
+        target = Path(text)
+        return target.with_name(f"{target.stem}.rank{rank}{target.suffix}")
+    return Path(text)
+
+
+class ETSHook:
+    """Capture the first training steps, predict step time and job time, then get out of the way.
+
+    Parameters mirror the README's API section; bad values raise ``ValueError`` naming them.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
+        total_steps: int | None = None,
+        capture_steps: int = 5,
+        skip_steps: int = 1,
+        trace_path: str | os.PathLike[str] | None = None,
+        *,
+        grad_scaler: Any = None,
+        record_shapes: str = "first",
+        capture_kernels: bool | None = None,
+        device: Any = None,
+        decode_in_background: bool = True,
+    ) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if isinstance(capture_steps, bool) or not isinstance(capture_steps, int):
+            raise ValueError(f"capture_steps must be an int, got {capture_steps!r}")
+        if capture_steps < 0:
+            raise ValueError(f"capture_steps must be >= 0, got {capture_steps}")
+        if isinstance(skip_steps, bool) or not isinstance(skip_steps, int) or skip_steps < 0:
+            raise ValueError(f"skip_steps must be an int >= 0, got {skip_steps!r}")
+        if total_steps is not None and (
+            isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1
+        ):
+            raise ValueError(f"total_steps must be an int >= 1 or None, got {total_steps!r}")
+        if record_shapes not in RECORD_SHAPES_MODES:
+            raise ValueError(
+                f"record_shapes must be one of {RECORD_SHAPES_MODES}, got {record_shapes!r}"
+            )
+        optimizers = self._optimizer_list(optimizer)
+
+        self.model = model
+        self.total_steps = total_steps
+        self.capture_steps = capture_steps
+        self.skip_steps = skip_steps
+        self.record_shapes = record_shapes
+        self._decode_in_background = decode_in_background
+        self._device = device if device is not None else model_device(model)
+        self._rank, self._world_size = _distributed_rank()
+        self.trace_path = (
+            rank_trace_path(trace_path, self._rank, self._world_size)
+            if trace_path is not None
+            else None
+        )
+
+        # Clocks: steps are timed with perf_counter_ns; the trace uses the profiler's Unix-epoch
+        # clock, reached through one offset measured here.
+        self._created_ns = time.perf_counter_ns()
+        self._epoch_offset_ns = time.time_ns() - time.perf_counter_ns()
+        self._step_start_ns = self._created_ns
+        self._phase_ns_in_step = 0
+        self._phase_depth = 0
+        self.steps_completed = 0
+        self.step_times_s: list[float] = []
+        self._window_bounds: list[StepBounds] = []
+        # Steps of the window whose op capture began after the step started (see _on_forward).
+        self._partial_steps: list[int] = []
+        self._restart_pending = False
+
+        self._state = _State.WAITING if capture_steps > 0 else _State.OFF
+        self._capture_note = "" if capture_steps > 0 else "capture disabled (capture_steps=0)"
+        self._failed_once = False
+        self._op_profiler = OpProfiler()
+        self._collector: Any = None
+        self._kernel_status = "not requested"
+        self._want_kernels = (
+            capture_kernels
+            if capture_kernels is not None
+            else torch.device(self._device).type == "cuda"
+        )
+        self._trace: Trace | None = None
+        self._decode_thread: threading.Thread | None = None
+        self._trace_ready = threading.Event()
+        self._closed = False
+
+        self._detector = StepDetector(
+            model,
+            optimizers,
+            self._guarded(self._on_boundary),
+            grad_scaler=grad_scaler,
+            on_first_activity=self._guarded(self._on_first_activity),
+            on_forward=self._guarded(self._on_forward),
+        )
+        if self._state == _State.WAITING and skip_steps == 0:
+            self._guarded(self._start_capture)()
+
+    # ------------------------------------------------------------------------------------------
+    # Public API
+
+    def step(self) -> None:
+        """End one training step (absorbed when an optimizer hook already ended it)."""
+        try:
+            self._detector.explicit_step()
+        except Exception as exc:
+            self._fail(exc)
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Mark non-training work (``"eval"``, ``"checkpoint"``, ...): excluded from step times."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"phase name must be a non-empty string, got {name!r}")
+        started_ns = time.perf_counter_ns()
+        self._phase_depth += 1
+        self._detector.in_phase = True
+        try:
+            yield
+        finally:
+            self._phase_depth -= 1
+            if self._phase_depth == 0:
+                self._detector.in_phase = False
+                duration_ns = time.perf_counter_ns() - started_ns
+                self._phase_ns_in_step += duration_ns
+                self._guarded(self._on_phase_end)(name, duration_ns)
+
+    @property
+    def trace(self) -> Trace | None:
+        """The captured trace once decoding has finished, else None (see ``wait_for_trace``)."""
+        return self._trace
+
+    def wait_for_trace(self, timeout_s: float | None = None) -> Trace | None:
+        """Block until the trace is decoded (or capture ended without one); returns it or None."""
+        if self._state in (_State.WAITING, _State.CAPTURING):
+            return None
+        self._trace_ready.wait(timeout_s)
+        return self._trace
+
+    @property
+    def capture_status(self) -> str:
+        """Where capture stands: waiting, capturing, decoding, done, or off (with the reason)."""
+        return f"{self._state}: {self._capture_note}" if self._capture_note else self._state
+
+    @property
+    def created_ns(self) -> int:
+        """``time.perf_counter_ns()`` at hook creation: time zero of ``total_s``."""
+        return self._created_ns
+
+    @property
+    def kernel_capture_status(self) -> str:
+        return self._kernel_status
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Stop everything, remove every hook, finish decoding. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._state == _State.CAPTURING:
+                self._finish_capture(truncated=True)
+            self._detector.close()
+            if self._decode_thread is not None:
+                self._decode_thread.join(timeout_s)
+        except Exception as exc:
+            self._fail(exc)
+        finally:
+            self._detector.close()
+
+    def __enter__(self) -> ETSHook:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------------
+    # Step boundaries (training thread)
+
+    @staticmethod
+    def _optimizer_list(optimizer: Any) -> list[torch.optim.Optimizer]:
+        if optimizer is None:
+            return []
+        optimizers = (
+            [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else list(optimizer)
+        )
+        for item in optimizers:
+            if not isinstance(item, torch.optim.Optimizer):
+                raise ValueError(
+                    f"optimizer must be a torch.optim.Optimizer or a list of them, got {item!r}"
+                )
+        return optimizers
+
+    def _guarded(self, function: Callable[..., None]) -> Callable[..., None]:
+        def call(*args: Any) -> None:
+            try:
+                function(*args)
+            except Exception as exc:
+                self._fail(exc)
+
+        return call
+
+    def _on_first_activity(self) -> None:
+        # Step 0 starts at the first training forward when nothing was timed before it.
+        if self.steps_completed == 0 and self._state != _State.CAPTURING:
+            self._step_start_ns = time.perf_counter_ns()
+
+    def _on_boundary(self, source: str) -> None:
+        # Timing first, with nothing that can fail: the step count must survive any error below.
+        now_ns = time.perf_counter_ns()
+        start_ns = self._step_start_ns
+        duration_ns = now_ns - start_ns - self._phase_ns_in_step
+        step_index = self.steps_completed
+        self.step_times_s.append(duration_ns / 1e9)
+        self.steps_completed = step_index + 1
+        self._step_start_ns = now_ns
+        self._phase_ns_in_step = 0
+        try:
+            if self._state == _State.CAPTURING or self._state == _State.WAITING:
+                self._advance_window(step_index, start_ns, now_ns)
+        except Exception as exc:
+            self._fail(exc)
+
+    def _advance_window(self, step_index: int, start_ns: int, end_ns: int) -> None:
+        if self._state == _State.CAPTURING and self._op_profiler.active:
+            offset = self._epoch_offset_ns
+            self._window_bounds.append(StepBounds(step_index, start_ns + offset, end_ns + offset))
+        completed = step_index + 1
+        if self._state == _State.WAITING and completed == self.skip_steps:
+            self._start_capture()
+        elif self._state == _State.CAPTURING:
+            if completed == self.skip_steps + self.capture_steps:
+                self._finish_capture(truncated=False)
+            elif self._restart_pending:
+                # No forward hook fired in the last step: restart here (a start is safe inside
+                # an open scope; only a stop+start pair is not). That step has no ops.
+                self._restart_ops()
+            elif completed == self.skip_steps + 1 and self.record_shapes == "first":
+                # Shapes were recorded for one step; stop now (safe inside Optimizer.step) and
+                # restart without shapes at the next forward, outside any scope of this session.
+                self._op_profiler.stop()
+                self._restart_pending = True
+
+    def _on_forward(self) -> None:
+        if self._restart_pending and self._state == _State.CAPTURING:
+            self._partial_steps.append(self.steps_completed)
+            self._restart_ops()
+
+    def _restart_ops(self) -> None:
+        self._restart_pending = False
+        self._op_profiler.start(record_shapes=False)
+
+    def _on_phase_end(self, name: str, duration_ns: int) -> None:
+        pass
+
+    # ------------------------------------------------------------------------------------------
+    # Capture window
+
+    def _start_capture(self) -> None:
+        busy = other_profiler_active()
+        if busy is not None:
+            self._state = _State.OFF
+            self._capture_note = f"op capture backed off: {busy}"
+            self._kernel_status = "off: another profiler is active"
+            logger.warning("ets-hook: %s; timing steps only", self._capture_note)
+            return
+        if self._want_kernels:
+            self._start_kernel_collector()
+        self._op_profiler.start(record_shapes=self.record_shapes != "none")
+        self._state = _State.CAPTURING
+        # Step `skip_steps` starts now (its boundary just passed, or the hook was just created).
+
+    def _start_kernel_collector(self) -> None:
+        try:
+            from .native import KernelCollector
+        except Exception as exc:  # extension missing or broken: ops are still captured
+            self._kernel_status = f"off: native extension unavailable ({exc})"
+            return
+        collector = KernelCollector()
+        status = collector.start()
+        if status.available:
+            self._collector = collector
+            self._kernel_status = "on: CUPTI activity collector"
+        else:
+            self._kernel_status = f"off: {status.reason}"
+            logger.info("ets-hook: kernel capture unavailable: %s", status.reason)
+
+    def _finish_capture(self, *, truncated: bool) -> None:
+        """Window end (training thread): stop collectors, drop observers, hand off decoding."""
+        self._op_profiler.stop()
+        if self._collector is not None:
+            self._collector.stop()
+        self._detector.remove_capture_hooks()
+        self._state = _State.DECODING
+        if truncated:
+            self._capture_note = f"window cut short after {len(self._window_bounds)} steps"
+        snapshot = (list(self._op_profiler.results), list(self._window_bounds))
+        self._op_profiler.results.clear()
+        if self._decode_in_background:
+            self._decode_thread = threading.Thread(
+                target=self._decode, args=snapshot, name="ets-hook-decode", daemon=True
+            )
+            self._decode_thread.start()
+        else:
+            self._decode(*snapshot)
+
+    # ------------------------------------------------------------------------------------------
+    # Decoding (background thread)
+
+    def _decode(self, results: list[Any], bounds: list[StepBounds]) -> None:
+        try:
+            raws = [row for result in results for row in read_raw_events(result)]
+            shapes_step = self.skip_steps if self.record_shapes == "first" and bounds else None
+            iterations = build_iterations(raws, bounds, shapes_source_step=shapes_step)
+            dropped = 0
+            if self._collector is not None:
+                kernels, launches, dropped = self._collector.collect(self._epoch_offset_ns)
+                attach_kernels(iterations, kernels, launches)
+            self._trace = Trace(
+                iterations=iterations,
+                device=device_info(self._device),
+                host=host_info(),
+                capture=CaptureInfo(
+                    skip_steps=self.skip_steps,
+                    capture_steps=self.capture_steps,
+                    op_capture="torch kineto cpu profiler",
+                    kernel_capture=self._kernel_status,
+                    shapes_recorded=self.record_shapes,
+                    dropped_records=dropped,
+                ),
+                torch_version=torch.__version__,
+                ets_hook_version=__version__,
+                step_times_s=list(self.step_times_s),
+                rank=self._rank,
+                world_size=self._world_size,
+                metadata={
+                    "model": type(self.model).__name__,
+                    "partial_steps": list(self._partial_steps),
+                },
+            )
+            if self.trace_path is not None:
+                self._trace.save(self.trace_path)
+            self._state = _State.DONE
+        except Exception as exc:
+            self._fail(exc)
+        finally:
+            self._trace_ready.set()
+
+    # ------------------------------------------------------------------------------------------
+    # Failure handling
+
+    def _fail(self, exc: BaseException) -> None:
+        """Log once, stop capturing, keep timing steps. Never raises."""
+        try:
+            if not self._failed_once:
+                self._failed_once = True
+                logger.warning(
+                    "ets-hook: internal error, continuing as a step timer only: %r",
+                    exc,
+                    exc_info=logger.isEnabledFor(logging.DEBUG),
+                )
+            self._capture_note = f"failed: {exc!r}"
+            if self._op_profiler.active:
+                with contextlib.suppress(Exception):
+                    self._op_profiler.stop()
+            if self._collector is not None:
+                with contextlib.suppress(Exception):
+                    self._collector.stop()
+            self._op_profiler.results.clear()
+            with contextlib.suppress(Exception):
+                self._detector.remove_capture_hooks()
+            self._state = _State.OFF
+            self._trace_ready.set()
+        except Exception:
+            pass

@@ -1,0 +1,126 @@
+"""Operator capture: PyTorch's Kineto CPU profiler, enabled once for the capture window.
+
+Why this mechanism (measured on a 2-core CPU, see benchmarks/overhead.py and the README): the C++
+RecordFunction observers behind ``torch.autograd._enable_profiler`` see every ATen op and autograd
+node on every thread autograd propagates to, with start/end in ns, at about 1-2 µs per op without
+shapes. Recording input shapes roughly doubles that, and shapes of a training step repeat from
+step to step, so by default shapes are recorded for the first captured step only and copied onto
+the aligned ops of the others (``record_shapes="first"``). ``TorchDispatchMode`` misses composite
+ops and autograd nodes and costs more; a ``torch.profiler`` context per step costs milliseconds.
+Only CPU activities are requested, so Kineto never touches CUPTI: the kernel side is ours.
+
+Contract: ``start``/``stop`` run on the training thread and do only the profiler's own
+enable/disable work. Never stop and start again while a ``record_function`` scope that began
+under the first session is still open (e.g. inside ``Optimizer.step#...``, where our step hook
+runs): its end callback would run against the second session and crash. ``stop`` alone is safe
+anywhere; the hook restarts at the next root-module forward. Reading events back
+(``read_raw_events``, 8-11 µs per event) happens later, off the training thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.autograd as autograd
+from torch._C import _profiler
+
+# RecordScope.USER_SCOPE: ``record_function`` annotations (e.g. "Optimizer.step#SGD.step").
+USER_SCOPE = int(_profiler.RecordScope.USER_SCOPE)
+BACKWARD_SCOPE = int(_profiler.RecordScope.BACKWARD_FUNCTION)
+
+
+@dataclass(slots=True)
+class RawOp:
+    """One profiler event as read back from Kineto, before any interpretation."""
+
+    name: str
+    start_ns: int
+    duration_ns: int
+    thread: int
+    sequence_nr: int
+    scope: int
+    input_shapes: tuple[tuple[int, ...], ...]
+    input_dtypes: tuple[str, ...]
+
+
+def other_profiler_active() -> str | None:
+    """Why op capture must stay off (another profiler owns the session), or None."""
+    try:
+        if autograd._profiler_enabled():
+            return f"another torch profiler is active ({torch._C._autograd._profiler_type()})"
+    except Exception as exc:  # private API moved: treat as unknown but safe
+        return f"cannot query the torch profiler state ({exc})"
+    return None
+
+
+def _config(record_shapes: bool) -> Any:
+    return _profiler.ProfilerConfig(
+        _profiler.ProfilerState.KINETO,
+        record_shapes,  # report_input_shapes
+        False,  # profile_memory
+        False,  # with_stack
+        False,  # with_flops
+        False,  # with_modules
+        _profiler._ExperimentalConfig(),
+        "",
+    )
+
+
+class OpProfiler:
+    """Owns one Kineto CPU-only profiling session at a time on the calling thread.
+
+    ``results`` holds the opaque ``_ProfilerResult`` of each finished session (shapes session
+    first); they are converted by ``read_raw_events`` off the training thread.
+    """
+
+    def __init__(self) -> None:
+        self.results: list[Any] = []
+        self._active = False
+
+    @property
+    def active(self) -> bool:
+        return self._active
+
+    def start(self, record_shapes: bool) -> None:
+        if self._active:
+            raise RuntimeError("op profiler already started")
+        config = _config(record_shapes)
+        activities = {_profiler.ProfilerActivity.CPU}
+        autograd._prepare_profiler(config, activities)
+        autograd._enable_profiler(config, activities)
+        self._active = True
+
+    def stop(self) -> None:
+        """End the current session and keep its result (cheap part only; no event conversion)."""
+        if not self._active:
+            return
+        self._active = False
+        self.results.append(autograd._disable_profiler())
+
+
+def _shape_tuple(shapes: Any) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(int(d) for d in shape) for shape in shapes)
+
+
+def read_raw_events(result: Any) -> list[RawOp]:
+    """Convert one profiler result to ``RawOp`` rows (slow: call off the training thread)."""
+    rows: list[RawOp] = []
+    for event in result.events():
+        if event.device_type() != torch.autograd.DeviceType.CPU:
+            continue
+        shapes = event.shapes()
+        rows.append(
+            RawOp(
+                name=event.name(),
+                start_ns=int(event.start_ns()),
+                duration_ns=int(event.duration_ns()),
+                thread=int(event.start_thread_id()),
+                sequence_nr=int(event.sequence_nr()),
+                scope=int(event.scope()),
+                input_shapes=_shape_tuple(shapes) if shapes else (),
+                input_dtypes=tuple(event.dtypes()) if shapes else (),
+            )
+        )
+    return rows

@@ -1,0 +1,210 @@
+"""Step-boundary detection: decides when one training step ends, from whatever the loop offers.
+
+One authority decides at a time, so a boundary is never counted twice:
+
+1. ``grad_scaler`` given: ``GradScaler.update()`` (called once per iteration, also when the scaler
+   skips ``optimizer.step()`` on inf/NaN gradients).
+2. ``optimizer`` given (one or several): a step ends once every given optimizer has stepped since
+   the last boundary (two optimizers stepping per iteration make one step). ``hook.step()`` calls
+   are then absorbed, except when no optimizer step happened since the previous ``hook.step()``:
+   that is an iteration whose optimizer step was skipped (e.g. by a GradScaler), and it counts.
+3. No optimizer given: explicit ``hook.step()`` calls, from the first one on.
+4. Neither: any optimizer's step (``register_optimizer_step_post_hook``; with several optimizers,
+   once all optimizers seen so far have stepped), else the root module's forward in training
+   mode with grad enabled (a step runs from one such forward to the next).
+
+Forwards in eval mode, under ``no_grad``, inside a marked phase or inside an optimizer step
+(LBFGS closures) never end a step. Optimizer steps inside a marked phase are ignored too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
+
+
+class Authority(str, enum.Enum):
+    SCALER = "grad_scaler"
+    OPTIMIZER = "optimizer"
+    EXPLICIT = "explicit"
+    ANY_OPTIMIZER = "any_optimizer"
+    FORWARD = "forward"
+
+
+class StepDetector:
+    """Installs the hooks that mark step boundaries and reports each one to ``on_boundary``.
+
+    ``on_boundary(source)`` is called on the training thread, once per training step.
+    ``on_first_activity()`` is called at the first training forward (the start of step 0).
+    ``on_forward()`` is called at every training forward that did not itself end a step, while
+    the module hook is installed (the hook uses it as a safe point to restart the profiler).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizers: Sequence[torch.optim.Optimizer],
+        on_boundary: Callable[[str], None],
+        *,
+        grad_scaler: Any = None,
+        on_first_activity: Callable[[], None] | None = None,
+        on_forward: Callable[[], None] | None = None,
+    ) -> None:
+        self._model = model
+        self._optimizers = list(optimizers)
+        self._on_boundary = on_boundary
+        self._on_first_activity = on_first_activity
+        self._on_forward = on_forward
+        self._scaler = grad_scaler
+        self._handles: list[Any] = []
+        self._pre_handles: list[Any] = []  # only needed while the forward hook is installed
+        self._forward_handle: Any = None
+        self._scaler_original_update: Any = None
+
+        self.in_phase = False
+        self._in_optimizer_step = 0
+        self._stepped_since_boundary: set[int] = set()
+        self._seen_optimizers: set[int] = set()
+        self._optimizer_since_explicit = False
+        self._explicit_absorbed = 0
+        self._forward_started = False
+        self._active = True
+
+        if grad_scaler is not None:
+            self.authority = Authority.SCALER
+            self._wrap_scaler(grad_scaler)
+        elif self._optimizers:
+            self.authority = Authority.OPTIMIZER
+            for optimizer in self._optimizers:
+                self._pre_handles.append(optimizer.register_step_pre_hook(self._optimizer_pre))
+                self._handles.append(optimizer.register_step_post_hook(self._optimizer_post))
+        else:
+            self.authority = Authority.FORWARD
+            self._pre_handles.append(register_optimizer_step_pre_hook(self._optimizer_pre))
+            self._handles.append(register_optimizer_step_post_hook(self._optimizer_post))
+        self._forward_handle = model.register_forward_pre_hook(self._forward_pre)
+
+    # -- hooks -----------------------------------------------------------------------------
+
+    def _wrap_scaler(self, scaler: Any) -> None:
+        original = scaler.update
+        self._scaler_original_update = original
+
+        def update(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            if self._active and not self.in_phase:
+                self._on_boundary(Authority.SCALER.value)
+            return result
+
+        scaler.update = update
+
+    def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._in_optimizer_step += 1
+
+    def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._in_optimizer_step = max(0, self._in_optimizer_step - 1)
+        if not self._active or self.in_phase:
+            return
+        self._optimizer_since_explicit = True
+        key = id(optimizer)
+        if self.authority is Authority.FORWARD:
+            self.authority = Authority.ANY_OPTIMIZER
+        if self.authority is Authority.ANY_OPTIMIZER:
+            self._seen_optimizers.add(key)
+            expected = self._seen_optimizers
+        elif self.authority is Authority.OPTIMIZER:
+            expected = {id(o) for o in self._optimizers}
+        else:
+            return
+        self._stepped_since_boundary.add(key)
+        if expected <= self._stepped_since_boundary:
+            self._stepped_since_boundary.clear()
+            self._on_boundary(self.authority.value)
+
+    def _forward_pre(self, module: Any, args: Any) -> None:
+        if (
+            not self._active
+            or self.in_phase
+            or self._in_optimizer_step
+            or not module.training
+            or not torch.is_grad_enabled()
+        ):
+            return
+        if not self._forward_started:
+            self._forward_started = True
+            if self._on_first_activity is not None:
+                self._on_first_activity()
+        elif self.authority is Authority.FORWARD:
+            self._on_boundary(Authority.FORWARD.value)
+            return
+        if self._on_forward is not None:
+            self._on_forward()
+
+    # -- explicit steps --------------------------------------------------------------------
+
+    def explicit_step(self) -> None:
+        """``hook.step()``: count a boundary unless another authority already marked it."""
+        if not self._active or self.in_phase:
+            return
+        if self.authority in (Authority.FORWARD, Authority.ANY_OPTIMIZER):
+            # First explicit call: from now on only hook.step() marks steps. If an automatic
+            # boundary just happened (an optimizer stepped since), this call is its twin.
+            self.authority = Authority.EXPLICIT
+            if self._optimizer_since_explicit:
+                self._optimizer_since_explicit = False
+                return
+            self._on_boundary(Authority.EXPLICIT.value)
+        elif self.authority is Authority.EXPLICIT:
+            self._on_boundary(Authority.EXPLICIT.value)
+        else:  # OPTIMIZER / SCALER: absorbed unless the iteration's optimizer step was skipped
+            if self._optimizer_since_explicit or self.authority is Authority.SCALER:
+                self._optimizer_since_explicit = False
+                self._explicit_absorbed += 1
+            elif self._explicit_absorbed:
+                self._stepped_since_boundary.clear()
+                self._on_boundary(Authority.EXPLICIT.value)
+            else:
+                self._explicit_absorbed += 1  # first call came before any optimizer step
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def needs_forward_hook(self) -> bool:
+        return self.authority is Authority.FORWARD
+
+    def remove_capture_hooks(self) -> None:
+        """After the capture window: drop the module hook unless forwards mark the steps."""
+        if self._forward_handle is not None and not self.needs_forward_hook:
+            self._forward_handle.remove()
+            self._forward_handle = None
+        if self._forward_handle is None:
+            # Pre-hooks only served to ignore forwards inside optimizer steps.
+            for handle in self._pre_handles:
+                handle.remove()
+            self._pre_handles.clear()
+            self._in_optimizer_step = 0
+
+    def close(self) -> None:
+        """Remove every hook this detector installed; safe to call twice."""
+        self._active = False
+        for handle in [*self._handles, *self._pre_handles]:
+            with contextlib.suppress(Exception):
+                handle.remove()
+        self._handles.clear()
+        self._pre_handles.clear()
+        if self._forward_handle is not None:
+            with contextlib.suppress(Exception):
+                self._forward_handle.remove()
+            self._forward_handle = None
+        if self._scaler is not None and self._scaler_original_update is not None:
+            with contextlib.suppress(Exception):
+                del self._scaler.update  # restores the class method
+            self._scaler_original_update = None

@@ -1,0 +1,401 @@
+"""A zoo of small, real training workloads on synthetic data (demo, dataset collection, benchmarks).
+
+Each ``Workload`` builds a model, a loss, an optimizer and a batch source that yields tensors on
+the requested device. Families cover what the ETS paper and our users train: MLPs, ResNet-, VGG-
+and MobileNet-like CNNs, LSTM/GRU sequence models, transformer encoders, GPT-style decoders and an
+embedding-heavy recommender. Sizes are chosen so that one step takes milliseconds to ~0.1 s on a
+2-core CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+BatchMaker = Callable[[int, torch.Generator], Batch]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A named training job: ``build(device)`` returns a fresh ``Job``."""
+
+    name: str
+    family: str
+    batch_size: int
+    make_model: Callable[[], nn.Module]
+    make_batch: BatchMaker
+    loss: str = "cross_entropy"
+    optimizer: str = "sgd"
+    lr: float = 0.01
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def build(self, device: str | torch.device = "cpu", seed: int = 0) -> Job:
+        torch.manual_seed(seed)
+        model = self.make_model().to(device)
+        if self.optimizer == "adam":
+            optimizer: torch.optim.Optimizer = torch.optim.Adam(model.parameters(), lr=self.lr)
+        elif self.optimizer == "adamw":
+            optimizer = torch.optim.AdamW(model.parameters(), lr=self.lr)
+        else:
+            optimizer = torch.optim.SGD(model.parameters(), lr=self.lr, momentum=0.9)
+        loss_fn: nn.Module = nn.MSELoss() if self.loss == "mse" else nn.CrossEntropyLoss()
+        return Job(self, model, optimizer, loss_fn, torch.device(device), seed)
+
+
+@dataclass
+class Job:
+    workload: Workload
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    loss_fn: nn.Module
+    device: torch.device
+    seed: int
+
+    def batches(self) -> Iterator[Batch]:
+        """An endless stream of synthetic batches, generated on the CPU then moved."""
+        generator = torch.Generator().manual_seed(self.seed)
+        index = 0
+        while True:
+            x, y = self.workload.make_batch(index, generator)
+            yield x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            index += 1
+
+    def loss(self, batch: Batch) -> torch.Tensor:
+        x, y = batch
+        out = self.model(x)
+        if out.dim() == 3:  # sequence models: (batch, time, classes)
+            out = out.reshape(-1, out.shape[-1])
+            y = y.reshape(-1)
+        return self.loss_fn(out, y)
+
+    def train_step(self, batch: Batch) -> float:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.loss(batch)
+        loss.backward()
+        self.optimizer.step()
+        return float(loss.detach())
+
+
+# ---------------------------------------------------------------------------------------------
+# Model families
+
+
+def _mlp(width: int, depth: int, in_features: int = 256, classes: int = 10) -> nn.Module:
+    layers: list[nn.Module] = []
+    features = in_features
+    for _ in range(depth):
+        layers += [nn.Linear(features, width), nn.ReLU()]
+        features = width
+    layers.append(nn.Linear(features, classes))
+    return nn.Sequential(*layers)
+
+
+class _BasicBlock(nn.Module):
+    def __init__(self, channels_in: int, channels_out: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels_in, channels_out, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels_out)
+        self.conv2 = nn.Conv2d(channels_out, channels_out, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels_out)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or channels_in != channels_out:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(channels_in, channels_out, 1, stride, bias=False),
+                nn.BatchNorm2d(channels_out),
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return torch.relu(out + self.shortcut(x))
+
+
+def _resnet(width: int, blocks_per_stage: int, classes: int = 10) -> nn.Module:
+    layers: list[nn.Module] = [
+        nn.Conv2d(3, width, 3, 1, 1, bias=False),
+        nn.BatchNorm2d(width),
+        nn.ReLU(),
+    ]
+    channels = width
+    for stage in range(3):
+        out_channels = width * (2**stage)
+        for block in range(blocks_per_stage):
+            stride = 2 if stage > 0 and block == 0 else 1
+            layers.append(_BasicBlock(channels, out_channels, stride))
+            channels = out_channels
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, classes)]
+    return nn.Sequential(*layers)
+
+
+def _vgg(width: int, classes: int = 10) -> nn.Module:
+    layers: list[nn.Module] = []
+    channels = 3
+    for out_channels in (width, width * 2, width * 4):
+        layers += [
+            nn.Conv2d(channels, out_channels, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(out_channels, out_channels, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        ]
+        channels = out_channels
+    layers += [nn.Flatten(), nn.Linear(channels * 4 * 4, 128), nn.ReLU(), nn.Linear(128, classes)]
+    return nn.Sequential(*layers)
+
+
+def _mobilenet(width: int, classes: int = 10) -> nn.Module:
+    def separable(channels_in: int, channels_out: int, stride: int) -> list[nn.Module]:
+        return [
+            nn.Conv2d(channels_in, channels_in, 3, stride, 1, groups=channels_in, bias=False),
+            nn.BatchNorm2d(channels_in),
+            nn.ReLU6(),
+            nn.Conv2d(channels_in, channels_out, 1, bias=False),
+            nn.BatchNorm2d(channels_out),
+            nn.ReLU6(),
+        ]
+
+    layers: list[nn.Module] = [nn.Conv2d(3, width, 3, 2, 1, bias=False), nn.BatchNorm2d(width)]
+    channels = width
+    for multiplier, stride in ((2, 1), (4, 2), (4, 1), (8, 2)):
+        layers += separable(channels, width * multiplier, stride)
+        channels = width * multiplier
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, classes)]
+    return nn.Sequential(*layers)
+
+
+class _RNNClassifier(nn.Module):
+    def __init__(self, cell: str, vocab: int, hidden: int, layers: int, classes: int) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab, hidden)
+        rnn_type = nn.LSTM if cell == "lstm" else nn.GRU
+        self.rnn = rnn_type(hidden, hidden, num_layers=layers, batch_first=True)
+        self.head = nn.Linear(hidden, classes)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        out, _ = self.rnn(self.embedding(tokens))
+        return self.head(out[:, -1])
+
+
+class _TransformerClassifier(nn.Module):
+    def __init__(self, vocab: int, d_model: int, heads: int, layers: int, classes: int) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab, d_model)
+        layer = nn.TransformerEncoderLayer(d_model, heads, 4 * d_model, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d_model, classes)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.embedding(tokens)).mean(dim=1))
+
+
+class _GPTBlock(nn.Module):
+    def __init__(self, d_model: int, heads: int) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(
+            nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model)
+        )
+        self.heads = heads
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, time, channels = x.shape
+        q, k, v = self.qkv(self.norm1(x)).split(channels, dim=2)
+        shape = (batch, time, self.heads, channels // self.heads)
+        q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
+        attended = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(attended.transpose(1, 2).reshape(batch, time, channels))
+        return x + self.mlp(self.norm2(x))
+
+
+class _GPT(nn.Module):
+    def __init__(self, vocab: int, d_model: int, heads: int, layers: int, context: int) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, d_model)
+        self.positions = nn.Embedding(context, d_model)
+        self.blocks = nn.Sequential(*[_GPTBlock(d_model, heads) for _ in range(layers)])
+        self.norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.tokens(tokens) + self.positions(positions)
+        return self.head(self.norm(self.blocks(x)))
+
+
+class _Recommender(nn.Module):
+    """DLRM-like: sparse features through embedding bags, dense through an MLP, then a top MLP."""
+
+    def __init__(self, tables: int, rows: int, dim: int, dense: int) -> None:
+        super().__init__()
+        self.bags = nn.ModuleList(nn.EmbeddingBag(rows, dim, mode="sum") for _ in range(tables))
+        self.bottom = nn.Sequential(nn.Linear(dense, 64), nn.ReLU(), nn.Linear(64, dim), nn.ReLU())
+        self.top = nn.Sequential(nn.Linear(dim * (tables + 1), 128), nn.ReLU(), nn.Linear(128, 2))
+        self.dense = dense
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        dense = features[:, : self.dense]
+        sparse = features[:, self.dense :].long()
+        pooled = [bag(sparse[:, i : i + 1]) for i, bag in enumerate(self.bags)]
+        return self.top(torch.cat([self.bottom(dense), *pooled], dim=1))
+
+
+# ---------------------------------------------------------------------------------------------
+# Batch makers
+
+
+def _images(batch: int, size: int, classes: int = 10) -> BatchMaker:
+    def make(_index: int, generator: torch.Generator) -> Batch:
+        x = torch.randn(batch, 3, size, size, generator=generator)
+        return x, torch.randint(0, classes, (batch,), generator=generator)
+
+    return make
+
+
+def _vectors(batch: int, features: int, classes: int = 10) -> BatchMaker:
+    def make(_index: int, generator: torch.Generator) -> Batch:
+        x = torch.randn(batch, features, generator=generator)
+        return x, torch.randint(0, classes, (batch,), generator=generator)
+
+    return make
+
+
+def _tokens(
+    batch: int, length: int, vocab: int, classes: int, *, next_token: bool = False
+) -> BatchMaker:
+    def make(_index: int, generator: torch.Generator) -> Batch:
+        x = torch.randint(0, vocab, (batch, length), generator=generator)
+        if next_token:
+            return x, torch.randint(0, vocab, (batch, length), generator=generator)
+        return x, torch.randint(0, classes, (batch,), generator=generator)
+
+    return make
+
+
+def _recsys(batch: int, dense: int, tables: int, rows: int) -> BatchMaker:
+    def make(_index: int, generator: torch.Generator) -> Batch:
+        dense_part = torch.randn(batch, dense, generator=generator)
+        sparse_part = torch.randint(0, rows, (batch, tables), generator=generator).float()
+        x = torch.cat([dense_part, sparse_part], dim=1)
+        return x, torch.randint(0, 2, (batch,), generator=generator)
+
+    return make
+
+
+def workloads() -> dict[str, Workload]:
+    """Every built-in workload by name (several sizes and batch sizes per family)."""
+    items: list[Workload] = []
+    for width, depth, batch in ((128, 2, 32), (512, 3, 64), (1024, 4, 128)):
+        items.append(
+            Workload(
+                f"mlp-w{width}-d{depth}-b{batch}",
+                "mlp",
+                batch,
+                lambda w=width, d=depth: _mlp(w, d),
+                _vectors(batch, 256),
+                params={"width": width, "depth": depth},
+            )
+        )
+    for width, blocks, batch, size in ((8, 1, 16, 32), (16, 2, 32, 32), (16, 1, 16, 64)):
+        items.append(
+            Workload(
+                f"resnet-w{width}-x{blocks}-b{batch}-s{size}",
+                "resnet",
+                batch,
+                lambda w=width, b=blocks: _resnet(w, b),
+                _images(batch, size),
+                params={"width": width, "blocks": blocks, "image": size},
+            )
+        )
+    for width, batch in ((8, 16), (16, 32)):
+        items.append(
+            Workload(
+                f"vgg-w{width}-b{batch}",
+                "vgg",
+                batch,
+                lambda w=width: _vgg(w),
+                _images(batch, 32),
+                params={"width": width, "image": 32},
+            )
+        )
+    for width, batch, size in ((8, 16, 32), (16, 32, 64)):
+        items.append(
+            Workload(
+                f"mobilenet-w{width}-b{batch}-s{size}",
+                "mobilenet",
+                batch,
+                lambda w=width: _mobilenet(w),
+                _images(batch, size),
+                params={"width": width, "image": size},
+            )
+        )
+    for cell in ("lstm", "gru"):
+        for hidden, layers, batch, length in ((64, 1, 32, 32), (128, 2, 32, 64)):
+            items.append(
+                Workload(
+                    f"{cell}-h{hidden}-l{layers}-b{batch}-t{length}",
+                    cell,
+                    batch,
+                    lambda c=cell, h=hidden, n=layers: _RNNClassifier(c, 1000, h, n, 10),
+                    _tokens(batch, length, 1000, 10),
+                    optimizer="adam",
+                    lr=1e-3,
+                    params={"hidden": hidden, "layers": layers, "seq": length},
+                )
+            )
+    for d_model, layers, batch, length in ((64, 2, 16, 32), (128, 4, 16, 64)):
+        items.append(
+            Workload(
+                f"transformer-d{d_model}-l{layers}-b{batch}-t{length}",
+                "transformer",
+                batch,
+                lambda d=d_model, n=layers: _TransformerClassifier(1000, d, 4, n, 10),
+                _tokens(batch, length, 1000, 10),
+                optimizer="adamw",
+                lr=1e-3,
+                params={"d_model": d_model, "layers": layers, "seq": length},
+            )
+        )
+    for d_model, layers, batch, length in ((64, 2, 8, 64), (128, 3, 8, 128)):
+        items.append(
+            Workload(
+                f"gpt-d{d_model}-l{layers}-b{batch}-t{length}",
+                "gpt",
+                batch,
+                lambda d=d_model, n=layers, t=length: _GPT(2000, d, 4, n, t),
+                _tokens(batch, length, 2000, 2000, next_token=True),
+                optimizer="adamw",
+                lr=3e-4,
+                params={"d_model": d_model, "layers": layers, "seq": length},
+            )
+        )
+    for tables, rows, batch in ((4, 10_000, 256), (8, 50_000, 512)):
+        items.append(
+            Workload(
+                f"recsys-t{tables}-r{rows}-b{batch}",
+                "recsys",
+                batch,
+                lambda t=tables, r=rows: _Recommender(t, r, 32, 13),
+                _recsys(batch, 13, tables, rows),
+                optimizer="adam",
+                lr=1e-3,
+                params={"tables": tables, "rows": rows},
+            )
+        )
+    return {w.name: w for w in items}
+
+
+DEMO_MODELS = {
+    "mlp": "mlp-w512-d3-b64",
+    "cnn": "resnet-w8-x1-b16-s32",
+    "lstm": "lstm-h64-l1-b32-t32",
+    "transformer": "transformer-d64-l2-b16-t32",
+    "gpt": "gpt-d64-l2-b8-t64",
+}

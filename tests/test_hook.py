@@ -1,0 +1,398 @@
+"""ETSHook on real training loops: step counting, capture window, phases, detach, fallbacks."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from ets_hook import ETSHook, Phase
+from ets_hook.trace_io import load_trace
+
+
+def tiny_mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+def batch(n: int = 8):
+    return torch.randn(n, 16), torch.randint(0, 4, (n,))
+
+
+def train(model, opt, hook, steps, *, call_step=True):
+    loss_fn = nn.CrossEntropyLoss()
+    for _ in range(steps):
+        x, y = batch()
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+        if call_step:
+            hook.step()
+
+
+def assert_detached(model: nn.Module) -> None:
+    for module in model.modules():
+        assert not module._forward_pre_hooks and not module._forward_hooks
+        assert not module._backward_hooks
+    assert not torch.autograd._profiler_enabled()
+
+
+class CNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.bn(self.conv(x))).mean(dim=(2, 3)))
+
+
+class LSTMNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(50, 16)
+        self.lstm = nn.LSTM(16, 16, batch_first=True)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x):
+        out, _ = self.lstm(self.emb(x))
+        return self.head(out[:, -1])
+
+
+class Encoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(50, 16)
+        layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
+        self.enc = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.head(self.enc(self.emb(x)).mean(dim=1))
+
+
+MODELS = {
+    "mlp": (tiny_mlp, lambda: torch.randn(8, 16)),
+    "cnn": (CNN, lambda: torch.randn(4, 3, 8, 8)),
+    "lstm": (LSTMNet, lambda: torch.randint(0, 50, (4, 6))),
+    "transformer": (Encoder, lambda: torch.randint(0, 50, (4, 6))),
+}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("give_optimizer", [True, False])
+def test_real_loops_capture_the_window(name, give_optimizer, tmp_path):
+    make_model, make_input = MODELS[name]
+    torch.manual_seed(0)
+    model = make_model()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    hook = ETSHook(
+        model,
+        optimizer=opt if give_optimizer else None,
+        total_steps=8,
+        capture_steps=3,
+        skip_steps=2,
+        trace_path=tmp_path / "trace.ets",
+    )
+    loss_fn = nn.CrossEntropyLoss()
+    for _ in range(8):
+        opt.zero_grad()
+        loss_fn(model(make_input()), torch.randint(0, 4, (make_input().shape[0],))).backward()
+        opt.step()
+    hook.close()
+    assert hook.steps_completed == 8
+    assert len(hook.step_times_s) == 8
+    trace = hook.trace
+    assert trace is not None, hook.capture_status
+    assert [it.step for it in trace.iterations] == [2, 3, 4]
+    for iteration in trace.iterations:
+        phases = {op.phase for op in iteration.top_level_ops()}
+        assert {Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER} <= phases
+        assert all(
+            iteration.start_ns <= op.start_ns < iteration.end_ns for op in iteration.top_level_ops()
+        )
+        assert iteration.ops[0].input_shapes, "shapes recorded or copied in every step"
+    assert_detached(model)
+    assert load_trace(tmp_path / "trace.ets") == trace
+
+
+def test_explicit_step_is_absorbed_and_never_double_counts():
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(model, optimizer=opt, capture_steps=0)
+    train(model, opt, hook, 6, call_step=True)
+    assert hook.steps_completed == 6
+    hook.close()
+
+
+def test_explicit_step_only_loop_without_optimizer_object():
+    model = tiny_mlp()
+    hook = ETSHook(model, capture_steps=2, skip_steps=1)
+    loss_fn = nn.CrossEntropyLoss()
+    for _ in range(5):
+        x, y = batch()
+        loss = loss_fn(model(x), y)
+        grads = torch.autograd.grad(loss, list(model.parameters()))
+        with torch.no_grad():
+            for p, g in zip(model.parameters(), grads):
+                p -= 0.1 * g
+        hook.step()
+    hook.close()
+    assert hook.steps_completed == 5
+    assert [it.step for it in hook.wait_for_trace(10).iterations] == [1, 2]
+
+
+def test_forward_marks_steps_when_nothing_else_does():
+    model = tiny_mlp()
+    hook = ETSHook(model, capture_steps=0)
+    for _ in range(5):
+        x, _ = batch()
+        model(x).sum().backward()
+    hook.close()
+    # Steps run forward-to-forward: five forwards end four steps.
+    assert hook.steps_completed == 4
+
+
+def test_gradient_accumulation_counts_optimizer_steps():
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(model, optimizer=opt, capture_steps=2, skip_steps=1)
+    loss_fn = nn.CrossEntropyLoss()
+    for _step in range(5):
+        for _micro in range(4):
+            x, y = batch()
+            (loss_fn(model(x), y) / 4).backward()
+        opt.step()
+        opt.zero_grad()
+    hook.close()
+    assert hook.steps_completed == 5
+    trace = hook.wait_for_trace(10)
+    forwards = [op for op in trace.iterations[0].top_level_ops() if op.name == "aten::linear"]
+    assert len(forwards) == 4 * 2  # two linears per micro-batch, four micro-batches
+
+
+def test_optimizer_not_given_uses_any_optimizer_and_direct_forward_calls():
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(model, capture_steps=0)
+    for _ in range(4):
+        x, y = batch()
+        opt.zero_grad()
+        nn.functional.cross_entropy(model.forward(x), y).backward()  # no module hooks fire
+        opt.step()
+    hook.close()
+    assert hook.steps_completed == 4
+
+
+def test_two_optimizers_make_one_step_per_iteration():
+    model = tiny_mlp()
+    first = torch.optim.SGD(model[0].parameters(), lr=0.1)
+    second = torch.optim.Adam(model[2].parameters(), lr=0.1)
+    for given in ([first, second], None):
+        hook = ETSHook(model, optimizer=given, capture_steps=0)
+        for _ in range(5):
+            x, y = batch()
+            first.zero_grad()
+            second.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            first.step()
+            second.step()
+        hook.close()
+        assert hook.steps_completed == 5, given
+
+
+def _overflowing_scaler_loop(hook, model, opt, scaler, steps, overflow_at, call_step):
+    for step in range(steps):
+        x, y = batch()
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        if step == overflow_at:
+            loss = loss * float("inf")
+        scaler.scale(loss).backward()
+        scaler.step(opt)  # skips opt.step() when gradients are not finite
+        scaler.update()
+        if call_step:
+            hook.step()
+
+
+def test_grad_scaler_skipped_step_still_counts():
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    hook = ETSHook(model, optimizer=opt, grad_scaler=scaler, capture_steps=0)
+    _overflowing_scaler_loop(hook, model, opt, scaler, 6, overflow_at=2, call_step=False)
+    hook.close()
+    assert hook.steps_completed == 6
+    assert "update" not in vars(scaler), "the scaler's update is restored on close"
+
+
+def test_skipped_optimizer_step_counts_when_hook_step_is_called():
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    hook = ETSHook(model, optimizer=opt, capture_steps=0)
+    _overflowing_scaler_loop(hook, model, opt, scaler, 6, overflow_at=3, call_step=True)
+    hook.close()
+    assert hook.steps_completed == 6
+
+
+def test_lbfgs_closure_forwards_do_not_count():
+    model = tiny_mlp()
+    opt = torch.optim.LBFGS(model.parameters(), max_iter=4)
+    x, y = batch()
+    forwards = []
+    model.register_forward_pre_hook(lambda m, a: forwards.append(1))
+    for given in (opt, None):
+        forwards.clear()
+        hook = ETSHook(model, optimizer=given, capture_steps=2, skip_steps=1)
+
+        def closure():
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            return loss
+
+        for _ in range(4):
+            opt.step(closure)
+        hook.close()
+        assert len(forwards) > 4
+        assert hook.steps_completed == 4, given
+
+
+def test_eval_phase_and_no_grad_forwards_are_not_steps():
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(model, capture_steps=0)  # forward / any-optimizer detection
+    for step in range(6):
+        x, y = batch()
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        if step % 2 == 1:
+            with hook.phase("eval"):
+                model.eval()
+                with torch.no_grad():
+                    for _ in range(3):
+                        model(x)
+                model.train()
+    hook.close()
+    assert hook.steps_completed == 6
+
+
+def test_phase_time_is_excluded_from_step_times():
+    import time
+
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(model, optimizer=opt, capture_steps=0)
+    for step in range(4):
+        if step == 2:
+            with hook.phase("checkpoint"):
+                time.sleep(0.2)
+        train(model, opt, hook, 1, call_step=False)
+    hook.close()
+    assert max(hook.step_times_s) < 0.2
+
+
+def test_bad_arguments_name_the_value():
+    model = tiny_mlp()
+    with pytest.raises(ValueError, match="capture_steps"):
+        ETSHook(model, capture_steps=-1)
+    with pytest.raises(ValueError, match="skip_steps"):
+        ETSHook(model, skip_steps=-2)
+    with pytest.raises(ValueError, match="total_steps"):
+        ETSHook(model, total_steps=0)
+    with pytest.raises(ValueError, match="record_shapes"):
+        ETSHook(model, record_shapes="some")
+    with pytest.raises(ValueError, match="optimizer"):
+        ETSHook(model, optimizer="adam")
+    with pytest.raises(ValueError, match="model"):
+        ETSHook("not a model")
+    assert_detached(model)
+
+
+@pytest.mark.parametrize("where", ["build_iterations", "start", "boundary"])
+def test_internal_failure_never_reaches_the_training_loop(where, monkeypatch, caplog):
+    import ets_hook.hook as hook_module
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("injected failure")
+
+    if where == "build_iterations":
+        monkeypatch.setattr(hook_module, "build_iterations", boom)
+    elif where == "start":
+        monkeypatch.setattr(hook_module.OpProfiler, "start", boom)
+    else:
+        monkeypatch.setattr(hook_module.StepBounds, "__init__", boom)
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with caplog.at_level(logging.WARNING, logger="ets_hook"):
+        hook = ETSHook(model, optimizer=opt, capture_steps=2, skip_steps=1)
+        train(model, opt, hook, 6)
+        hook.close()
+    assert hook.steps_completed == 6, "the hook keeps timing steps"
+    assert hook.trace is None
+    assert "failed" in hook.capture_status
+    warnings = [r for r in caplog.records if "internal error" in r.getMessage()]
+    assert len(warnings) == 1, "logged exactly once"
+    assert_detached(model)
+
+
+def test_backs_off_when_torch_profiler_is_running(caplog):
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with caplog.at_level(logging.WARNING, logger="ets_hook"):
+            hook = ETSHook(model, optimizer=opt, capture_steps=2, skip_steps=0)
+            train(model, opt, hook, 4)
+            hook.close()
+        assert torch.autograd._profiler_enabled(), "the user's profiler is untouched"
+    assert any(e.name == "aten::linear" for e in prof.events())
+    assert hook.steps_completed == 4
+    assert "another torch profiler" in hook.capture_status
+    assert hook.trace is None
+
+
+def test_record_shapes_modes():
+    for mode in ("first", "all", "none"):
+        model = tiny_mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        hook = ETSHook(model, optimizer=opt, capture_steps=3, skip_steps=1, record_shapes=mode)
+        train(model, opt, hook, 5)
+        hook.close()
+        trace = hook.wait_for_trace(10)
+        assert [it.step for it in trace.iterations] == [1, 2, 3]
+        linears = [op for it in trace.iterations for op in it.ops if op.name == "aten::linear"]
+        has_shapes = {bool(op.input_shapes) for op in linears}
+        assert has_shapes == ({False} if mode == "none" else {True}), mode
+        expected_partial = [2] if mode == "first" else []
+        assert trace.metadata["partial_steps"] == expected_partial
+
+
+def test_close_removes_every_hook_and_context_manager():
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ETSHook(model, optimizer=opt, capture_steps=5, skip_steps=0) as hook:
+        train(model, opt, hook, 2)  # window cut short by close()
+    assert_detached(model)
+    assert not opt._optimizer_step_post_hooks and not opt._optimizer_step_pre_hooks
+    trace = hook.wait_for_trace(10)
+    assert [it.step for it in trace.iterations] == [0, 1]
+    assert "cut short" in hook.capture_status
+
+
+def test_rank_placeholder_in_trace_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(
+        model, optimizer=opt, capture_steps=1, skip_steps=0, trace_path=tmp_path / "run.ets"
+    )
+    train(model, opt, hook, 2)
+    hook.close()
+    assert (tmp_path / "run.rank3.ets").exists()
+    assert load_trace(tmp_path / "run.rank3.ets").rank == 3
