@@ -1,0 +1,665 @@
+"""Steady-state step-time estimators: measured, trace-based (plug-in) and their fusion.
+
+Three kinds of evidence about the steady-state time of one training step feed one estimate:
+
+- the **prior** (``StepTimePrior``): what is known before much is measured, e.g. "the first step on
+  CPU takes 1.3-2.3x the steady state";
+- the **measured** estimate (``estimate_measured``): per-step wall times after automatic warm-up
+  truncation (MSER), with a 95% confidence interval that stays honest under autocorrelation (batch
+  means) and for tiny samples (a conjugate prior on the step-time CV);
+- the **trace-based** estimate (``TraceEstimate``): whatever the ETS predictor makes of the captured
+  steps, handed in with its own uncertainty.
+
+``fuse`` combines estimates by inverse-variance weighting and widens the result when they disagree
+(PDG/Birge scale factor), so that one confident-but-wrong source cannot make the answer
+over-confident. ``StepTimeSeries`` is the O(1)-per-step store behind the measured estimator.
+
+Contracts:
+- Times are float seconds; intervals are half-widths at ``level`` (default 0.95): the estimate
+  claims ``iteration_s - ci_s <= true mean <= iteration_s + ci_s`` with that probability.
+- The quantity estimated is the *mean* steady-state step time: the sum of future steps, and so the
+  ETA, is mean x count. (The median is reported beside it; it is not what a total is made of.)
+- Everything here is pure numpy + stdlib; nothing imports torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from statistics import NormalDist
+
+import numpy as np
+
+DEFAULT_LEVEL = 0.95
+
+# Source labels used in ``Estimate.source`` (and so in ``Prediction.source``).
+SOURCE_PRIOR = "prior"
+SOURCE_MEASURED = "measured"
+SOURCE_TRACE = "trace"
+SOURCE_FUSED = "fused"
+
+
+# --------------------------------------------------------------------------------------------
+# Quantiles (scipy is not a dependency)
+# --------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=64)
+def normal_quantile(p: float) -> float:
+    """Standard normal quantile (cached: callers use a handful of levels)."""
+    return NormalDist().inv_cdf(p)
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    # Continued fraction of the regularised incomplete beta function (modified Lentz).
+    tiny = 1e-300
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < 1e-14:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """Regularised incomplete beta I_x(a, b) for x in [0, 1]."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    log_front = (
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    )
+    front = math.exp(log_front)
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def student_t_cdf(t: float, df: float) -> float:
+    """CDF of Student's t with ``df`` (> 0, not necessarily integer) degrees of freedom."""
+    tail = 0.5 * _betainc(0.5 * df, 0.5, df / (df + t * t))
+    return 1.0 - tail if t >= 0 else tail
+
+
+def _t_pdf(t: float, df: float) -> float:
+    log_c = math.lgamma(0.5 * (df + 1.0)) - math.lgamma(0.5 * df) - 0.5 * math.log(df * math.pi)
+    return math.exp(log_c - 0.5 * (df + 1.0) * math.log1p(t * t / df))
+
+
+@functools.lru_cache(maxsize=4096)
+def _t_quantile_cached(p: float, df: float) -> float:
+    # p > 0.5. Start from the Cornish-Fisher expansion (exact as df -> inf), then Newton on the
+    # CDF; the t CDF is smooth and unimodal-density, so a handful of steps reach 1e-12.
+    z = normal_quantile(p)
+    z2 = z * z
+    t = z + z * (z2 + 1.0) / (4.0 * df) + z * ((5.0 * z2 + 16.0) * z2 + 3.0) / (96.0 * df * df)
+    if df <= 1.0:
+        t = max(t, math.tan(math.pi * (p - 0.5)))  # Cauchy (df = 1); heavier tails below
+    for _ in range(50):
+        step = (student_t_cdf(t, df) - p) / _t_pdf(t, df)
+        t_next = t - step
+        if t_next <= 0.0:
+            t_next = 0.5 * t
+        if abs(t_next - t) < 1e-12 * max(1.0, t):
+            return t_next
+        t = t_next
+    return t
+
+
+def student_t_quantile(p: float, df: float) -> float:
+    """Quantile of Student's t for real ``df`` > 0 (df above 1e6 uses the normal)."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"p must be in (0, 1), got {p}")
+    if not df > 0:
+        raise ValueError(f"df must be > 0, got {df}")
+    if p == 0.5:
+        return 0.0
+    # Quantise df for the cache: a 0.05-df change moves a 95% quantile by < 0.1% for df >= 1.
+    key = round(df * 20.0) / 20.0 if df < 100.0 else float(round(df))
+    key = max(key, 0.05)
+    if key > 1e6:
+        q = normal_quantile(max(p, 1.0 - p))
+    else:
+        q = _t_quantile_cached(max(p, 1.0 - p), key)
+    return q if p > 0.5 else -q
+
+
+# --------------------------------------------------------------------------------------------
+# Value types
+# --------------------------------------------------------------------------------------------
+
+
+def _check_range(name: str, value: tuple[float, float]) -> None:
+    lo, hi = value
+    if not (0.0 < lo <= hi and math.isfinite(hi)):
+        raise ValueError(f"{name} must be (lo, hi) with 0 < lo <= hi < inf, got {value}")
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimePrior:
+    """What is believed about warm-up and noise before the data say otherwise.
+
+    Ranges are ~95% ranges of (step time / steady-state mean). The defaults were measured on a
+    2-core CPU machine (issue 3). A step covered by a range says the steady state lies in
+    ``[observed / hi, observed / lo]``: the midpoint of that interval is the bias-corrected value,
+    its half-width a systematic uncertainty.
+
+    The step-time CV prior is a scaled-inverse-chi-square on the per-step variance with
+    ``cv_weight`` pseudo-degrees of freedom and scale ``cv_scale``: 6 and 8% put 95% of the
+    prior mass on CV in [5%, 17%], the range measured here. The data outweigh it after a few
+    dozen steps.
+    """
+
+    first_step_ratio: tuple[float, float] = (1.3, 2.3)
+    early_ratio: tuple[float, float] = (0.82, 1.09)
+    # Steps 2..early_steps (1-based) carry the early_ratio bias.
+    early_steps: int = 5
+    cv_scale: float = 0.08
+    cv_weight: float = 6.0
+
+    def __post_init__(self) -> None:
+        _check_range("first_step_ratio", self.first_step_ratio)
+        _check_range("early_ratio", self.early_ratio)
+        if self.early_steps < 1:
+            raise ValueError(f"early_steps must be >= 1, got {self.early_steps}")
+        if not 0.0 < self.cv_scale < 10.0:
+            raise ValueError(f"cv_scale must be in (0, 10), got {self.cv_scale}")
+        if not self.cv_weight > 0.0:
+            raise ValueError(f"cv_weight must be > 0, got {self.cv_weight}")
+
+    @classmethod
+    def for_device(cls, device: str) -> StepTimePrior:
+        """Default prior for a device type: ``"cpu"`` (measured) or ``"cuda"`` (deliberately wide:
+        cuDNN autotuning, lazy CUDA init and allocator growth can make step 1 tens of times the
+        steady state; not measured on this project's machines yet)."""
+        kind = device.split(":", 1)[0].lower()
+        if kind == "cpu":
+            return cls()
+        if kind == "cuda":
+            return cls(
+                first_step_ratio=(1.0, 60.0),
+                early_ratio=(0.8, 1.5),
+                early_steps=5,
+                cv_scale=0.05,
+                cv_weight=4.0,
+            )
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+
+    @staticmethod
+    def _inverse_centre_and_rel_half(ratio: tuple[float, float]) -> tuple[float, float]:
+        # steady = observed / r with r in [lo, hi]  =>  steady in observed * [1/hi, 1/lo].
+        # Returns the midpoint multiplier of that interval and its relative half-width.
+        lo, hi = ratio
+        centre = 0.5 * (1.0 / lo + 1.0 / hi)
+        return centre, 0.5 * (1.0 / lo - 1.0 / hi) / centre
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """One estimate of the steady-state mean step time, with its uncertainty."""
+
+    iteration_s: float
+    # Half-width of the ``level`` confidence interval of the *mean* step time.
+    ci_s: float
+    source: str
+    level: float = DEFAULT_LEVEL
+    # Long-run standard deviation of one step (per-step SD x sqrt(autocorrelation factor)):
+    # the SD of a sum of R future steps is about sqrt(R) * noise_sd_s. NaN when unknown.
+    noise_sd_s: float = math.nan
+    median_s: float = math.nan
+    # Steps the estimate rests on (after truncation) and steps dropped as warm-up.
+    samples: int = 0
+    warmup_steps: int = 0
+
+    @property
+    def rel_ci(self) -> float:
+        """Relative half-width, ``ci_s / iteration_s``."""
+        return self.ci_s / self.iteration_s if self.iteration_s > 0 else math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class TraceEstimate:
+    """What a trace-based estimator (the ETS predictor) hands to the forecaster.
+
+    ``iteration_s`` is its prediction of the steady-state step time, ``ci_s`` the half-width of a
+    ``level`` interval around it (its honest model error: a held-out MRE of 5% is a 95% half-width
+    of roughly 2 x 1.25 x 5% of the value for Laplace-like errors). ``step`` is the last captured
+    step it used, if it updates per captured step.
+    """
+
+    iteration_s: float
+    ci_s: float
+    source: str = SOURCE_TRACE
+    level: float = DEFAULT_LEVEL
+    step: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.iteration_s) and self.iteration_s > 0):
+            raise ValueError(f"iteration_s must be finite and > 0, got {self.iteration_s}")
+        if not (math.isfinite(self.ci_s) and self.ci_s >= 0):
+            raise ValueError(f"ci_s must be finite and >= 0, got {self.ci_s}")
+        if not 0.0 < self.level < 1.0:
+            raise ValueError(f"level must be in (0, 1), got {self.level}")
+        if not self.source:
+            raise ValueError("source must be a non-empty string")
+
+    def as_estimate(self, level: float = DEFAULT_LEVEL) -> Estimate:
+        """This estimate as an ``Estimate`` at ``level`` (normal rescaling of the half-width)."""
+        ci_s = self.ci_s
+        if level != self.level:
+            ci_s *= normal_quantile(0.5 + level / 2) / normal_quantile(0.5 + self.level / 2)
+        return Estimate(self.iteration_s, ci_s, self.source, level=level)
+
+
+# --------------------------------------------------------------------------------------------
+# Warm-up truncation
+# --------------------------------------------------------------------------------------------
+
+
+def _mser(
+    y: np.ndarray, batch_size: int, max_fraction: float, tolerance: float
+) -> tuple[int, bool]:
+    # (truncation in raw samples, whether the minimum sits at the edge of the search range)
+    n = len(y)
+    k = n // batch_size
+    if k < 3:
+        return 0, False
+    z = y[: k * batch_size].reshape(k, batch_size).mean(axis=1) if batch_size > 1 else y[:k]
+    # Suffix sums: tail j.. has count k-j, sum S1[j], sum of squares S2[j].
+    s1 = np.cumsum(z[::-1])[::-1]
+    s2 = np.cumsum((z * z)[::-1])[::-1]
+    d_max = max(1, int(k * max_fraction))
+    count = k - np.arange(d_max + 1, dtype=np.float64)
+    sse = s2[: d_max + 1] - s1[: d_max + 1] ** 2 / count
+    stat = np.maximum(sse, 0.0) / count**2
+    best = int(np.argmin(stat))
+    # Parsimony: the smallest d whose statistic is within `tolerance` standard errors of the
+    # minimum (the statistic is a variance estimate with ~k-d df: relative SE sqrt(2/(k-d))).
+    limit = stat[best] * (1.0 + tolerance * math.sqrt(2.0 / (k - best)))
+    d = int(np.argmax(stat <= limit))
+    return d * batch_size, best == d_max and d_max < k - 1
+
+
+def mser_truncation(
+    y: np.ndarray, batch_size: int = 5, max_fraction: float = 0.5, tolerance: float = 0.5
+) -> int:
+    """MSER-m truncation point: the number of leading raw samples to drop as warm-up.
+
+    White's Marginal Standard Error Rule on batch means of ``batch_size`` samples: the batch count
+    ``d`` minimising ``sum_{j>d} (z_j - mean_{j>d})^2 / (k - d)^2``, i.e. the squared standard
+    error of the kept mean, searched over the first ``max_fraction`` of the batches only (near
+    the end the statistic is noise-dominated: the standard safeguard). Then, as in the
+    one-standard-error rule of model selection, the smallest ``d`` whose statistic is within
+    ``tolerance`` of its own standard errors of the minimum: plain MSER often cuts 10-20 extra
+    steps of pure noise, which costs data and makes the estimate jump between refreshes
+    (``tolerance=0`` is plain MSER). Trailing samples that do not fill a batch are ignored. O(n).
+    """
+    return _mser(y, batch_size, max_fraction, tolerance)[0]
+
+
+# --------------------------------------------------------------------------------------------
+# Measured estimator
+# --------------------------------------------------------------------------------------------
+
+# Below this many kept samples the interval uses the raw samples (plus the CV prior); from it
+# on, non-overlapping batch means with batch size floor(sqrt(m)).
+_BATCH_MIN_SAMPLES = 16
+# MSER-5 needs enough batches to resolve anything; below this, MSER on raw samples (MSER-1).
+_MSER5_MIN_SAMPLES = 50
+# From this many kept samples on, the lag-1 autocorrelation (AR(1) view) is estimated too.
+_AR_MIN_SAMPLES = 8
+# MSER parsimony tolerance, in standard errors of the MSER statistic (see mser_truncation).
+_MSER_TOLERANCE = 0.5
+# From this many kept samples on, the kept part is checked for remaining drift.
+_DRIFT_MIN_SAMPLES = 10
+# Drift beyond this many long-run standard errors counts (3: ~0.3% false alarms if stationary).
+_DRIFT_Z = 3.0
+_RHO_MAX = 0.95
+
+
+@dataclass(frozen=True, slots=True)
+class _Interval:
+    mean: float
+    ci: float
+    noise_sd: float
+
+
+def _lag1(z: np.ndarray) -> float:
+    c = z - z.mean()
+    # einsum, not np.dot: a BLAS call can cost milliseconds when its threads compete for cores.
+    den = float(np.einsum("i,i->", c, c))
+    return float(np.einsum("i,i->", c[:-1], c[1:])) / den if den > 0 else 0.0
+
+
+def _mean_interval(x: np.ndarray, level: float, prior: StepTimePrior, stride: int = 1) -> _Interval:
+    """Interval for the mean of a (possibly autocorrelated) stationary series ``x``.
+
+    ``stride`` is how many raw steps one element of ``x`` stands for (``StepTimeSeries`` folds old
+    samples pairwise when it compacts): the prior's per-step variance is divided by it and the
+    reported per-step noise SD multiplied back.
+
+    Variance of the mean = sigma^2 * tau / m, with
+    - sigma^2 the per-element variance pooled with the CV prior (nu0 pseudo-df at cv_scale), so
+      one or two samples still give a finite, wide, honest interval;
+    - tau >= 1 the autocorrelation factor: from the AR(1) view (lag-1 autocorrelation, bias
+      corrected) once m >= 8, overridden by non-overlapping batch means with batch size
+      floor(sqrt(m)) (Flegal & Jones 2010) once m >= 16 when those show clearly more
+      correlation than lag 1 explains.
+    Degrees of freedom follow the dominating term (Satterthwaite-style blend).
+    """
+    m = len(x)
+    mean = float(x.mean())
+    nu0 = prior.cv_weight
+    prior_var = (prior.cv_scale * mean) ** 2 / stride
+    s2 = float(x.var(ddof=1)) if m >= 2 else 0.0
+    dof_raw = nu0 + m - 1
+    sigma2 = (nu0 * prior_var + (m - 1) * s2) / dof_raw
+    tau, df = 1.0, dof_raw
+    if m >= _AR_MIN_SAMPLES and s2 > 0:
+        # AR(1) view: tau = (1 + rho) / (1 - rho), rho from the lag-1 autocorrelation with its
+        # small-sample bias (about -(1 + 4 rho) / m for an estimated mean) added back.
+        r = _lag1(x)
+        rho = min(max(r + (1.0 + 4.0 * r) / m, 0.0), _RHO_MAX)
+        tau = (1.0 + rho) / (1.0 - rho)
+        df_tau = max(m / tau - 1.0, 1.0)
+    if m >= _BATCH_MIN_SAMPLES and s2 > 0:
+        size = math.isqrt(m)
+        b = m // size
+        # Most recent b*size samples: the oldest are the ones closest to the warm-up.
+        z = x[m - b * size :].reshape(b, size).mean(axis=1)
+        tau_b = size * float(z.var(ddof=1)) / s2
+        # Batch means are the model-free check on the AR(1) view; their estimate has only b-1
+        # df, so they take over when they show clearly more correlation (beyond ~2 of their
+        # standard errors), e.g. periodic or long-memory slowdowns that lag 1 does not see.
+        if tau_b > tau * (1.0 + 2.0 * math.sqrt(2.0 / (b - 1))):
+            tau, df_tau = tau_b, float(b - 1)
+    if tau > 1.0:
+        # The correlated term carries df_tau df; blend towards it as it dominates.
+        share = 1.0 - 1.0 / tau
+        df = 1.0 / (share / df_tau + (1.0 - share) / dof_raw)
+    var_mean = sigma2 * tau / m
+    q = student_t_quantile(0.5 + level / 2, df)
+    return _Interval(mean, q * math.sqrt(var_mean), math.sqrt(sigma2 * tau * stride))
+
+
+def _first_step_estimate(first_s: float, prior: StepTimePrior, level: float) -> Estimate:
+    inv_centre, rel_half = prior._inverse_centre_and_rel_half(prior.first_step_ratio)
+    ci_scale = normal_quantile(0.5 + level / 2) / normal_quantile(0.975)
+    value = first_s * inv_centre
+    return Estimate(
+        value,
+        value * rel_half * ci_scale,
+        SOURCE_PRIOR,
+        level=level,
+        noise_sd_s=value * prior.cv_scale,
+        median_s=value,
+        samples=1,
+        warmup_steps=0,
+    )
+
+
+def truncation_point(y: np.ndarray, min_warmup: int = 1) -> int:
+    """Warm-up steps to drop from ``y`` (raw per-step times, first step first).
+
+    At least ``min_warmup`` (the first step is warm-up by the prior's own account); beyond that
+    MSER-5 (with the parsimony tolerance) once there are >= 50 samples, MSER-1 on raw samples
+    below: with fewer than 10 batches, MSER-5's 5-step resolution is coarser than the 1-3-step
+    warm-ups seen on CPU. Always keeps at least one sample.
+    """
+    return _truncate(y, min_warmup)[0]
+
+
+def _truncate(y: np.ndarray, min_warmup: int) -> tuple[int, bool]:
+    n = len(y)
+    if n <= 1:
+        return 0, False
+    batch = 5 if n >= _MSER5_MIN_SAMPLES else 1
+    d, at_edge = _mser(y, batch, 0.5, _MSER_TOLERANCE) if n >= 4 else (0, False)
+    return min(max(d, min_warmup), n - 1), at_edge
+
+
+def estimate_measured(
+    y: np.ndarray,
+    prior: StepTimePrior | None = None,
+    level: float = DEFAULT_LEVEL,
+    *,
+    min_warmup: int = 1,
+    stride: int = 1,
+) -> Estimate | None:
+    """Measured estimate from per-step times ``y`` (seconds, oldest first). Pure; O(len(y)).
+
+    - 0 samples: ``None``.
+    - 1 sample (the first step): the prior alone, the midpoint of
+      ``[y[0] / first_step_ratio[1], y[0] / first_step_ratio[0]]``, source "prior".
+    - more: drop the warm-up (``truncation_point``) and estimate the mean of the rest with an
+      autocorrelation-robust interval (``_mean_interval``). If the kept part still drifts (its
+      first 40% and last half differ by more than _DRIFT_Z long-run standard errors, or MSER's
+      minimum sits at the edge of its search range), estimate from the recent half and add the
+      drift as systematic uncertainty. Otherwise correct kept steps 2..early_steps by the prior's
+      early ratio and add its systematic uncertainty. Finally fuse with the first-step prior while
+      the two agree (once they disagree, the prior is falsified and dropped).
+
+    ``stride``: raw steps per element of ``y`` (``StepTimeSeries`` compacts long series). With
+    ``stride > 1`` the first element covers the whole start-up, so the first-step prior and the
+    early-step correction no longer apply; only MSER and the interval do.
+    """
+    prior = prior or StepTimePrior()
+    n = len(y)
+    if n == 0:
+        return None
+    raw = stride == 1
+    if raw and n == 1:
+        return _first_step_estimate(float(y[0]), prior, level)
+    d, warmup_ongoing = _truncate(y, min_warmup if raw else 1)
+    x = y[d:]
+    iv = _mean_interval(x, level, prior, stride)
+    mean, ci = iv.mean, iv.ci
+    m = len(x)
+    drifting = False
+    if m >= _DRIFT_MIN_SAMPLES:
+        # Stationarity check on the kept part (Geweke-style): its first 40% against its last
+        # half. A difference beyond _DRIFT_Z long-run standard errors means the warm-up is not over
+        # (or MSER could not cut far enough): estimate from the recent half and count the drift
+        # as systematic uncertainty.
+        early_part, recent = x[: (2 * m) // 5], x[m // 2 :]
+        diff = float(early_part.mean() - recent.mean())
+        se = iv.noise_sd / math.sqrt(stride) * math.sqrt(1 / len(early_part) + 1 / len(recent))
+        if warmup_ongoing or abs(diff) > _DRIFT_Z * se:
+            recent_iv = _mean_interval(recent, level, prior, stride)
+            mean, ci = recent_iv.mean, math.hypot(recent_iv.ci, diff)
+            drifting = True
+    # Systematic early-step bias: kept raw steps with 1-based number 2..early_steps (not in the
+    # recent half that a drifting series is estimated from).
+    early = max(0, min(prior.early_steps, n) - max(d, 1)) if raw and not drifting else 0
+    if early:
+        inv_centre, rel_half = prior._inverse_centre_and_rel_half(prior.early_ratio)
+        share = early / len(x)
+        early_mean = float(x[:early].mean())
+        mean += early_mean * (inv_centre - 1.0) * share
+        bias = share * early_mean * inv_centre * rel_half
+        ci = math.hypot(ci, bias * normal_quantile(0.5 + level / 2) / normal_quantile(0.975))
+    measured = Estimate(
+        mean,
+        ci,
+        SOURCE_MEASURED,
+        level=level,
+        noise_sd_s=iv.noise_sd,
+        median_s=float(np.median(x)),
+        samples=len(x) * stride,
+        warmup_steps=d * stride,
+    )
+    if not raw:
+        return measured
+    first = _first_step_estimate(float(y[0]), prior, level)
+    if abs(first.iteration_s - measured.iteration_s) > math.hypot(first.ci_s, measured.ci_s):
+        return measured
+    # Agreement is checked just above, so no disagreement widening on top.
+    fused = fuse([measured, first], level=level, widen=False)
+    assert fused is not None
+    return Estimate(
+        fused.iteration_s,
+        fused.ci_s,
+        SOURCE_MEASURED,
+        level=level,
+        noise_sd_s=measured.noise_sd_s,
+        median_s=measured.median_s,
+        samples=measured.samples,
+        warmup_steps=measured.warmup_steps,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Fusion
+# --------------------------------------------------------------------------------------------
+
+
+def fuse(
+    estimates: Sequence[Estimate | None], level: float = DEFAULT_LEVEL, *, widen: bool = True
+) -> Estimate | None:
+    """Inverse-variance weighted mean of the given estimates, with a disagreement guard.
+
+    Weights are 1/ci^2 (all at ``level``). If the estimates disagree by more than their
+    uncertainties explain, the fused half-width is multiplied by the Birge ratio
+    sqrt(chi^2 / (N - 1)) (the PDG scale factor), so the result stays honest when one source
+    is biased (``widen=False`` skips this, for callers that gate on agreement themselves). A
+    zero-width estimate dominates outright. ``None`` entries are ignored; the source is the only
+    source's label, or "fused".
+    """
+    items = [e for e in estimates if e is not None]
+    if not items:
+        return None
+    if len(items) == 1:
+        return items[0]
+    exact = [e for e in items if e.ci_s <= 0.0]
+    if exact:
+        return exact[0]
+    w = [1.0 / e.ci_s**2 for e in items]
+    w_sum = math.fsum(w)
+    mean = math.fsum(wi * e.iteration_s for wi, e in zip(w, items, strict=True)) / w_sum
+    ci = 1.0 / math.sqrt(w_sum)
+    # chi^2 in sigma units: ci = z * sigma.
+    z = normal_quantile(0.5 + level / 2)
+    chi2 = math.fsum(wi * (e.iteration_s - mean) ** 2 for wi, e in zip(w, items, strict=True))
+    chi2 *= z * z
+    scale = math.sqrt(chi2 / (len(items) - 1))
+    if widen and scale > 1.0:
+        ci *= scale
+    noise = [e.noise_sd_s for e in items if not math.isnan(e.noise_sd_s)]
+    medians = [e.median_s for e in items if not math.isnan(e.median_s)]
+    return Estimate(
+        mean,
+        ci,
+        SOURCE_FUSED,
+        level=level,
+        noise_sd_s=noise[0] if noise else math.nan,
+        median_s=medians[0] if medians else math.nan,
+        samples=max(e.samples for e in items),
+        warmup_steps=max(e.warmup_steps for e in items),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Step-time store
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class StepTimeSeries:
+    """Per-step durations with an O(1) hot path and bounded memory.
+
+    Non-finite durations are dropped and negative ones clamped to 0 when flushed.
+
+    ``pending.append(duration_s)`` is the hot path (the forecaster binds it once). ``flush()``
+    moves pending values into a float64 buffer of at most ``capacity`` elements. When the buffer is
+    full it is compacted: adjacent pairs are averaged and ``stride`` (raw steps per element)
+    doubles, so memory stays O(capacity) for any job length. New raw values are averaged in groups
+    of ``stride`` before they are stored; the last ``< stride`` raw values wait in a carry (they
+    are counted in ``count`` / ``total_s`` but not yet in ``values()``).
+
+    Thread contract: one writer (``pending.append``) and readers that call ``flush`` under their
+    own lock. ``flush`` never replaces the ``pending`` list, it deletes the consumed prefix, so an
+    append racing a flush is never lost.
+    """
+
+    capacity: int = 1 << 16
+    pending: list[float] = field(default_factory=list)
+    stride: int = 1
+    count: int = 0
+    total_s: float = 0.0
+    first_s: float = math.nan
+    _buf: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.float64))
+    _size: int = 0
+    _carry: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.capacity < 64 or self.capacity % 2:
+            raise ValueError(f"capacity must be an even number >= 64, got {self.capacity}")
+
+    def flush(self) -> None:
+        """Fold pending raw values into the buffer. O(pending) amortised."""
+        k = len(self.pending)
+        if not k:
+            return
+        new = self.pending[:k]
+        del self.pending[:k]
+        if not all(map(math.isfinite, new)) or min(new) < 0.0:
+            # A broken clock or caller bug must not poison every later estimate: drop
+            # non-finite values, clamp negative ones.
+            new = [max(v, 0.0) for v in new if math.isfinite(v)]
+            if not new:
+                return
+        if self.count == 0:
+            self.first_s = new[0]
+        self.count += k
+        self.total_s += math.fsum(new)
+        if self._carry:
+            new = self._carry + new
+        i = 0
+        while len(new) - i >= self.stride:
+            if self._size == self.capacity:
+                self._compact()
+            take = min(self.capacity - self._size, (len(new) - i) // self.stride)
+            chunk = np.asarray(new[i : i + take * self.stride], dtype=np.float64)
+            if self.stride > 1:
+                chunk = chunk.reshape(take, self.stride).mean(axis=1)
+            self._reserve(self._size + take)
+            self._buf[self._size : self._size + take] = chunk
+            self._size += take
+            i += take * self.stride
+        self._carry = new[i:]
+
+    def _reserve(self, n: int) -> None:
+        if n > len(self._buf):
+            grown = np.empty(min(self.capacity, max(n, 2 * len(self._buf), 256)), np.float64)
+            grown[: self._size] = self._buf[: self._size]
+            self._buf = grown
+
+    def _compact(self) -> None:
+        # Only called when full; capacity is even, so every element has a partner.
+        half = self._size // 2
+        self._buf[:half] = self._buf[: self._size].reshape(half, 2).mean(axis=1)
+        self._size = half
+        self.stride *= 2
+
+    def values(self) -> np.ndarray:
+        """The stored elements (each the mean of ``stride`` raw steps), oldest first; a view."""
+        return self._buf[: self._size]

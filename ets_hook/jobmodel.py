@@ -1,0 +1,321 @@
+"""Job model: how many training steps the job has, and the non-training phases that recur in it.
+
+A *training step* is one optimizer step: with gradient accumulation over ``k`` micro-batches, one
+step consumes ``k`` micro-batches (``len(dataloader)`` counts micro-batches). Step counts here are
+*global* (``initial_step`` counts the steps done before this process, e.g. when resuming), and a
+phase "at step s" is one that ended after ``s`` steps had completed, i.e. between steps ``s`` and
+``s + 1``. ``total_s`` ends with the last step, so a phase at ``s == total_steps`` (a final
+evaluation) is not part of the job time.
+
+``PhaseTracker`` measures phases as they occur and projects them over the rest of the schedule:
+expected remaining occurrences x mean cost. The first occurrence of a phase is often slower (eval
+data-loader workers start, the first checkpoint creates files, lazy compilation) and is already
+in the elapsed time, so once a phase has occurred twice its cost is the mean of the later
+occurrences. Periods come from hints (``eval_every=``, ``checkpoint_every=``, ``phase_every=``)
+or are inferred from the observed occurrences.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from statistics import median
+from types import MappingProxyType
+from typing import Any
+
+from .estimators import student_t_quantile
+
+EVAL = "eval"
+CHECKPOINT = "checkpoint"
+
+# Prior on the occurrence-to-occurrence CV of a phase's cost (pseudo-df, scale), and the
+# relative 95% half-width used while only the (often slower) first occurrence is known.
+_PHASE_CV_WEIGHT = 2.0
+_PHASE_CV_SCALE = 0.25
+_SINGLE_OCCURRENCE_REL_CI = 0.5
+# Occurrence steps kept per phase for period inference.
+_PERIOD_HISTORY = 64
+
+
+def _positive_int(name: str, value: Any, *, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class JobModel:
+    """The job's schedule, resolved to optimizer steps. Build it with ``JobModel.from_args``.
+
+    ``total_steps`` is ``None`` when unknown (no ETA then, only the step-time estimate).
+    ``phase_periods`` maps a phase name to its period in steps (0: one-off, never projected).
+    """
+
+    total_steps: int | None = None
+    steps_per_epoch: int | None = None
+    grad_accum_steps: int = 1
+    initial_step: int = 0
+    phase_periods: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.total_steps is not None:
+            _positive_int("total_steps", self.total_steps)
+        if self.steps_per_epoch is not None:
+            _positive_int("steps_per_epoch", self.steps_per_epoch)
+        _positive_int("grad_accum_steps", self.grad_accum_steps)
+        _positive_int("initial_step", self.initial_step, minimum=0)
+        for name, period in self.phase_periods.items():
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"phase names must be non-empty strings, got {name!r}")
+            _positive_int(f"period of phase {name!r}", period, minimum=0)
+        # A read-only copy: the caller's dict cannot change the model afterwards.
+        object.__setattr__(self, "phase_periods", MappingProxyType(dict(self.phase_periods)))
+
+    @classmethod
+    def from_args(
+        cls,
+        *,
+        total_steps: int | None = None,
+        epochs: float | None = None,
+        steps_per_epoch: int | None = None,
+        batches_per_epoch: int | None = None,
+        dataloader: Any = None,
+        total_batches: int | None = None,
+        grad_accum_steps: int = 1,
+        eval_every: int | None = None,
+        checkpoint_every: int | None = None,
+        phase_every: Mapping[str, int] | None = None,
+        initial_step: int = 0,
+    ) -> JobModel:
+        """Resolve the user's description of the job to optimizer steps.
+
+        - ``total_steps``: optimizer steps in the whole job (including ``initial_step``).
+        - ``epochs`` x steps per epoch, where steps per epoch is ``steps_per_epoch`` (optimizer
+          steps) or ``ceil(batches / grad_accum_steps)`` with ``batches`` from
+          ``batches_per_epoch`` or ``len(dataloader)`` (micro-batches; a trailing partial
+          accumulation still makes an optimizer step, as in Lightning and Hugging Face). Pass
+          ``steps_per_epoch`` if your loop drops it.
+        - ``total_batches``: micro-batches in the whole job, ``ceil(/ grad_accum_steps)``.
+        When several are given the job ends at whichever comes first (``min``).
+        - ``eval_every`` / ``checkpoint_every``: period in optimizer steps of the phases named
+          "eval" / "checkpoint"; ``phase_every`` the same for any name (0: one-off).
+        """
+        k = _positive_int("grad_accum_steps", grad_accum_steps)
+        if dataloader is not None:
+            if batches_per_epoch is not None:
+                raise ValueError("give batches_per_epoch or dataloader, not both")
+            try:
+                batches_per_epoch = len(dataloader)
+            except TypeError:
+                raise ValueError(
+                    f"dataloader has no len() ({type(dataloader).__name__}); "
+                    "pass steps_per_epoch= or total_steps= instead"
+                ) from None
+        if batches_per_epoch is not None:
+            _positive_int("batches_per_epoch", batches_per_epoch)
+            from_batches = math.ceil(batches_per_epoch / k)
+            if steps_per_epoch is not None and steps_per_epoch != from_batches:
+                raise ValueError(
+                    f"steps_per_epoch={steps_per_epoch} contradicts batches_per_epoch="
+                    f"{batches_per_epoch} with grad_accum_steps={k} (= {from_batches} steps)"
+                )
+            steps_per_epoch = from_batches
+        if steps_per_epoch is not None:
+            _positive_int("steps_per_epoch", steps_per_epoch)
+        candidates = []
+        if total_steps is not None:
+            candidates.append(_positive_int("total_steps", total_steps))
+        if total_batches is not None:
+            candidates.append(math.ceil(_positive_int("total_batches", total_batches) / k))
+        if epochs is not None:
+            if isinstance(epochs, bool) or not isinstance(epochs, (int, float)):
+                raise ValueError(f"epochs must be a number > 0, got {epochs!r}")
+            if not (math.isfinite(epochs) and epochs > 0):
+                raise ValueError(f"epochs must be a number > 0, got {epochs!r}")
+            if steps_per_epoch is None:
+                raise ValueError(
+                    "epochs needs steps_per_epoch=, batches_per_epoch= or a dataloader with len()"
+                )
+            candidates.append(math.ceil(epochs * steps_per_epoch))
+        periods: dict[str, int] = dict(phase_every or {})
+        for name, every in ((EVAL, eval_every), (CHECKPOINT, checkpoint_every)):
+            if every is not None:
+                periods[name] = _positive_int(f"{name}_every", every)
+        return cls(
+            total_steps=min(candidates) if candidates else None,
+            steps_per_epoch=steps_per_epoch,
+            grad_accum_steps=k,
+            initial_step=_positive_int("initial_step", initial_step, minimum=0),
+            phase_periods=periods,
+        )
+
+    def remaining_steps(self, step: int) -> int | None:
+        """Steps left after ``step`` global steps have completed (never negative)."""
+        return None if self.total_steps is None else max(0, self.total_steps - step)
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseForecast:
+    """One phase as measured so far and as projected over the rest of the job."""
+
+    name: str
+    # Occurrences so far (occurrences ending at the same step count as one) and their total time.
+    occurrences: int
+    spent_s: float
+    # Projected cost of one future occurrence and its 95% half-width; None before any occurrence.
+    mean_s: float | None
+    mean_ci_s: float | None
+    # Period in steps (None: unknown or one-off) and where it came from: "hint", "inferred",
+    # "single" (guessed from one occurrence), "one-off" or "unknown".
+    period_steps: int | None
+    period_source: str
+    # Occurrences expected before the last step, and their cost (None when unknown).
+    remaining: int | None
+    remaining_s: float | None
+    remaining_ci_s: float | None
+
+
+@dataclass(slots=True)
+class _PhaseStats:
+    occurrences: int = 0
+    spent_s: float = 0.0
+    first_s: float = 0.0
+    # Running stats of occurrences 2.. (Welford), and of the occurrence being accumulated.
+    later_n: int = 0
+    later_mean: float = 0.0
+    later_m2: float = 0.0
+    current_s: float = 0.0
+    last_step: int = -1
+    steps: list[int] = field(default_factory=list)
+
+    def close_current(self) -> None:
+        # Fold the occurrence being accumulated into the later-occurrence stats.
+        if self.occurrences >= 2:
+            self.later_n += 1
+            delta = self.current_s - self.later_mean
+            self.later_mean += delta / self.later_n
+            self.later_m2 += delta * (self.current_s - self.later_mean)
+
+
+class PhaseTracker:
+    """Measures named non-training phases and projects them over the remaining schedule.
+
+    ``record`` is O(1) (phases are rare). Durations of a phase that ends several times at the same
+    step (e.g. two validation loaders marked "eval") add up to one occurrence.
+    """
+
+    def __init__(self, job: JobModel) -> None:
+        self.job = job
+        self._stats: dict[str, _PhaseStats] = {}
+        self.total_s = 0.0
+        self.events = 0
+
+    def record(self, name: str, duration_s: float, step: int) -> None:
+        """A phase ``name`` took ``duration_s`` and ended after ``step`` global steps."""
+        stats = self._stats.get(name)
+        if stats is None:
+            stats = self._stats[name] = _PhaseStats()
+        duration_s = max(0.0, duration_s)
+        if step == stats.last_step:
+            stats.current_s += duration_s
+            if stats.occurrences == 1:
+                stats.first_s = stats.current_s
+        else:
+            stats.close_current()
+            stats.occurrences += 1
+            stats.current_s = duration_s
+            if stats.occurrences == 1:
+                stats.first_s = duration_s
+            stats.last_step = step
+            stats.steps.append(step)
+            if len(stats.steps) > _PERIOD_HISTORY:
+                del stats.steps[0]
+        stats.spent_s += duration_s
+        self.total_s += duration_s
+        self.events += 1
+
+    def _cost(self, stats: _PhaseStats) -> tuple[float, float]:
+        # Mean cost of a future occurrence and its 95% half-width.
+        n = stats.later_n + (1 if stats.occurrences >= 2 else 0)
+        if n == 0:
+            return stats.first_s, _SINGLE_OCCURRENCE_REL_CI * stats.first_s
+        # Later occurrences, including the one still accumulating.
+        mean = (stats.later_mean * stats.later_n + stats.current_s) / n
+        m2 = stats.later_m2
+        if stats.later_n:
+            m2 += (stats.current_s - stats.later_mean) ** 2 * stats.later_n / n
+        nu0 = _PHASE_CV_WEIGHT
+        var = (nu0 * (_PHASE_CV_SCALE * mean) ** 2 + m2) / (nu0 + n - 1)
+        return mean, student_t_quantile(0.975, nu0 + n - 1) * math.sqrt(var / n)
+
+    def _period(self, name: str, stats: _PhaseStats | None) -> tuple[int | None, str]:
+        hint = self.job.phase_periods.get(name)
+        if hint is not None:
+            return (None, "one-off") if hint == 0 else (hint, "hint")
+        if stats is None or stats.occurrences == 0:
+            return None, "unknown"
+        gaps = [b - a for a, b in zip(stats.steps, stats.steps[1:], strict=False) if b > a]
+        if gaps:
+            return max(1, round(median(gaps))), "inferred"
+        since_start = stats.steps[0] - self.job.initial_step
+        if since_start <= 0:
+            # Only before the first step (setup, an initial evaluation): assume it does not recur.
+            return None, "one-off"
+        return since_start, "single"
+
+    def _remaining(self, period: int | None, anchor: int, step: int) -> int | None:
+        total = self.job.total_steps
+        if total is None:
+            return None
+        if period is None:
+            return 0
+        # Occurrences at anchor + k * period (k >= 1) with step <= s < total.
+        k_min = max(1, -(-(step - anchor) // period))
+        k_max = -(-(total - anchor) // period) - 1
+        return max(0, k_max - k_min + 1)
+
+    def project(self, step: int) -> tuple[PhaseForecast, ...]:
+        """Every known phase (observed or hinted), projected from ``step`` global steps on."""
+        names = list(self._stats) + [n for n in self.job.phase_periods if n not in self._stats]
+        out = []
+        for name in names:
+            stats = self._stats.get(name)
+            period, source = self._period(name, stats)
+            if stats is not None and stats.occurrences:
+                anchor = stats.last_step
+                mean, mean_ci = self._cost(stats)
+            else:
+                anchor, mean, mean_ci = 0, None, None
+            remaining = self._remaining(period, anchor, step)
+            rem_s: float | None = None
+            rem_ci: float | None = None
+            if remaining == 0:
+                rem_s = rem_ci = 0.0
+            elif remaining is not None and mean is not None and mean_ci is not None:
+                rem_s, rem_ci = remaining * mean, remaining * mean_ci
+            out.append(
+                PhaseForecast(
+                    name=name,
+                    occurrences=stats.occurrences if stats else 0,
+                    spent_s=stats.spent_s if stats else 0.0,
+                    mean_s=mean,
+                    mean_ci_s=mean_ci,
+                    period_steps=period,
+                    period_source=source,
+                    remaining=remaining,
+                    remaining_s=rem_s,
+                    remaining_ci_s=rem_ci,
+                )
+            )
+        return tuple(out)
+
+
+def remaining_phase_time(phases: tuple[PhaseForecast, ...]) -> tuple[float, float]:
+    """Sum of projected phase time and its 95% half-width (phases independent: root-sum-square).
+
+    Phases whose cost is still unknown (hinted, not yet seen) contribute nothing.
+    """
+    total = sum(p.remaining_s for p in phases if p.remaining_s is not None)
+    ci = math.sqrt(sum(p.remaining_ci_s**2 for p in phases if p.remaining_ci_s is not None))
+    return total, ci

@@ -1,0 +1,424 @@
+"""Predictions and the forecaster the hook drives.
+
+``Forecaster`` turns the hook's events into ``Prediction`` objects and hands them to reporters.
+
+Call contract (the hook must follow it; all calls from the training thread unless noted):
+
+- Time base: ``now_s`` is float seconds of one monotonic clock (the hook uses
+  ``time.perf_counter_ns() / 1e9``); ``start_s`` given to the constructor is the same clock at
+  hook creation. ``wall_start_s`` is ``time.time()`` at that same moment (the default, read at
+  construction) and only dates results (``finish_time``); after construction the forecaster
+  reads no clock, so tests drive it deterministically. A prediction is "as of" the last event
+  it was told about (step or phase end): ``elapsed_s`` = that event's ``now_s - start_s``.
+- ``on_step_end(step_index, duration_s, now_s)`` right after training step ``step_index``
+  (0-based, counted from hook creation, consecutive) ends at ``now_s``. ``duration_s`` is the
+  step's wall time minus time spent in marked phases inside it; it starts where the previous step
+  ended (data loading between steps is step time), and for step 0 at the first training activity
+  (time between hook creation and that is setup, in the elapsed time but never projected). Gaps
+  the durations do not cover are measured and projected per step anyway (``overhead_per_step_s``).
+- ``on_phase_end(name, duration_s, now_s)`` when a marked non-training phase ends at ``now_s``
+  (outermost phase only; nested phases are the caller's business).
+- ``set_trace_estimate(estimate)`` whenever the trace-based estimator has a (new) estimate; any
+  thread.
+- ``prediction`` (property): any thread; cached, rebuilt only when something changed.
+- ``close()`` once, at the end: final prediction to every reporter (never raises).
+
+Cost: ``on_step_end`` appends one float and compares two numbers; everything else is lazy
+(on ``prediction`` access) or scheduled by the reporters (see ``reporting.ReportSchedule``).
+Failures inside the forecaster are logged once and never propagate, except
+``DeadlineExceededError`` raised on purpose by a deadline guard with ``on_deadline="raise"``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from bisect import bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from datetime import datetime, timezone
+from typing import Any
+
+from .estimators import (
+    DEFAULT_LEVEL,
+    Estimate,
+    StepTimePrior,
+    StepTimeSeries,
+    TraceEstimate,
+    estimate_measured,
+    fuse,
+    normal_quantile,
+)
+from .jobmodel import JobModel, PhaseForecast, PhaseTracker, remaining_phase_time
+from .reporting import DeadlineExceededError, ReportDispatcher, Reporter
+
+logger = logging.getLogger("ets_hook")
+
+# The measured estimate (O(n), ~2 ms at the 65,536-element cap) is recomputed on access while the
+# series is short, afterwards only when it grew by REFRESH_GROWTH or REFRESH_INTERVAL_S of job
+# time passed (the callers' clock, so tests stay deterministic). O(n) work every 10% of n keeps the
+# amortised per-step cost O(1); between refreshes predictions reuse the cached step-time estimate
+# with the current step count and elapsed time.
+DENSE_REFRESH_STEPS = 256
+REFRESH_GROWTH = 0.10
+REFRESH_INTERVAL_S = 10.0
+# Pending step times are folded into the series at least this often (bounded list growth).
+FLUSH_EVERY_STEPS = 4096
+
+
+def _utc(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, tz=timezone.utc)
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """What ets-hook predicts, as of the last step (or phase) the forecaster was told about.
+
+    Times are seconds; ``*_ci_s`` are half-widths of ``level`` (95%) intervals. Fields that need
+    the job length (``total_steps``) are None while it is unknown.
+    """
+
+    # Completed training steps (global, including ``JobModel.initial_step``).
+    step: int
+    total_steps: int | None
+    remaining_steps: int | None
+    # Steady-state mean time of one training step (marked phases excluded).
+    iteration_s: float
+    iteration_ci_s: float
+    # Wall time from hook creation to the end of the last step, and what is left of it.
+    total_s: float | None
+    total_ci_s: float | None
+    eta_s: float | None
+    elapsed_s: float
+    finish_time: datetime | None
+    converged: bool
+    # "prior", "measured", "trace" (or the trace estimator's own label) or "fused".
+    source: str
+    level: float = DEFAULT_LEVEL
+    iteration_median_s: float | None = None
+    warmup_steps: int = 0
+    measured_steps: int = 0
+    measured_iteration_s: float | None = None
+    measured_ci_s: float | None = None
+    trace_iteration_s: float | None = None
+    trace_ci_s: float | None = None
+    # Per-step wall time the step durations do not cover (should be ~0), projected per step.
+    overhead_per_step_s: float = 0.0
+    # Projected time of the remaining non-training phases, and each phase.
+    remaining_phase_s: float = 0.0
+    phases: tuple[PhaseForecast, ...] = ()
+    start_time: datetime | None = None
+    as_of: datetime | None = None
+
+    @property
+    def iteration_rel_ci(self) -> float:
+        """Relative half-width of the step-time interval (0.011 = ±1.1%)."""
+        return self.iteration_ci_s / self.iteration_s if self.iteration_s > 0 else math.inf
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict: datetimes as ISO 8601 with offset, non-finite floats as None."""
+        out: dict[str, Any] = {f.name: _json_safe(getattr(self, f.name)) for f in fields(self)}
+        out["iteration_rel_ci"] = _json_safe(self.iteration_rel_ci)
+        return out
+
+    def to_json(self, **kwargs: Any) -> str:
+        """``to_dict()`` as strict JSON (no NaN/Infinity); kwargs go to ``json.dumps``."""
+        return json.dumps(self.to_dict(), allow_nan=False, **kwargs)
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, PhaseForecast):
+        return {f.name: _json_safe(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, (tuple, list)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+class Forecaster:
+    """Turns step and phase events into predictions; drives the reporters. See module docstring.
+
+    ``converge_rel_ci``: ``converged`` once the step-time interval's relative half-width is at
+    most this. ``min_warmup_steps``: leading steps always treated as warm-up (MSER may drop
+    more). ``prior``: warm-up/noise prior (``StepTimePrior.for_device("cuda")`` on GPUs).
+    """
+
+    def __init__(
+        self,
+        job: JobModel | None = None,
+        *,
+        start_s: float,
+        wall_start_s: float | None = None,
+        prior: StepTimePrior | None = None,
+        level: float = DEFAULT_LEVEL,
+        converge_rel_ci: float = 0.02,
+        min_warmup_steps: int = 1,
+        reporters: Sequence[Reporter] = (),
+        series_capacity: int = 1 << 16,
+    ) -> None:
+        if not 0.0 < level < 1.0:
+            raise ValueError(f"level must be in (0, 1), got {level}")
+        if not 0.0 < converge_rel_ci < 1.0:
+            raise ValueError(f"converge_rel_ci must be in (0, 1), got {converge_rel_ci}")
+        if isinstance(min_warmup_steps, bool) or not isinstance(min_warmup_steps, int):
+            raise ValueError(f"min_warmup_steps must be an int >= 0, got {min_warmup_steps!r}")
+        if min_warmup_steps < 0:
+            raise ValueError(f"min_warmup_steps must be >= 0, got {min_warmup_steps}")
+        if not math.isfinite(start_s):
+            raise ValueError(f"start_s must be finite, got {start_s}")
+        self._job = job if job is not None else JobModel()
+        self.start_s = start_s
+        self.wall_start_s = time.time() if wall_start_s is None else wall_start_s
+        self.prior = prior or StepTimePrior()
+        self.level = level
+        self.converge_rel_ci = converge_rel_ci
+        self.min_warmup_steps = min_warmup_steps
+
+        self._series = StepTimeSeries(capacity=series_capacity)
+        # Device-side step times (CUDA events), when the hook has them: they measure the rate
+        # the job settles to even while the host still runs ahead of the GPU.
+        self._device_series = StepTimeSeries(capacity=series_capacity)
+        # Hot path: bound once; StepTimeSeries never replaces its pending list.
+        self._append = self._series.pending.append
+        self._steps_done = 0
+        self._last_step_end_s = start_s
+        self._first_step_end_s = math.nan
+        self._phases = PhaseTracker(self._job)
+        self._last_phase_end_s = -math.inf
+        # Per phase event: its end time and the cumulative phase seconds up to it (overhead).
+        self._phase_ends_s: list[float] = []
+        self._phase_cum_s: list[float] = []
+        self._trace: TraceEstimate | None = None
+        self._version = 0  # bumped by set_trace_estimate / set_job
+
+        self._lock = threading.RLock()
+        self._measured: Estimate | None = None
+        self._measured_key: tuple[int, int] = (0, -1)  # (id of the series used, its count)
+        self._measured_at_s = -math.inf
+        self._cached: Prediction | None = None
+        self._cached_key: tuple[int, int, int] | None = None
+
+        self._dispatch = ReportDispatcher(reporters)
+        self._failed = False
+        self._closed = False
+        # Next step index / time at which the slow path runs (reporters due, flush).
+        self._next_index = 0
+        self._next_s = -math.inf
+
+    # ------------------------------------------------------------------------------------------
+    # Events
+
+    def on_step_end(self, step_index: int, duration_s: float, now_s: float) -> None:
+        """Training step ``step_index`` (0-based) ended at ``now_s``; O(1)."""
+        self._append(duration_s)
+        self._last_step_end_s = now_s
+        self._steps_done = step_index + 1
+        if step_index >= self._next_index or now_s >= self._next_s:
+            self._slow_path(step_index, now_s)
+
+    def on_device_step_end(self, step_index: int, duration_s: float) -> None:
+        """Device-side duration of step ``step_index`` (from CUDA events), reported late.
+
+        Once two or more exist, the measured step-time estimate uses these instead of the host
+        durations; elapsed time and overhead accounting stay on the host clock.
+        """
+        self._device_series.pending.append(duration_s)
+
+    def on_phase_end(self, name: str, duration_s: float, now_s: float) -> None:
+        """A marked non-training phase ``name`` ended at ``now_s`` after ``duration_s``."""
+        try:
+            with self._lock:
+                self._phases.record(name, duration_s, self._job.initial_step + self._steps_done)
+                self._phase_ends_s.append(now_s)
+                self._phase_cum_s.append(self._phases.total_s)
+                self._last_phase_end_s = max(self._last_phase_end_s, now_s)
+        except Exception as exc:
+            self._fail(exc)
+
+    def set_trace_estimate(self, estimate: TraceEstimate | None) -> None:
+        """Install (or, with None, remove) the trace-based estimate. Any thread."""
+        if estimate is not None and not isinstance(estimate, TraceEstimate):
+            raise ValueError(f"estimate must be a TraceEstimate or None, got {estimate!r}")
+        with self._lock:
+            self._trace = estimate
+            self._version += 1
+
+    @property
+    def job(self) -> JobModel:
+        return self._job
+
+    def set_job(self, job: JobModel) -> None:
+        """Replace the job model (e.g. once the total step count is known). Phases are kept."""
+        with self._lock:
+            self._job = job
+            self._phases.job = job
+            self._version += 1
+
+    @property
+    def steps_done(self) -> int:
+        return self._steps_done
+
+    # ------------------------------------------------------------------------------------------
+    # Predictions
+
+    @property
+    def prediction(self) -> Prediction | None:
+        """The current prediction (None before the first step and trace estimate). Cached."""
+        try:
+            with self._lock:
+                key = (self._steps_done, self._phases.events, self._version)
+                if key != self._cached_key:
+                    self._cached = self._build()
+                    self._cached_key = key
+                return self._cached
+        except Exception as exc:
+            self._fail(exc)
+            return self._cached
+
+    def _measured_estimate(self) -> Estimate | None:
+        device = self._device_series
+        device.flush()
+        series = device if device.count >= 2 else self._series
+        series.flush()
+        count = series.count
+        key = (id(series), count)
+        if key != self._measured_key and (
+            count <= DENSE_REFRESH_STEPS
+            or count - self._measured_key[1] >= REFRESH_GROWTH * count
+            or self._last_step_end_s - self._measured_at_s >= REFRESH_INTERVAL_S
+            or key[0] != self._measured_key[0]
+        ):
+            self._measured = estimate_measured(
+                series.values(),
+                self.prior,
+                self.level,
+                min_warmup=self.min_warmup_steps,
+                stride=series.stride,
+            )
+            self._measured_key = key
+            self._measured_at_s = self._last_step_end_s
+        return self._measured
+
+    def _overhead_per_step(self) -> float:
+        # Wall time between the first and the last step end that neither step durations nor
+        # phases cover, per step. ~0 when the hook follows the contract.
+        series = self._series
+        n = series.count
+        if n < 2 or math.isnan(self._first_step_end_s):
+            return 0.0
+        span = self._last_step_end_s - self._first_step_end_s
+        durations = series.total_s - series.first_s
+        phases = self._phase_s_until(self._last_step_end_s) - self._phase_s_until(
+            self._first_step_end_s
+        )
+        return (span - durations - phases) / (n - 1)
+
+    def _phase_s_until(self, t_s: float) -> float:
+        # Phase seconds that ended at or before t_s.
+        i = bisect_right(self._phase_ends_s, t_s)
+        return self._phase_cum_s[i - 1] if i else 0.0
+
+    def _build(self) -> Prediction | None:
+        measured = self._measured_estimate()
+        trace = self._trace.as_estimate(self.level) if self._trace is not None else None
+        est = fuse([measured, trace], level=self.level)
+        if est is None:
+            return None
+        job = self._job
+        step = job.initial_step + self._steps_done
+        remaining = job.remaining_steps(step)
+        as_of_s = max(self._last_step_end_s, self._last_phase_end_s)
+        elapsed_s = as_of_s - self.start_s
+        overhead_s = self._overhead_per_step()
+        phases = self._phases.project(step)
+        phase_s, phase_ci_s = remaining_phase_time(phases)
+        total_s = total_ci_s = eta_s = None
+        finish_time = None
+        if remaining is not None:
+            cadence_s = max(est.iteration_s + overhead_s, 0.0)
+            eta_s = remaining * cadence_s + phase_s
+            total_s = elapsed_s + eta_s
+            noise_sd = est.noise_sd_s if math.isfinite(est.noise_sd_s) else 0.0
+            z = normal_quantile(0.5 + self.level / 2)
+            total_ci_s = math.sqrt(
+                (remaining * est.ci_s) ** 2 + remaining * (z * noise_sd) ** 2 + phase_ci_s**2
+            )
+            finish_time = _utc(self.wall_start_s + total_s)
+        converged = est.rel_ci <= self.converge_rel_ci
+        return Prediction(
+            step=step,
+            total_steps=job.total_steps,
+            remaining_steps=remaining,
+            iteration_s=est.iteration_s,
+            iteration_ci_s=est.ci_s,
+            total_s=total_s,
+            total_ci_s=total_ci_s,
+            eta_s=eta_s,
+            elapsed_s=elapsed_s,
+            finish_time=finish_time,
+            converged=converged,
+            source=est.source,
+            level=self.level,
+            iteration_median_s=est.median_s if math.isfinite(est.median_s) else None,
+            warmup_steps=measured.warmup_steps if measured else 0,
+            measured_steps=measured.samples if measured else 0,
+            measured_iteration_s=measured.iteration_s if measured else None,
+            measured_ci_s=measured.ci_s if measured else None,
+            trace_iteration_s=trace.iteration_s if trace else None,
+            trace_ci_s=trace.ci_s if trace else None,
+            overhead_per_step_s=overhead_s,
+            remaining_phase_s=phase_s,
+            phases=phases,
+            start_time=_utc(self.wall_start_s),
+            as_of=_utc(self.wall_start_s + elapsed_s),
+        )
+
+    # ------------------------------------------------------------------------------------------
+    # Slow path: reporters and housekeeping
+
+    def _slow_path(self, step_index: int, now_s: float) -> None:
+        try:
+            if step_index == 0:
+                self._first_step_end_s = now_s
+            if not self._failed:
+                step = self._job.initial_step + step_index + 1
+                self._dispatch.dispatch(step_index + 1, step, now_s, lambda: self.prediction)
+            if len(self._series.pending) >= FLUSH_EVERY_STEPS:
+                with self._lock:
+                    self._series.flush()
+        except DeadlineExceededError:
+            raise
+        except Exception as exc:
+            self._fail(exc)
+        finally:
+            # When the slow path runs next: a reporter is due, or pending values need folding.
+            self._next_index = step_index + FLUSH_EVERY_STEPS
+            self._next_s = math.inf
+            if not self._failed:
+                self._next_index = min(self._next_index, self._dispatch.next_count - 1)
+                self._next_s = self._dispatch.next_s
+
+    def close(self) -> Prediction | None:
+        """Final prediction to every reporter (status file marked closed). Idempotent."""
+        if self._closed:
+            return self._cached
+        self._closed = True
+        try:
+            prediction = self.prediction
+            if not self._failed:
+                self._dispatch.close(prediction)
+            return prediction
+        except Exception as exc:
+            self._fail(exc)
+            return None
+
+    def _fail(self, exc: BaseException) -> None:
+        if not self._failed:
+            self._failed = True
+            logger.warning("ets-hook: forecaster error, reporters disabled: %r", exc, exc_info=True)

@@ -1,0 +1,285 @@
+"""Estimator maths on synthetic step-time series: truncation, intervals, coverage, fusion."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from ets_hook.estimators import (
+    Estimate,
+    StepTimePrior,
+    StepTimeSeries,
+    TraceEstimate,
+    estimate_measured,
+    fuse,
+    mser_truncation,
+    normal_quantile,
+    student_t_cdf,
+    student_t_quantile,
+    truncation_point,
+)
+
+MU = 0.4  # true steady-state mean step time in every synthetic series
+
+
+def ar1_noise(rng: np.random.Generator, trials: int, n: int, rho: float, cv: float) -> np.ndarray:
+    """(trials, n) stationary AR(1) relative noise with marginal SD ``cv``."""
+    e = np.empty((trials, n))
+    e[:, 0] = rng.normal(0.0, cv, trials)
+    innovation_sd = cv * math.sqrt(1.0 - rho * rho)
+    for i in range(1, n):
+        e[:, i] = rho * e[:, i - 1] + rng.normal(0.0, innovation_sd, trials)
+    return e
+
+
+def with_warmup(rng: np.random.Generator, noise: np.ndarray) -> np.ndarray:
+    """Step times whose warm-up follows the default CPU prior: step 1 at 1.3-2.3x, steps 2-5 at a
+    common 0.82-1.09x."""
+    trials, n = noise.shape
+    factor = np.ones((trials, n))
+    factor[:, 0] = rng.uniform(1.3, 2.3, trials)
+    factor[:, 1:5] = rng.uniform(0.82, 1.09, (trials, 1))
+    return MU * factor * (1.0 + noise)
+
+
+def coverage(series: np.ndarray) -> float:
+    hits = 0
+    for y in series:
+        est = estimate_measured(y)
+        assert est is not None
+        hits += abs(est.iteration_s - MU) <= est.ci_s
+    return hits / len(series)
+
+
+# ---------------------------------------------------------------------------------------------
+# Quantiles
+
+
+@pytest.mark.parametrize(
+    ("df", "expected"),
+    [(1, 12.7062), (2, 4.3027), (3, 3.1824), (5, 2.5706), (10, 2.2281), (30, 2.0423)],
+)
+def test_student_t_quantile_matches_tables(df: float, expected: float) -> None:
+    assert student_t_quantile(0.975, df) == pytest.approx(expected, abs=1e-4)
+    assert student_t_quantile(0.025, df) == pytest.approx(-expected, abs=1e-4)
+
+
+def test_student_t_quantile_inverts_cdf_and_tends_to_normal() -> None:
+    for df in (0.7, 1.5, 4.2, 17.0, 250.0):
+        for p in (0.6, 0.9, 0.995):
+            assert student_t_cdf(student_t_quantile(p, df), df) == pytest.approx(p, abs=1e-9)
+    assert student_t_quantile(0.975, 1e7) == pytest.approx(normal_quantile(0.975), abs=1e-6)
+    with pytest.raises(ValueError, match="df must be > 0"):
+        student_t_quantile(0.975, 0)
+    with pytest.raises(ValueError, match="p must be in"):
+        student_t_quantile(1.0, 3)
+
+
+# ---------------------------------------------------------------------------------------------
+# Warm-up truncation
+
+
+def test_mser_finds_a_step_transient() -> None:
+    rng = np.random.default_rng(1)
+    found = []
+    for _ in range(50):
+        y = MU * (1.0 + 0.05 * rng.standard_normal(200))
+        y[:20] *= 1.5  # 20 slow warm-up steps
+        found.append(truncation_point(y))
+    # Never leaves a slow step in (that would bias the mean); usually cuts exactly there
+    # (MSER-5 resolves the boundary to 5-step batches); over-cutting only costs data.
+    assert min(found) >= 20, found
+    assert np.median(found) == 20
+    assert np.mean([d <= 30 for d in found]) >= 0.9, found
+
+
+def test_mser_finds_a_decaying_transient() -> None:
+    rng = np.random.default_rng(2)
+    idx = np.arange(300)
+    for _ in range(30):
+        y = MU * (1.0 + 1.0 * np.exp(-idx / 10.0)) * (1.0 + 0.05 * rng.standard_normal(300))
+        d = truncation_point(y)
+        # Bias left after truncation is below the noise level of one step.
+        assert 15 <= d <= 150
+        assert np.exp(-d / 10.0) < 0.15
+
+
+def test_mser_on_stationary_data_never_drops_more_than_half() -> None:
+    rng = np.random.default_rng(3)
+    for n in (10, 49, 50, 51, 200, 1000):
+        y = MU * (1.0 + 0.1 * rng.standard_normal(n))
+        assert mser_truncation(y, batch_size=5) <= n // 2
+        assert mser_truncation(y, batch_size=1) <= n // 2 + 1
+        assert 1 <= truncation_point(y) <= n // 2 + 1
+
+
+def test_truncation_point_respects_min_warmup_and_keeps_a_sample() -> None:
+    y = np.array([1.0, 0.4, 0.4])
+    assert truncation_point(y, min_warmup=1) >= 1
+    assert truncation_point(np.array([1.0, 0.4]), min_warmup=5) == 1
+    assert truncation_point(np.array([0.4, 0.4, 0.4, 0.4]), min_warmup=0) == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Measured estimator
+
+
+def test_no_samples_no_estimate() -> None:
+    assert estimate_measured(np.array([])) is None
+
+
+def test_first_step_alone_uses_the_prior_range() -> None:
+    est = estimate_measured(np.array([0.8]))
+    assert est is not None
+    assert est.source == "prior"
+    # Steady state lies in [0.8 / 2.3, 0.8 / 1.3] by the prior; the interval spans exactly that.
+    assert est.iteration_s - est.ci_s == pytest.approx(0.8 / 2.3)
+    assert est.iteration_s + est.ci_s == pytest.approx(0.8 / 1.3)
+
+
+def test_two_samples_give_a_finite_wide_interval() -> None:
+    est = estimate_measured(np.array([0.8, 0.41]))
+    assert est is not None
+    assert est.source == "measured"
+    assert est.warmup_steps == 1
+    assert 0.05 < est.rel_ci < 0.5
+    assert abs(est.iteration_s - 0.41) < est.ci_s
+
+
+def test_interval_shrinks_with_data() -> None:
+    rng = np.random.default_rng(4)
+    y = with_warmup(rng, ar1_noise(rng, 1, 2000, 0.0, 0.1))[0]
+    widths = [estimate_measured(y[:n]).rel_ci for n in (3, 10, 50, 200, 2000)]  # type: ignore[union-attr]
+    assert widths == sorted(widths, reverse=True)
+    assert widths[-1] < 0.01
+
+
+@pytest.mark.parametrize("rho", [0.0, 0.5])
+def test_95_interval_covers_the_true_mean_about_95_percent(rho: float) -> None:
+    # A warm-up transient plus (AR(1)-correlated) noise, 500 seeded trials of 200 steps.
+    rng = np.random.default_rng(100 + int(rho * 10))
+    series = with_warmup(rng, ar1_noise(rng, 500, 200, rho, 0.10))
+    assert 0.90 <= coverage(series) <= 0.98
+
+
+def test_interval_is_honest_for_tiny_samples() -> None:
+    # Data drawn from the prior's own model: a per-job CV from the CV prior, a first step at
+    # 1.3-2.3x (its range already includes its noise), steps 2-5 at a common 0.82-1.09x. The wide
+    # early intervals cover ~90% here (the ~95% nominal needs a few more steps; see issue notes).
+    prior = StepTimePrior()
+    rng = np.random.default_rng(5)
+    for n in (2, 3, 5):
+        cv = prior.cv_scale * np.sqrt(prior.cv_weight / rng.chisquare(prior.cv_weight, 400))
+        noise = ar1_noise(rng, 400, n, 0.0, 1.0) * cv[:, None]
+        noise[:, 0] = 0.0
+        assert coverage(with_warmup(rng, noise)) >= 0.85, n
+
+
+def test_autocorrelation_widens_the_interval() -> None:
+    rng = np.random.default_rng(6)
+    y = MU * (1.0 + ar1_noise(rng, 1, 400, 0.8, 0.10)[0])
+    est = estimate_measured(y, min_warmup=0)
+    assert est is not None
+    kept = y[est.warmup_steps :]
+    naive = 1.96 * kept.std(ddof=1) / math.sqrt(len(kept))
+    # tau = (1 + 0.8) / (1 - 0.8) = 9: the honest interval is ~3x the naive iid one.
+    assert est.ci_s > 2.0 * naive
+
+
+def test_compacted_series_estimate_matches_raw() -> None:
+    rng = np.random.default_rng(7)
+    raw = MU * (1.0 + 0.1 * rng.standard_normal(10_000))
+    series = StepTimeSeries(capacity=1024)
+    for i in range(0, len(raw), 700):
+        series.pending.extend(raw[i : i + 700].tolist())
+        series.flush()
+    assert series.stride == 16
+    assert len(series.values()) <= 1024
+    assert series.count == len(raw)
+    assert series.total_s == pytest.approx(raw.sum())
+    stored = len(series.values()) * series.stride
+    assert series.values().mean() == pytest.approx(raw[:stored].mean())
+    est = estimate_measured(series.values(), stride=series.stride)
+    ref = estimate_measured(raw)
+    assert est is not None and ref is not None
+    assert est.iteration_s == pytest.approx(ref.iteration_s, rel=0.01)
+    assert est.ci_s == pytest.approx(ref.ci_s, rel=0.5)
+    assert est.noise_sd_s == pytest.approx(0.1 * MU, rel=0.2)
+
+
+def test_series_flush_keeps_values_appended_meanwhile() -> None:
+    series = StepTimeSeries()
+    series.pending.extend([1.0, 2.0])
+    append = series.pending.append
+    series.flush()
+    append(3.0)  # the bound hot-path append still feeds the same list
+    series.flush()
+    assert series.values().tolist() == [1.0, 2.0, 3.0]
+    assert series.first_s == 1.0
+
+
+def test_prior_validation_and_cv_mass() -> None:
+    with pytest.raises(ValueError, match="first_step_ratio"):
+        StepTimePrior(first_step_ratio=(2.0, 1.0))
+    with pytest.raises(ValueError, match="early_steps must be >= 1, got 0"):
+        StepTimePrior(early_steps=0)
+    with pytest.raises(ValueError, match="device must be"):
+        StepTimePrior.for_device("tpu")
+    assert StepTimePrior.for_device("cuda:1").first_step_ratio[1] > 10
+    # The scaled-inverse-chi^2 CV prior puts ~95% of its mass on CV in [5%, 17%].
+    prior = StepTimePrior()
+    rng = np.random.default_rng(8)
+    cv = prior.cv_scale * np.sqrt(prior.cv_weight / rng.chisquare(prior.cv_weight, 200_000))
+    inside = np.mean((cv >= 0.05) & (cv <= 0.17))
+    assert 0.92 <= inside <= 0.97
+
+
+# ---------------------------------------------------------------------------------------------
+# Fusion
+
+
+def test_fuse_is_inverse_variance_weighted() -> None:
+    f = fuse([Estimate(1.0, 0.1, "measured"), Estimate(1.0, 0.1, "trace")])
+    assert f is not None
+    assert f.source == "fused"
+    assert f.iteration_s == pytest.approx(1.0)
+    assert f.ci_s == pytest.approx(0.1 / math.sqrt(2))
+    # Consistent estimates (well within each other's intervals): plain weighting, no widening.
+    c = fuse([Estimate(1.0, 0.1, "measured"), Estimate(1.2, 1.0, "trace")])
+    assert c is not None
+    assert c.iteration_s == pytest.approx((1.0 / 0.01 + 1.2 / 1.0) / (1 / 0.01 + 1 / 1.0))
+    assert c.ci_s == pytest.approx(1.0 / math.sqrt(1 / 0.01 + 1 / 1.0))
+
+
+def test_fuse_widens_when_sources_disagree() -> None:
+    a = Estimate(1.0, 0.02, "measured")
+    b = Estimate(1.5, 0.02, "trace")
+    f = fuse([a, b])
+    assert f is not None
+    # Naive inverse-variance would claim ±0.014 around 1.25: covering neither source.
+    assert f.ci_s > 0.2
+    assert f.iteration_s == pytest.approx(1.25)
+
+
+def test_fuse_edge_cases() -> None:
+    a = Estimate(1.0, 0.1, "measured")
+    assert fuse([]) is None
+    assert fuse([None, None]) is None
+    assert fuse([a, None]) is a
+    exact = Estimate(0.9, 0.0, "trace")
+    assert fuse([a, exact]) is exact
+
+
+def test_trace_estimate_validation_and_level_conversion() -> None:
+    with pytest.raises(ValueError, match="iteration_s must be finite and > 0, got 0"):
+        TraceEstimate(0.0, 0.1)
+    with pytest.raises(ValueError, match="ci_s must be finite and >= 0"):
+        TraceEstimate(1.0, math.nan)
+    with pytest.raises(ValueError, match="level"):
+        TraceEstimate(1.0, 0.1, level=1.5)
+    t = TraceEstimate(1.0, 0.1, level=0.68)
+    e = t.as_estimate(0.95)
+    assert e.ci_s == pytest.approx(0.1 * normal_quantile(0.975) / normal_quantile(0.84))
+    assert e.source == "trace"

@@ -1,0 +1,191 @@
+"""Job model: step counting (epochs, gradient accumulation), phase measurement and projection."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ets_hook.jobmodel import JobModel, PhaseTracker, remaining_phase_time
+from ets_hook.prediction import Forecaster
+
+
+class Loader:
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+
+# ---------------------------------------------------------------------------------------------
+# Step counting
+
+
+def test_total_steps_from_epochs_and_dataloader_with_grad_accumulation() -> None:
+    # 100 micro-batches per epoch, 4 per optimizer step: 25 optimizer steps per epoch.
+    job = JobModel.from_args(epochs=3, dataloader=Loader(100), grad_accum_steps=4)
+    assert job.steps_per_epoch == 25
+    assert job.total_steps == 75
+    # A trailing partial accumulation still makes an optimizer step.
+    assert JobModel.from_args(epochs=2, batches_per_epoch=101, grad_accum_steps=4).total_steps == 52
+    assert JobModel.from_args(total_batches=1000, grad_accum_steps=8).total_steps == 125
+    assert JobModel.from_args(epochs=2.5, steps_per_epoch=10).total_steps == 25
+
+
+def test_whichever_limit_comes_first_ends_the_job() -> None:
+    job = JobModel.from_args(total_steps=50, epochs=10, steps_per_epoch=100)
+    assert job.total_steps == 50
+    assert JobModel.from_args(total_steps=5000, epochs=2, steps_per_epoch=100).total_steps == 200
+    assert JobModel.from_args().total_steps is None
+    assert JobModel.from_args().remaining_steps(10) is None
+    assert JobModel.from_args(total_steps=10).remaining_steps(12) == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"total_steps": 0}, "total_steps must be an int >= 1, got 0"),
+        ({"grad_accum_steps": 0}, "grad_accum_steps must be an int >= 1, got 0"),
+        ({"epochs": 2}, "epochs needs steps_per_epoch"),
+        ({"epochs": -1, "steps_per_epoch": 3}, "epochs must be a number > 0, got -1"),
+        ({"epochs": 1, "dataloader": iter([1, 2])}, "dataloader has no len()"),
+        ({"eval_every": 0}, "eval_every must be an int >= 1, got 0"),
+        ({"phase_every": {"save": -2}}, "period of phase 'save' must be an int >= 0, got -2"),
+        ({"initial_step": -1}, "initial_step must be an int >= 0, got -1"),
+        (
+            {"steps_per_epoch": 10, "batches_per_epoch": 100, "grad_accum_steps": 4},
+            "contradicts",
+        ),
+    ],
+)
+def test_bad_job_arguments_raise_with_the_value(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        JobModel.from_args(**kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Phase projection
+
+
+def test_hinted_eval_phase_is_projected_over_the_remaining_schedule() -> None:
+    job = JobModel.from_args(total_steps=1000, eval_every=100)
+    tracker = PhaseTracker(job)
+    (eval_,) = tracker.project(50)
+    # Evaluations after steps 100..900; one after step 1000 would follow the last step.
+    assert eval_.remaining == 9
+    assert eval_.remaining_s is None  # cost unknown before the first one
+    # At step 100 the evaluation due there has not happened yet: still pending.
+    assert tracker.project(100)[0].remaining == 9
+    tracker.record("eval", 10.0, 100)
+    (eval_,) = tracker.project(100)
+    assert eval_.occurrences == 1
+    assert eval_.remaining == 8
+    assert eval_.remaining_s == pytest.approx(80.0)
+    assert eval_.period_source == "hint"
+
+
+def test_first_occurrence_is_not_taken_as_the_typical_cost() -> None:
+    job = JobModel.from_args(total_steps=1000, checkpoint_every=100)
+    tracker = PhaseTracker(job)
+    for step, cost in ((100, 30.0), (200, 10.0), (300, 12.0), (400, 8.0)):
+        tracker.record("checkpoint", cost, step)
+    (ckpt,) = tracker.project(400)
+    assert ckpt.mean_s == pytest.approx(10.0)
+    assert ckpt.spent_s == pytest.approx(60.0)
+    assert ckpt.remaining == 5
+    total, ci = remaining_phase_time((ckpt,))
+    assert total == pytest.approx(50.0)
+    assert 0 < ci < total
+
+
+def test_period_is_inferred_from_occurrences_without_hints() -> None:
+    tracker = PhaseTracker(JobModel.from_args(total_steps=600))
+    tracker.record("val", 5.0, 150)
+    (val,) = tracker.project(150)
+    assert (val.period_steps, val.period_source, val.remaining) == (150, "single", 2)
+    tracker.record("val", 5.0, 300)
+    tracker.record("val", 5.0, 450)
+    (val,) = tracker.project(460)
+    assert (val.period_steps, val.period_source, val.remaining) == (150, "inferred", 0)
+    (val,) = tracker.project(450)
+    assert val.remaining == 0  # 600 is the end: not part of the job time
+
+
+def test_phase_before_training_and_one_off_hint_are_not_projected() -> None:
+    job = JobModel.from_args(total_steps=100, phase_every={"profile": 0})
+    tracker = PhaseTracker(job)
+    tracker.record("setup", 3.0, 0)
+    tracker.record("profile", 2.0, 10)
+    by_name = {p.name: p for p in tracker.project(10)}
+    assert by_name["setup"].period_source == "one-off"
+    assert by_name["setup"].remaining == 0
+    assert by_name["profile"].period_source == "one-off"
+    assert by_name["profile"].remaining_s == 0.0
+
+
+def test_occurrences_at_the_same_step_add_up() -> None:
+    tracker = PhaseTracker(JobModel.from_args(total_steps=400, eval_every=100))
+    for step in (100, 200):
+        tracker.record("eval", 4.0, step)  # validation set
+        tracker.record("eval", 6.0, step)  # test set
+    (eval_,) = tracker.project(200)
+    assert eval_.occurrences == 2
+    assert eval_.mean_s == pytest.approx(10.0)
+    assert eval_.remaining_s == pytest.approx(10.0)
+
+
+def test_resumed_job_counts_global_steps() -> None:
+    job = JobModel.from_args(total_steps=1000, initial_step=600, eval_every=100)
+    tracker = PhaseTracker(job)
+    (eval_,) = tracker.project(650)
+    assert eval_.remaining == 3  # after 700, 800, 900
+
+
+# ---------------------------------------------------------------------------------------------
+# The job model inside the forecaster
+
+
+def simulate(
+    forecaster: Forecaster,
+    steps: int,
+    *,
+    step_s: float,
+    eval_every: int,
+    eval_s: float,
+    seed: int = 0,
+    stop_at: int | None = None,
+) -> float:
+    """Drive the forecaster like the hook would; returns the wall time at the end."""
+    rng = np.random.default_rng(seed)
+    now = 0.5  # setup between hook creation and the first step
+    for i in range(stop_at or steps):
+        duration = step_s * (1.7 if i == 0 else 1.0) * (1.0 + 0.05 * rng.standard_normal())
+        now += duration
+        forecaster.on_step_end(i, duration, now)
+        if (i + 1) % eval_every == 0 and i + 1 < steps:
+            cost = eval_s * (1.5 if i + 1 == eval_every else 1.0)
+            now += cost
+            forecaster.on_phase_end("eval", cost, now)
+    return now
+
+
+def test_eval_phases_and_grad_accumulation_give_the_right_total() -> None:
+    # 2 epochs of 160 micro-batches with 4-step accumulation = 80 optimizer steps,
+    # an evaluation every 20 optimizer steps (first one slower).
+    job = JobModel.from_args(epochs=2, dataloader=Loader(160), grad_accum_steps=4, eval_every=20)
+    assert job.total_steps == 80
+    actual = simulate(
+        Forecaster(job, start_s=0.0), 80, step_s=0.2, eval_every=20, eval_s=3.0, seed=1
+    )
+    forecaster = Forecaster(job, start_s=0.0)
+    simulate(forecaster, 80, step_s=0.2, eval_every=20, eval_s=3.0, seed=1, stop_at=40)
+    p = forecaster.prediction
+    assert p is not None
+    # Evaluations are out of the step rate...
+    assert p.iteration_s == pytest.approx(0.2, rel=0.05)
+    # ...and projected: one more evaluation (after step 60) at the later cost.
+    (eval_,) = p.phases
+    assert eval_.remaining == 1
+    assert eval_.mean_s == pytest.approx(3.0)
+    assert p.total_s == pytest.approx(actual, rel=0.03)
+    assert abs(p.total_s - actual) <= p.total_ci_s

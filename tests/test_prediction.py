@@ -1,0 +1,302 @@
+"""Prediction object and the Forecaster's contract: totals, caching, fusion, isolation."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from datetime import datetime, timezone
+
+import numpy as np
+import pytest
+
+from ets_hook import estimators
+from ets_hook.estimators import TraceEstimate
+from ets_hook.jobmodel import JobModel
+from ets_hook.prediction import Forecaster, Prediction
+
+WALL_START = 1_700_000_000.0
+
+
+def drive(
+    forecaster: Forecaster,
+    durations: list[float] | np.ndarray,
+    *,
+    start: float = 0.0,
+    gap_s: float = 0.0,
+    first_index: int = 0,
+) -> float:
+    now = start
+    for i, d in enumerate(durations):
+        now += d + gap_s
+        forecaster.on_step_end(first_index + i, float(d), now)
+    return now
+
+
+def noisy(n: int, mean: float = 0.2, cv: float = 0.05, seed: int = 0) -> np.ndarray:
+    y = mean * (1.0 + cv * np.random.default_rng(seed).standard_normal(n))
+    y[0] *= 1.8
+    return y
+
+
+def test_no_prediction_before_the_first_step_unless_a_trace_estimate_exists() -> None:
+    f = Forecaster(JobModel(total_steps=100), start_s=0.0, wall_start_s=WALL_START)
+    assert f.prediction is None
+    f.set_trace_estimate(TraceEstimate(0.25, 0.02))
+    p = f.prediction
+    assert p is not None
+    assert p.source == "trace"
+    assert p.step == 0
+    assert p.total_s == pytest.approx(100 * 0.25)
+
+
+def test_total_is_elapsed_plus_remaining_steps_plus_phases() -> None:
+    job = JobModel.from_args(total_steps=500, eval_every=100)
+    f = Forecaster(job, start_s=10.0, wall_start_s=WALL_START)
+    now = drive(f, noisy(100), start=10.5)
+    f.on_phase_end("eval", 4.0, now + 4.0)
+    p = f.prediction
+    assert p is not None
+    assert p.step == 100
+    assert p.remaining_steps == 400
+    assert p.elapsed_s == pytest.approx(now + 4.0 - 10.0)
+    assert p.remaining_phase_s == pytest.approx(3 * 4.0)  # after 200, 300, 400
+    expected = p.elapsed_s + 400 * (p.iteration_s + p.overhead_per_step_s) + p.remaining_phase_s
+    assert p.total_s == pytest.approx(expected)
+    assert p.eta_s == pytest.approx(p.total_s - p.elapsed_s)
+    assert p.finish_time is not None and p.finish_time.tzinfo is not None
+    assert p.finish_time.timestamp() == pytest.approx(WALL_START + p.total_s)
+    assert p.start_time == datetime.fromtimestamp(WALL_START, tz=timezone.utc)
+    assert abs(p.overhead_per_step_s) < 1e-9  # durations cover every step exactly
+    assert p.total_ci_s is not None and p.total_ci_s > 0
+
+
+def test_unknown_total_gives_step_time_only() -> None:
+    f = Forecaster(start_s=0.0)
+    drive(f, noisy(30))
+    p = f.prediction
+    assert p is not None
+    assert p.total_steps is None
+    assert p.total_s is None and p.eta_s is None and p.finish_time is None
+    assert p.iteration_s == pytest.approx(0.2, rel=0.05)
+    f.set_job(JobModel(total_steps=60))
+    p2 = f.prediction
+    assert p2 is not None and p2.remaining_steps == 30
+
+
+def test_json_round_trip_is_strict_and_complete() -> None:
+    job = JobModel.from_args(total_steps=50, checkpoint_every=10)
+    f = Forecaster(job, start_s=0.0, wall_start_s=WALL_START)
+    now = drive(f, noisy(12))
+    f.on_phase_end("checkpoint", 1.0, now + 1.0)
+    p = f.prediction
+    assert p is not None
+    doc = json.loads(p.to_json())
+    assert doc["step"] == 12
+    assert doc["source"] in ("measured", "fused")
+    assert doc["finish_time"].endswith("+00:00")
+    assert doc["phases"][0]["name"] == "checkpoint"
+    assert doc["iteration_rel_ci"] == pytest.approx(p.iteration_rel_ci)
+    odd = Prediction(
+        step=1,
+        total_steps=None,
+        remaining_steps=None,
+        iteration_s=math.inf,
+        iteration_ci_s=math.nan,
+        total_s=None,
+        total_ci_s=None,
+        eta_s=None,
+        elapsed_s=1.0,
+        finish_time=None,
+        converged=False,
+        source="prior",
+    )
+    assert json.loads(odd.to_json())["iteration_s"] is None
+
+
+def test_prediction_is_cached_until_something_changes() -> None:
+    f = Forecaster(JobModel(total_steps=100), start_s=0.0)
+    now = drive(f, noisy(10))
+    p = f.prediction
+    assert f.prediction is p
+    f.on_step_end(10, 0.2, now + 0.2)
+    p2 = f.prediction
+    assert p2 is not p and p2 is not None and p2.step == 11
+    f.on_phase_end("eval", 1.0, now + 1.2)
+    assert f.prediction is not p2
+    p3 = f.prediction
+    f.set_trace_estimate(TraceEstimate(0.2, 0.01))
+    assert f.prediction is not p3
+
+
+def test_converges_once_the_interval_is_narrow() -> None:
+    f = Forecaster(JobModel(total_steps=10_000), start_s=0.0, converge_rel_ci=0.02)
+    y = noisy(400, cv=0.05, seed=3)
+    drive(f, y[:3])
+    early = f.prediction
+    assert early is not None and not early.converged
+    drive(f, y[3:], start=float(np.sum(y[:3])), first_index=3)
+    late = f.prediction
+    assert late is not None and late.converged
+    assert late.iteration_rel_ci <= 0.02
+    assert late.warmup_steps >= 1
+
+
+def test_trace_estimate_is_fused_and_dominates_early() -> None:
+    f = Forecaster(JobModel(total_steps=1000), start_s=0.0)
+    drive(f, [0.5])  # first step only: the prior's ±28%
+    f.set_trace_estimate(TraceEstimate(0.27, 0.01, step=0))
+    p = f.prediction
+    assert p is not None
+    assert p.source == "fused"
+    assert p.trace_iteration_s == 0.27
+    assert p.measured_iteration_s is not None
+    assert abs(p.iteration_s - 0.27) < abs(p.iteration_s - p.measured_iteration_s)
+    assert p.iteration_ci_s < p.measured_ci_s  # type: ignore[operator]
+    f.set_trace_estimate(None)
+    p2 = f.prediction
+    assert p2 is not None and p2.source == "prior"
+
+
+def test_time_outside_step_durations_is_projected() -> None:
+    # The durations miss 50 ms of data loading per step; the total must not.
+    f = Forecaster(JobModel(total_steps=200), start_s=0.0)
+    y = noisy(100, seed=4)
+    drive(f, y, gap_s=0.05)
+    p = f.prediction
+    assert p is not None
+    assert p.overhead_per_step_s == pytest.approx(0.05, rel=1e-6)
+    actual_total = float(np.sum(y)) + 100 * 0.05 + 100 * (0.2 + 0.05)
+    assert p.total_s == pytest.approx(actual_total, rel=0.02)
+
+
+def test_long_jobs_use_bounded_memory() -> None:
+    f = Forecaster(JobModel(total_steps=400_000), start_s=0.0, series_capacity=1024)
+    y = noisy(200_000, seed=5)
+    drive(f, y)
+    p = f.prediction
+    assert p is not None
+    assert len(f._series.values()) <= 1024
+    assert len(f._series.pending) == 0
+    assert p.iteration_s == pytest.approx(float(np.mean(y[10:])), rel=0.002)
+    assert p.total_s == pytest.approx(2 * float(np.sum(y)), rel=0.01)
+
+
+def test_constructor_validates_early() -> None:
+    with pytest.raises(ValueError, match="level must be in"):
+        Forecaster(start_s=0.0, level=95)
+    with pytest.raises(ValueError, match="converge_rel_ci must be in"):
+        Forecaster(start_s=0.0, converge_rel_ci=0)
+    with pytest.raises(ValueError, match="min_warmup_steps must be >= 0, got -1"):
+        Forecaster(start_s=0.0, min_warmup_steps=-1)
+    with pytest.raises(ValueError, match="start_s must be finite"):
+        Forecaster(start_s=math.nan)
+    with pytest.raises(ValueError, match="reporters must be Reporter instances"):
+        Forecaster(start_s=0.0, reporters=[print])  # type: ignore[list-item]
+    f = Forecaster(start_s=0.0)
+    with pytest.raises(ValueError, match="TraceEstimate"):
+        f.set_trace_estimate(0.3)  # type: ignore[arg-type]
+
+
+def test_internal_failure_never_reaches_the_training_loop(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from ets_hook import prediction as prediction_module
+    from ets_hook.reporting import CallbackReporter
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(prediction_module, "estimate_measured", broken)
+    seen: list[Prediction] = []
+    f = Forecaster(JobModel(total_steps=10), start_s=0.0, reporters=[CallbackReporter(seen.append)])
+    with caplog.at_level(logging.WARNING, logger="ets_hook"):
+        drive(f, noisy(5))
+        assert f.prediction is None
+        f.close()
+    assert seen == []
+    assert sum("forecaster error" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_prediction_can_be_read_from_another_thread() -> None:
+    f = Forecaster(JobModel(total_steps=50_000), start_s=0.0)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def reader() -> None:
+        try:
+            while not stop.is_set():
+                p = f.prediction
+                if p is not None:
+                    assert p.iteration_s > 0
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        drive(f, noisy(30_000, seed=6))
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors
+    f._series.flush()
+    assert f._series.count == 30_000
+    p = f.prediction
+    assert p is not None and p.step == 30_000
+
+
+def test_close_is_idempotent_and_returns_the_final_prediction() -> None:
+    f = Forecaster(JobModel(total_steps=20), start_s=0.0)
+    drive(f, noisy(20))
+    final = f.close()
+    assert final is not None and final.remaining_steps == 0
+    assert final.total_s == pytest.approx(final.elapsed_s)
+    assert f.close() is final
+
+
+def test_on_a_real_small_training_loop() -> None:
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(256, 64), torch.randn(256, 8)
+    steps = 60
+    start = time.perf_counter()
+    f = Forecaster(JobModel(total_steps=steps), start_s=start, prior=estimators.StepTimePrior())
+    predictions = []
+    durations = []
+    step_start = start
+    for i in range(steps):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        now = time.perf_counter()
+        durations.append(now - step_start)
+        f.on_step_end(i, now - step_start, now)
+        step_start = now
+        predictions.append(f.prediction)
+    assert all(p is not None for p in predictions)
+    final = predictions[-1]
+    assert final is not None
+    assert final.remaining_steps == 0
+    assert final.total_s == pytest.approx(step_start - start)
+    # Shared machine: only a loose sanity bound on the step-time estimate.
+    assert 0.5 * np.median(durations) < final.iteration_s < 2.0 * np.median(durations)
+
+
+def test_bad_durations_do_not_poison_the_estimate() -> None:
+    f = Forecaster(JobModel(total_steps=100), start_s=0.0)
+    y = list(noisy(40, seed=9))
+    y[5], y[6], y[7] = math.nan, math.inf, -0.1
+    now = 0.0
+    for i, d in enumerate(y):
+        now += 0.2  # the clock is fine; only the durations are broken
+        f.on_step_end(i, d, now)
+    p = f.prediction
+    assert p is not None and p.total_s is not None
+    assert math.isfinite(p.iteration_s) and math.isfinite(p.total_s)
+    assert p.iteration_s == pytest.approx(0.2, rel=0.1)
