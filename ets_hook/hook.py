@@ -22,15 +22,22 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from array import array
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from . import __version__
 from .decode import StepBounds, attach_kernels, build_iterations
+from .estimators import StepTimePrior, TraceEstimate
+from .gpu_timing import CudaStepTimer
+from .jobmodel import JobModel
 from .op_capture import OpProfiler, other_profiler_active, read_raw_events
+from .prediction import Forecaster, Prediction
+from .reporting import DeadlineExceededError, DeadlineMiss, build_reporters
 from .steps import StepDetector
 from .sysinfo import device_info, host_info, model_device
 from .trace import CaptureInfo, Trace
@@ -38,6 +45,11 @@ from .trace import CaptureInfo, Trace
 logger = logging.getLogger("ets_hook")
 
 RECORD_SHAPES_MODES = ("first", "all", "none")
+# hook.step_times_s keeps the first this-many raw step times (8 bytes each); the forecaster keeps
+# its own bounded summary for any job length.
+MAX_KEPT_STEP_TIMES = 1 << 20
+
+TraceEstimator = Callable[[Trace], "TraceEstimate | None"]
 
 
 class _State:
@@ -85,9 +97,25 @@ class ETSHook:
         skip_steps: int = 1,
         trace_path: str | os.PathLike[str] | None = None,
         *,
+        epochs: float | None = None,
+        steps_per_epoch: int | None = None,
+        dataloader: Any = None,
+        grad_accum_steps: int = 1,
+        eval_every: int | None = None,
+        checkpoint_every: int | None = None,
+        phase_every: Mapping[str, int] | None = None,
+        initial_step: int = 0,
+        log_every: int | None = 100,
+        progress: Any = False,
+        status_path: str | os.PathLike[str] | None = None,
+        on_prediction: Callable[[Prediction], Any] | None = None,
+        deadline: float | datetime | Literal[False] | None = None,
+        on_deadline: str | Callable[[DeadlineMiss], Any] = "warn",
+        deadline_policy: str = "confident",
         grad_scaler: Any = None,
         record_shapes: str = "first",
         capture_kernels: bool | None = None,
+        trace_estimator: TraceEstimator | Literal["auto"] | None = "auto",
         device: Any = None,
         decode_in_background: bool = True,
     ) -> None:
@@ -108,14 +136,34 @@ class ETSHook:
                 f"record_shapes must be one of {RECORD_SHAPES_MODES}, got {record_shapes!r}"
             )
         optimizers = self._optimizer_list(optimizer)
+        job = JobModel.from_args(
+            total_steps=total_steps,
+            epochs=epochs,
+            steps_per_epoch=steps_per_epoch,
+            dataloader=dataloader,
+            grad_accum_steps=grad_accum_steps,
+            eval_every=eval_every,
+            checkpoint_every=checkpoint_every,
+            phase_every=phase_every,
+            initial_step=initial_step,
+        )
+        reporters = build_reporters(
+            log_every_n_steps=log_every,
+            progress=progress,
+            status_path=status_path,
+            on_prediction=on_prediction,
+            deadline=deadline,
+            on_deadline=on_deadline,
+            deadline_policy=deadline_policy,
+        )
 
         self.model = model
-        self.total_steps = total_steps
+        self.total_steps = job.total_steps
         self.capture_steps = capture_steps
         self.skip_steps = skip_steps
         self.record_shapes = record_shapes
         self._decode_in_background = decode_in_background
-        self._device = device if device is not None else model_device(model)
+        self._device = torch.device(device if device is not None else model_device(model))
         self._rank, self._world_size = _distributed_rank()
         self.trace_path = (
             rank_trace_path(trace_path, self._rank, self._world_size)
@@ -131,7 +179,7 @@ class ETSHook:
         self._phase_ns_in_step = 0
         self._phase_depth = 0
         self.steps_completed = 0
-        self.step_times_s: list[float] = []
+        self._step_times_s = array("d")
         self._window_bounds: list[StepBounds] = []
         # Steps of the window whose op capture began after the step started (see _on_forward).
         self._partial_steps: list[int] = []
@@ -144,14 +192,25 @@ class ETSHook:
         self._collector: Any = None
         self._kernel_status = "not requested"
         self._want_kernels = (
-            capture_kernels
-            if capture_kernels is not None
-            else torch.device(self._device).type == "cuda"
+            capture_kernels if capture_kernels is not None else self._device.type == "cuda"
         )
+        self._trace_estimator = trace_estimator
         self._trace: Trace | None = None
         self._decode_thread: threading.Thread | None = None
         self._trace_ready = threading.Event()
         self._closed = False
+
+        self._forecaster = Forecaster(
+            job,
+            start_s=self._created_ns / 1e9,
+            wall_start_s=(self._created_ns + self._epoch_offset_ns) / 1e9,
+            prior=StepTimePrior.for_device("cuda" if self._device.type == "cuda" else "cpu"),
+            reporters=reporters,
+        )
+        self._cuda_timer: CudaStepTimer | None = None
+        if self._device.type == "cuda" and torch.cuda.is_available():
+            self._cuda_timer = CudaStepTimer()
+            self._cuda_timer.record(0)
 
         self._detector = StepDetector(
             model,
@@ -191,6 +250,16 @@ class ETSHook:
                 duration_ns = time.perf_counter_ns() - started_ns
                 self._phase_ns_in_step += duration_ns
                 self._guarded(self._on_phase_end)(name, duration_ns)
+
+    @property
+    def prediction(self) -> Prediction | None:
+        """The current prediction (None before the first step). Cheap; cached between steps."""
+        return self._forecaster.prediction
+
+    @property
+    def step_times_s(self) -> list[float]:
+        """Wall time of each step so far, step 0 first (marked phases excluded)."""
+        return self._step_times_s.tolist()
 
     @property
     def trace(self) -> Trace | None:
@@ -233,6 +302,7 @@ class ETSHook:
             self._fail(exc)
         finally:
             self._detector.close()
+            self._forecaster.close()
 
     def __enter__(self) -> ETSHook:
         return self
@@ -261,6 +331,8 @@ class ETSHook:
         def call(*args: Any) -> None:
             try:
                 function(*args)
+            except DeadlineExceededError:
+                raise  # the one failure meant to reach the training loop
             except Exception as exc:
                 self._fail(exc)
 
@@ -270,6 +342,9 @@ class ETSHook:
         # Step 0 starts at the first training forward when nothing was timed before it.
         if self.steps_completed == 0 and self._state != _State.CAPTURING:
             self._step_start_ns = time.perf_counter_ns()
+            if self._cuda_timer is not None:
+                self._cuda_timer = CudaStepTimer()
+                self._cuda_timer.record(0)
 
     def _on_boundary(self, source: str) -> None:
         # Timing first, with nothing that can fail: the step count must survive any error below.
@@ -277,15 +352,22 @@ class ETSHook:
         start_ns = self._step_start_ns
         duration_ns = now_ns - start_ns - self._phase_ns_in_step
         step_index = self.steps_completed
-        self.step_times_s.append(duration_ns / 1e9)
+        if step_index < MAX_KEPT_STEP_TIMES:
+            self._step_times_s.append(duration_ns / 1e9)
         self.steps_completed = step_index + 1
         self._step_start_ns = now_ns
         self._phase_ns_in_step = 0
         try:
             if self._state == _State.CAPTURING or self._state == _State.WAITING:
                 self._advance_window(step_index, start_ns, now_ns)
+            if self._cuda_timer is not None:
+                self._cuda_timer.record(step_index + 1)
+                for index, device_s in self._cuda_timer.poll():
+                    self._forecaster.on_device_step_end(index, device_s)
         except Exception as exc:
             self._fail(exc)
+        # Last: with on_deadline="raise" this may raise DeadlineExceededError on purpose.
+        self._forecaster.on_step_end(step_index, duration_ns / 1e9, now_ns / 1e9)
 
     def _advance_window(self, step_index: int, start_ns: int, end_ns: int) -> None:
         if self._state == _State.CAPTURING and self._op_profiler.active:
@@ -317,7 +399,7 @@ class ETSHook:
         self._op_profiler.start(record_shapes=False)
 
     def _on_phase_end(self, name: str, duration_ns: int) -> None:
-        pass
+        self._forecaster.on_phase_end(name, duration_ns / 1e9, time.perf_counter_ns() / 1e9)
 
     # ------------------------------------------------------------------------------------------
     # Capture window
@@ -396,7 +478,7 @@ class ETSHook:
                 ),
                 torch_version=torch.__version__,
                 ets_hook_version=__version__,
-                step_times_s=list(self.step_times_s),
+                step_times_s=self.step_times_s,
                 rank=self._rank,
                 world_size=self._world_size,
                 metadata={
@@ -404,6 +486,7 @@ class ETSHook:
                     "partial_steps": list(self._partial_steps),
                 },
             )
+            self._publish_trace_estimate(self._trace)
             if self.trace_path is not None:
                 self._trace.save(self.trace_path)
             self._state = _State.DONE
@@ -411,6 +494,22 @@ class ETSHook:
             self._fail(exc)
         finally:
             self._trace_ready.set()
+
+    def _publish_trace_estimate(self, trace: Trace) -> None:
+        estimator = self._trace_estimator
+        if estimator == "auto":
+            from .trace_estimator import default_trace_estimator
+
+            estimator = default_trace_estimator(self._device.type)
+        if estimator is None:
+            return
+        try:
+            estimate = estimator(trace)
+        except Exception as exc:  # the trace estimate is optional: log, keep the measured one
+            logger.info("ets-hook: trace-based estimate unavailable: %r", exc)
+            return
+        if estimate is not None:
+            self._forecaster.set_trace_estimate(estimate)
 
     # ------------------------------------------------------------------------------------------
     # Failure handling

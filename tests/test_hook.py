@@ -396,3 +396,51 @@ def test_rank_placeholder_in_trace_path(tmp_path, monkeypatch):
     hook.close()
     assert (tmp_path / "run.rank3.ets").exists()
     assert load_trace(tmp_path / "run.rank3.ets").rank == 3
+
+
+def test_prediction_api_status_file_and_callbacks_on_a_real_loop(tmp_path):
+    import json
+
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = []
+    status = tmp_path / "status.json"
+    hook = ETSHook(
+        model,
+        optimizer=opt,
+        total_steps=12,
+        capture_steps=3,
+        status_path=status,
+        on_prediction=seen.append,
+        deadline=False,
+    )
+    assert hook.prediction is None
+    train(model, opt, hook, 1)
+    first = hook.prediction
+    assert first is not None and first.step == 1 and first.remaining_steps == 11
+    assert first.iteration_s > 0 and first.total_s >= first.elapsed_s
+    train(model, opt, hook, 11)
+    hook.close()
+    final = hook.prediction
+    assert final.step == 12 and final.remaining_steps == 0 and final.eta_s == 0
+    assert seen and all(p.step <= 12 for p in seen)
+    payload = json.loads(status.read_text())
+    assert payload["prediction"]["step"] == 12
+    assert json.loads(final.to_json())["total_steps"] == 12
+
+
+def test_deadline_raise_reaches_the_training_loop_once():
+    from ets_hook.reporting import DeadlineExceededError
+
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(model, optimizer=opt, total_steps=10**7, deadline=1.0, on_deadline="raise")
+    raised = 0
+    for _ in range(6):
+        try:
+            train(model, opt, hook, 1)
+        except DeadlineExceededError:
+            raised += 1
+    hook.close()
+    assert raised == 1
+    assert hook.steps_completed == 6

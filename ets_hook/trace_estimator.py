@@ -1,0 +1,116 @@
+"""Trace-based step-time estimators: from captured iterations to a steady-state ``TraceEstimate``.
+
+``OpMedianEstimator`` (no model): an iteration is a sequence of outermost ops, each with its
+duration and the gap after it, plus the lead-in before the first op (data loading, Python).
+Aligning the ops of the captured steps and taking each op's median removes noise that hits one
+op in one step (a preemption, a page fault), which whole-step wall times keep: five steps, each
+with one spike in a different op, have five spiky totals but spike-free per-op medians. The
+interval comes from a bootstrap over the captured steps.
+"""
+
+from __future__ import annotations
+
+import difflib
+import warnings
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from .estimators import TraceEstimate
+from .trace import IterationTrace, Trace
+
+DEFAULT_BOOTSTRAP = 200
+
+
+def _step_rows(iteration: IterationTrace) -> tuple[list[str], np.ndarray, float]:
+    """Names, per-op (duration + gap) in seconds, and the lead-in, for one iteration.
+
+    Only outermost ops of the thread that starts the step count (the training thread); their
+    durations and gaps tile the iteration from the first op to the step's end.
+    """
+    top = [op for op in iteration.ops if op.depth == 0]
+    if not top:
+        return [], np.zeros(0), iteration.duration_ns / 1e9
+    thread = top[0].thread
+    rows = [op for op in top if op.thread == thread]
+    costs = np.array([op.duration_ns + max(op.gap_ns, 0) for op in rows], dtype=np.float64) / 1e9
+    lead_in_s = max(0, rows[0].start_ns - iteration.start_ns) / 1e9
+    return [op.name for op in rows], costs, lead_in_s
+
+
+def aligned_costs(iterations: Sequence[IterationTrace]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-op cost matrix (steps x ops of the reference step) and per-step lead-ins.
+
+    The reference is the iteration with the most ops; ops of other steps are matched by name
+    order (``difflib``); an op a step lacks is NaN there. Costs of ops a step has but the
+    reference lacks are added to that step's lead-in so the row still sums to the step time.
+    """
+    rows = [_step_rows(it) for it in iterations]
+    reference = max(range(len(rows)), key=lambda i: len(rows[i][0]))
+    ref_names = rows[reference][0]
+    matrix = np.full((len(rows), len(ref_names)), np.nan)
+    lead_ins = np.zeros(len(rows))
+    for i, (names, costs, lead_in_s) in enumerate(rows):
+        lead_ins[i] = lead_in_s
+        matched = np.zeros(len(names), dtype=bool)
+        matcher = difflib.SequenceMatcher(None, ref_names, names, autojunk=False)
+        for block in matcher.get_matching_blocks():
+            matrix[i, block.a : block.a + block.size] = costs[block.b : block.b + block.size]
+            matched[block.b : block.b + block.size] = True
+        lead_ins[i] += float(costs[~matched].sum())
+    return matrix, lead_ins
+
+
+def _robust_total(matrix: np.ndarray, lead_ins: np.ndarray) -> float:
+    # nanmedian over steps per op; an op missing in every sampled step contributes 0.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
+        per_op = np.nanmedian(matrix, axis=0) if matrix.shape[1] else np.zeros(0)
+    return float(np.nansum(per_op) + np.median(lead_ins))
+
+
+class OpMedianEstimator:
+    """Steady-state step time as the sum of per-op medians over the captured steps.
+
+    Steps listed in ``trace.metadata["partial_steps"]`` (op capture began inside them) are left
+    out when at least two complete steps remain.
+    """
+
+    def __init__(self, bootstrap: int = DEFAULT_BOOTSTRAP, seed: int = 0) -> None:
+        if bootstrap < 10:
+            raise ValueError(f"bootstrap must be >= 10, got {bootstrap}")
+        self.bootstrap = bootstrap
+        self.seed = seed
+
+    def __call__(self, trace: Trace) -> TraceEstimate | None:
+        partial = set(trace.metadata.get("partial_steps", ()))
+        iterations = [it for it in trace.iterations if it.ops]
+        complete = [it for it in iterations if it.step not in partial]
+        if len(complete) >= 2:
+            iterations = complete
+        if not iterations:
+            return None
+        matrix, lead_ins = aligned_costs(iterations)
+        estimate_s = _robust_total(matrix, lead_ins)
+        steps = len(iterations)
+        if steps == 1:
+            # One step: no spread to bootstrap; a deliberately wide ±25% (the CPU prior's
+            # step-to-step spread) lets fusion weigh it against measured step times.
+            half_width_s = 0.25 * estimate_s
+        else:
+            rng = np.random.default_rng(self.seed)
+            samples = np.empty(self.bootstrap)
+            for b in range(self.bootstrap):
+                pick = rng.integers(0, steps, size=steps)
+                samples[b] = _robust_total(matrix[pick], lead_ins[pick])
+            low, high = np.quantile(samples, [0.025, 0.975])
+            half_width_s = max(float(high - low) / 2.0, 0.01 * estimate_s)
+        last_step = max(it.step for it in iterations)
+        return TraceEstimate(
+            iteration_s=estimate_s, ci_s=half_width_s, source="trace:op-median", step=last_step
+        )
+
+
+def default_trace_estimator(device_type: str) -> Callable[[Trace], TraceEstimate | None] | None:
+    """The estimator the hook uses with ``trace_estimator="auto"``."""
+    return OpMedianEstimator()
