@@ -1,0 +1,404 @@
+"""Early-prediction accuracy of ets-hook against ETA-bar baselines, on real training jobs.
+
+Each job of the zoo (different families and sizes; some with an evaluation phase every M steps
+and checkpoint saves, one with gradient accumulation, one whose data loading is a real share of
+the step) runs to completion with an ``ETSHook`` (default settings), and ``hook.prediction`` is
+recorded after every step. Ground truth, per job:
+
+- total: wall time from hook creation to the end of the last training step;
+- steady-state step time: median training-step time over the second half of the steps.
+
+At steps 1, 2, 3, 5, 10, 20, 50 we report the absolute percentage error of the predicted total
+and of the predicted step time, median and P90 over the jobs, for ets-hook and for what an ETA
+bar would have said at that point (elapsed + rate x remaining steps, rate from):
+
+- ``first_step``:  the first iteration's wall time;
+- ``mean_k``:      the mean wall time of the iterations so far;
+- ``tqdm_ema``:    tqdm's exponential moving average of iteration time (smoothing 0.3);
+- ``composer``:    mean training time per step skipping the first step, with evaluation /
+                   checkpoint time taken out of the rate and mean phase cost x remaining phases
+                   added back (Composer's RuntimeEstimator; it knows the eval interval).
+
+Outputs JSON, a markdown table and a PNG plot (error vs step, one line per method)::
+
+    python benchmarks/accuracy.py [--jobs a,b] [--steps 300] [--device cpu] [--out results/accuracy]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ets_hook import ETSHook
+from ets_hook.zoo import Job, workloads
+
+REPORT_STEPS = (1, 2, 3, 5, 10, 20, 50)
+METHODS = ("ets-hook", "first_step", "mean_k", "tqdm_ema", "composer")
+TQDM_SMOOTHING = 0.3
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A zoo workload plus how the training loop around it behaves."""
+
+    name: str
+    workload: str
+    eval_every: int | None = None
+    eval_batches: int = 10
+    checkpoint_every: int | None = None
+    grad_accum: int = 1
+    heavy_data: bool = False
+
+
+JOBS = (
+    JobSpec("mlp-small", "mlp-w128-d2-b32"),
+    JobSpec("mlp-large+eval", "mlp-w1024-d4-b128", eval_every=50, eval_batches=20),
+    JobSpec("resnet-small", "resnet-w8-x1-b16-s32"),
+    JobSpec("resnet-medium+ckpt", "resnet-w16-x2-b32-s32", checkpoint_every=60),
+    JobSpec("vgg-small+eval", "vgg-w8-b16", eval_every=40),
+    JobSpec("mobilenet-small", "mobilenet-w8-b16-s32"),
+    JobSpec("lstm-small+accum4", "lstm-h64-l1-b32-t32", grad_accum=4),
+    JobSpec("gru-medium", "gru-h128-l2-b32-t64"),
+    JobSpec(
+        "transformer-small+eval+ckpt",
+        "transformer-d64-l2-b16-t32",
+        eval_every=50,
+        checkpoint_every=100,
+    ),
+    JobSpec("transformer-medium", "transformer-d128-l4-b16-t64"),
+    JobSpec("gpt-small", "gpt-d64-l2-b8-t64"),
+    JobSpec("gpt-medium+eval", "gpt-d128-l3-b8-t128", eval_every=60),
+    JobSpec("recsys-small", "recsys-t4-r10000-b256"),
+    JobSpec("mlp-dataloading", "mlp-w512-d3-b64", heavy_data=True),
+)
+
+
+class _AugmentedVectors(torch.utils.data.Dataset):
+    """Per-sample CPU work in __getitem__ (a decode + augment stand-in): loading is real time."""
+
+    def __init__(self, size: int, features: int, work: int = 40_000) -> None:
+        self.size, self.features, self.work = size, features, work
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rng = np.random.default_rng(index)
+        raw = rng.standard_normal(self.work).astype(np.float32)
+        raw = np.sort(raw)  # the "decode": O(n log n) per sample
+        x = torch.from_numpy(raw[: self.features].copy())
+        return (x - x.mean()) / (x.std() + 1e-6), torch.tensor(index % 10)
+
+
+def _batches(job: Job, spec: JobSpec):
+    if not spec.heavy_data:
+        yield from job.batches()
+        return
+    dataset = _AugmentedVectors(10**6, 256)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=job.workload.batch_size, shuffle=True)
+    while True:
+        for x, y in loader:
+            yield x.to(job.device), y.to(job.device)
+
+
+@dataclass
+class Run:
+    spec: JobSpec
+    steps: int
+    step_ends_s: list[float] = field(default_factory=list)  # from hook creation
+    train_step_s: list[float] = field(default_factory=list)  # hook's per-step times
+    phase_s_before_step: list[float] = field(default_factory=list)  # phase time in iteration k
+    predictions: list[dict[str, Any] | None] = field(default_factory=list)
+
+
+def run_job(spec: JobSpec, steps: int, device: str, seed: int = 0) -> Run:
+    workload = workloads()[spec.workload]
+    job = workload.build(device, seed=seed)
+    batches = _batches(job, spec)
+    run = Run(spec, steps)
+    checkpoint_dir = tempfile.mkdtemp(prefix="ets-accuracy-")
+    hook = ETSHook(
+        job.model,
+        optimizer=job.optimizer,
+        total_steps=steps,
+        eval_every=spec.eval_every,
+        checkpoint_every=spec.checkpoint_every,
+        log_every=None,
+        deadline=False,
+    )
+    t0_ns = hook.created_ns
+    pending_phase_s = 0.0
+    for step in range(1, steps + 1):
+        for _ in range(spec.grad_accum):
+            (job.loss(next(batches)) / spec.grad_accum).backward()
+        job.optimizer.step()
+        job.optimizer.zero_grad(set_to_none=True)
+        if job.device.type == "cuda":
+            torch.cuda.synchronize()
+        run.step_ends_s.append((time.perf_counter_ns() - t0_ns) / 1e9)
+        run.phase_s_before_step.append(pending_phase_s)
+        prediction = hook.prediction
+        run.predictions.append(prediction.to_dict() if prediction is not None else None)
+        pending_phase_s = 0.0
+        if step == steps:
+            break
+        if spec.eval_every and step % spec.eval_every == 0:
+            started = time.perf_counter()
+            with hook.phase("eval"), torch.no_grad():
+                job.model.eval()
+                for _ in range(spec.eval_batches):
+                    job.loss(next(batches))
+                job.model.train()
+            pending_phase_s += time.perf_counter() - started
+        if spec.checkpoint_every and step % spec.checkpoint_every == 0:
+            started = time.perf_counter()
+            with hook.phase("checkpoint"):
+                torch.save(
+                    {"model": job.model.state_dict(), "optimizer": job.optimizer.state_dict()},
+                    os.path.join(checkpoint_dir, "ckpt.pt"),
+                )
+            pending_phase_s += time.perf_counter() - started
+    hook.close()
+    run.train_step_s = hook.step_times_s
+    return run
+
+
+# ---------------------------------------------------------------------------------------------
+# Baselines: what an ETA bar would have predicted after k steps
+
+
+def baseline_rates(run: Run, k: int, remaining_phases_s: float) -> dict[str, tuple[float, float]]:
+    """(step-time, total) per baseline after k completed steps."""
+    ends = run.step_ends_s
+    iteration_s = [ends[0]] + [b - a for a, b in itertools.pairwise(ends)]
+    seen = iteration_s[:k]
+    elapsed = ends[k - 1]
+    remaining = run.steps - k
+    ema = seen[0]
+    for value in seen[1:]:
+        ema = TQDM_SMOOTHING * value + (1 - TQDM_SMOOTHING) * ema
+    train_only = [t - p for t, p in zip(seen, run.phase_s_before_step[:k])]
+    composer_rate = statistics.fmean(train_only[1:]) if k > 1 else train_only[0]
+    rates = {
+        "first_step": seen[0],
+        "mean_k": statistics.fmean(seen),
+        "tqdm_ema": ema,
+    }
+    out = {name: (rate, elapsed + rate * remaining) for name, rate in rates.items()}
+    out["composer"] = (composer_rate, elapsed + composer_rate * remaining + remaining_phases_s)
+    return out
+
+
+def _composer_remaining_phases(run: Run, k: int) -> float:
+    """Mean observed cost of each phase kind x its remaining occurrences (0 before the first)."""
+    spec, total = run.spec, 0.0
+    per_kind = (("eval", spec.eval_every), ("checkpoint", spec.checkpoint_every))
+    observed = run.phase_s_before_step[:k]
+    if not any(observed):
+        return 0.0
+    # Phase time is attributed to the iteration after the phase; split by kind using periods.
+    for _kind, every in per_kind:
+        if not every:
+            continue
+        done = [observed[i] for i in range(1, k) if i % every == 0]
+        if not done:
+            continue
+        remaining = sum(1 for s in range(k, run.steps) if s % every == 0)
+        total += statistics.fmean(done) * remaining
+    return total
+
+
+def errors_for(run: Run) -> dict[str, dict[int, tuple[float, float]]]:
+    """method -> step -> (abs % error of total, abs % error of step time)."""
+    true_total = run.step_ends_s[-1]
+    half = run.train_step_s[len(run.train_step_s) // 2 :]
+    true_step = statistics.median(half)
+    out: dict[str, dict[int, tuple[float, float]]] = {m: {} for m in METHODS}
+    for k in REPORT_STEPS:
+        if k >= run.steps:
+            continue
+        prediction = run.predictions[k - 1]
+        if prediction is not None and prediction.get("total_s") is not None:
+            out["ets-hook"][k] = (
+                100 * abs(prediction["total_s"] - true_total) / true_total,
+                100 * abs(prediction["iteration_s"] - true_step) / true_step,
+            )
+        phases = _composer_remaining_phases(run, k)
+        for name, (rate, total) in baseline_rates(run, k, phases).items():
+            out[name][k] = (
+                100 * abs(total - true_total) / true_total,
+                100 * abs(rate - true_step) / true_step,
+            )
+    return out
+
+
+def summarize(per_job: list[dict[str, dict[int, tuple[float, float]]]]) -> dict[str, Any]:
+    table: dict[str, Any] = {}
+    for method in METHODS:
+        table[method] = {}
+        for k in REPORT_STEPS:
+            values = [job[method][k] for job in per_job if k in job[method]]
+            if not values:
+                continue
+            totals = np.array([v[0] for v in values])
+            steps = np.array([v[1] for v in values])
+            table[method][k] = {
+                "total_median": float(np.median(totals)),
+                "total_p90": float(np.percentile(totals, 90)),
+                "step_median": float(np.median(steps)),
+                "step_p90": float(np.percentile(steps, 90)),
+                "jobs": len(values),
+            }
+    return table
+
+
+def markdown(table: dict[str, Any], key: str, title: str) -> str:
+    head = "| method | " + " | ".join(f"step {k}" for k in REPORT_STEPS) + " |"
+    rule = "|---|" + "---|" * len(REPORT_STEPS)
+    rows = [f"**{title}**: absolute % error, median / P90 over jobs", "", head, rule]
+    for method in METHODS:
+        cells = []
+        for k in REPORT_STEPS:
+            cell = table[method].get(k)
+            cells.append(f"{cell[f'{key}_median']:.1f} / {cell[f'{key}_p90']:.1f}" if cell else "-")
+        rows.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def plot(table: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for axis, key, title in ((axes[0], "total", "total job time"), (axes[1], "step", "step time")):
+        for method in METHODS:
+            steps = [k for k in REPORT_STEPS if k in table[method]]
+            axis.plot(
+                steps,
+                [table[method][k][f"{key}_median"] for k in steps],
+                marker="o",
+                label=method,
+                linewidth=2.5 if method == "ets-hook" else 1.2,
+            )
+        axis.set_xscale("log")
+        axis.set_yscale("symlog", linthresh=1)
+        axis.set_xticks(list(REPORT_STEPS), [str(k) for k in REPORT_STEPS])
+        axis.set_xlabel("prediction made after step")
+        axis.set_ylabel("median absolute error (%)")
+        axis.set_title(f"Predicted {title}")
+        axis.grid(True, alpha=0.3)
+    axes[0].legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", default=",".join(j.name for j in JOBS))
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="results/accuracy", help="output path prefix")
+    args = parser.parse_args(argv)
+    if args.steps <= max(REPORT_STEPS):
+        parser.error(f"--steps must be > {max(REPORT_STEPS)}, got {args.steps}")
+    specs = {j.name: j for j in JOBS}
+    unknown = [n for n in args.jobs.split(",") if n not in specs]
+    if unknown:
+        parser.error(f"unknown jobs {unknown}; known: {sorted(specs)}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    print(f"machine: {machine()}")
+    runs, per_job = [], []
+    for name in args.jobs.split(","):
+        started = time.perf_counter()
+        run = run_job(specs[name], args.steps, args.device, args.seed)
+        errors = errors_for(run)
+        runs.append(run)
+        per_job.append(errors)
+        k3 = errors["ets-hook"].get(3, (math.nan, math.nan))
+        took_s = time.perf_counter() - started
+        print(
+            f"{name:30} total {run.step_ends_s[-1]:7.2f}s  steady "
+            f"{1e3 * statistics.median(run.train_step_s[args.steps // 2 :]):8.2f} ms/step  "
+            f"ets-hook@3: total {k3[0]:5.1f}% step {k3[1]:5.1f}%  ({took_s:.0f}s)"
+        )
+        sys.stdout.flush()
+    table = summarize(per_job)
+    report = "\n\n".join(
+        [
+            markdown(table, "total", "Predicted total job time"),
+            markdown(table, "step", "Predicted steady-state step time"),
+        ]
+    )
+    print("\n" + report)
+    document = {
+        "machine": machine(),
+        "steps": args.steps,
+        "device": args.device,
+        "summary": table,
+        "jobs": [
+            {
+                "name": run.spec.name,
+                "workload": run.spec.workload,
+                "true_total_s": run.step_ends_s[-1],
+                "true_step_s": statistics.median(run.train_step_s[len(run.train_step_s) // 2 :]),
+                "errors": {m: {str(k): v for k, v in e.items()} for m, e in errors.items()},
+                "step_ends_s": run.step_ends_s,
+                "train_step_s": run.train_step_s,
+                "predictions": [
+                    None
+                    if p is None
+                    else {
+                        key: p[key]
+                        for key in (
+                            "step",
+                            "iteration_s",
+                            "iteration_ci_s",
+                            "total_s",
+                            "source",
+                            "converged",
+                        )
+                    }
+                    for p in run.predictions
+                ],
+            }
+            for run, errors in zip(runs, per_job)
+        ],
+    }
+    out.with_suffix(".json").write_text(json.dumps(document, indent=1))
+    out.with_suffix(".md").write_text(report + "\n")
+    plot(table, out.with_suffix(".png"))
+    print(f"\nwrote {out.with_suffix('.json')}, .md, .png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
