@@ -1,0 +1,256 @@
+"""Interpret drained CUPTI ring records: kernel events, a launch table, per-step kernel lists.
+
+Input is a ``RECORD_DTYPE`` array from ``KernelCollector.drain()``; all interpretation lives here
+(the C++ side only collects). Contracts:
+
+- Timestamps are shifted by ``clock_offset_ns`` (``time.time_ns() - CUPTI clock``, see
+  ``ets_hook.native.measure_clock_offset_ns``) so results are on the trace clock.
+- GPU records without valid timestamps (0, or end before start: CUPTI could not time them) are
+  skipped and counted in ``GpuActivity.invalid``.
+- ``KernelEvent.correlation_id`` ties a kernel to the runtime API call that launched it; the launch
+  table holds those calls (CPU thread id = ``threading.get_native_id()`` of the launching thread,
+  call start/end on the trace clock) for the op <-> kernel join in ``ets_hook.decode``.
+- NCCL kernels are marked ``communication=True``: their duration includes waiting for other ranks.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from . import _C
+from .native import RECORD_DTYPE, RecordKind, resolve_names
+from .trace import KernelEvent, KernelKind
+
+__all__ = [
+    "EXTERNAL_DTYPE",
+    "LAUNCH_DTYPE",
+    "GpuActivity",
+    "decode_activity",
+    "external_correlation_table",
+    "is_communication_kernel",
+    "kernel_events",
+    "kernels_by_step",
+    "launch_table",
+    "memcpy_name",
+]
+
+#: One CUDA API call (runtime or driver) as needed to tie kernels to ops.
+LAUNCH_DTYPE = np.dtype(
+    [
+        ("correlation_id", "<u4"),
+        ("thread_id", "<u4"),
+        ("start_ns", "<i8"),
+        ("end_ns", "<i8"),
+        ("cbid", "<u4"),
+        ("kind", "u1"),  # RecordKind.RUNTIME or RecordKind.DRIVER
+    ]
+)
+
+#: CUPTI correlation id -> id pushed with ``native.push_external_id``.
+EXTERNAL_DTYPE = np.dtype(
+    [("correlation_id", "<u4"), ("external_id", "<u8"), ("external_kind", "u1")]
+)
+
+_GPU_KINDS = {
+    int(RecordKind.KERNEL): KernelKind.KERNEL,
+    int(RecordKind.MEMCPY): KernelKind.MEMCPY,
+    int(RecordKind.MEMSET): KernelKind.MEMSET,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class GpuActivity:
+    """Everything decoded from one drain."""
+
+    kernels: list[KernelEvent]  # kernels, memcpys and memsets, by start time
+    launches: np.ndarray  # LAUNCH_DTYPE, by start time
+    external_ids: np.ndarray  # EXTERNAL_DTYPE, ets-hook's external kind only
+    invalid: int  # GPU records skipped for missing timestamps
+
+
+def _check(records: np.ndarray) -> np.ndarray:
+    if not isinstance(records, np.ndarray) or records.dtype != RECORD_DTYPE:
+        got = getattr(records, "dtype", type(records).__name__)
+        raise ValueError(f"expected records with ets_hook.native.RECORD_DTYPE, got {got}")
+    return records.ravel()
+
+
+def is_communication_kernel(name: str) -> bool:
+    """NCCL collective / point-to-point kernels (``ncclKernel_*``, ``ncclDevKernel_*``)."""
+    return "nccl" in name.lower()
+
+
+_MEMCPY_KINDS: dict[int, str] = dict(_C.memcpy_kind_names())
+
+
+def memcpy_name(copy_kind: int) -> str:
+    """Display name of a memcpy record, e.g. ``"Memcpy HtoD"``."""
+    direction = _MEMCPY_KINDS.get(int(copy_kind))
+    return f"Memcpy {direction}" if direction else "Memcpy"
+
+
+def kernel_events(
+    records: np.ndarray, *, clock_offset_ns: int = 0, demangle: bool = True
+) -> list[KernelEvent]:
+    """Kernel, memcpy and memset records as ``KernelEvent``s, by start time (``op_index`` -1)."""
+    return decode_activity(records, clock_offset_ns=clock_offset_ns, demangle=demangle).kernels
+
+
+def _kernel_events(
+    records: np.ndarray, clock_offset_ns: int, demangle: bool
+) -> tuple[list[KernelEvent], int]:
+    gpu = records[np.isin(records["kind"], list(_GPU_KINDS))]
+    valid = (gpu["start_ns"] > 0) & (gpu["end_ns"] >= gpu["start_ns"])
+    invalid = int(gpu.size - np.count_nonzero(valid))
+    gpu = gpu[valid]
+    gpu = gpu[np.argsort(gpu["start_ns"], kind="stable")]
+
+    kinds = gpu["kind"].tolist()
+    name_ids = gpu["name_id"]
+    names: list[str] = [""] * gpu.size
+    is_kernel = gpu["kind"] == int(RecordKind.KERNEL)
+    if np.any(is_kernel):
+        unique, inverse = np.unique(name_ids[is_kernel], return_inverse=True)
+        unique_names = resolve_names(unique)
+        if demangle:
+            unique_names = _C.demangle(unique_names)
+        for position, index in zip(np.flatnonzero(is_kernel).tolist(), inverse.tolist()):
+            names[position] = unique_names[index]
+
+    starts = (gpu["start_ns"] + clock_offset_ns).tolist()
+    durations = (gpu["end_ns"] - gpu["start_ns"]).tolist()
+    # Payload fields share bytes (RECORD_DTYPE is a tagged union): read each for its kinds only.
+    geometry = np.zeros((gpu.size, 6), dtype=np.int64)
+    for column, field in enumerate(("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")):
+        geometry[is_kernel, column] = gpu[field][is_kernel]
+    nbytes = np.where(is_kernel, 0, gpu["bytes"]).tolist()
+    grids = [tuple(g) for g in geometry[:, :3].tolist()]
+    blocks = [tuple(b) for b in geometry[:, 3:].tolist()]
+    columns = [gpu[f].tolist() for f in ("device", "stream", "correlation_id", "subkind")]
+    events: list[KernelEvent] = []
+    for i, (device, stream, correlation_id, subkind) in enumerate(zip(*columns)):
+        kind = _GPU_KINDS[kinds[i]]
+        if kind is KernelKind.KERNEL:
+            name = names[i]
+        elif kind is KernelKind.MEMCPY:
+            name = memcpy_name(subkind)
+        else:
+            name = "Memset"
+        events.append(
+            KernelEvent(
+                name=name,
+                start_ns=starts[i],
+                duration_ns=durations[i],
+                kind=kind,
+                device=device,
+                stream=stream,
+                correlation_id=correlation_id,
+                grid=grids[i],
+                block=blocks[i],
+                bytes=nbytes[i],
+                communication=kind is KernelKind.KERNEL and is_communication_kernel(name),
+            )
+        )
+    return events, invalid
+
+
+def launch_table(records: np.ndarray, *, clock_offset_ns: int = 0) -> np.ndarray:
+    """Runtime/driver API records as a ``LAUNCH_DTYPE`` table, by start time.
+
+    Names of the calls: ``ets_hook.native.runtime_api_name(cbid)``.
+    """
+    records = _check(records)
+    api = records[np.isin(records["kind"], [int(RecordKind.RUNTIME), int(RecordKind.DRIVER)])]
+    api = api[np.argsort(api["start_ns"], kind="stable")]
+    table = np.empty(api.size, dtype=LAUNCH_DTYPE)
+    table["correlation_id"] = api["correlation_id"]
+    table["thread_id"] = api["thread_id"]
+    table["start_ns"] = api["start_ns"] + clock_offset_ns
+    table["end_ns"] = api["end_ns"] + clock_offset_ns
+    table["cbid"] = api["cbid"]
+    table["kind"] = api["kind"]
+    return table
+
+
+def external_correlation_table(
+    records: np.ndarray, *, external_kind: int | None = None
+) -> np.ndarray:
+    """External-correlation records as an ``EXTERNAL_DTYPE`` table.
+
+    ``external_kind`` filters by CUPTI external kind; default: the kind ``push_external_id`` uses.
+    """
+    records = _check(records)
+    kind = int(_C.EXTERNAL_CORRELATION_KIND) if external_kind is None else external_kind
+    ext = records[records["kind"] == int(RecordKind.EXTERNAL_CORRELATION)]
+    ext = ext[ext["subkind"] == kind]
+    table = np.empty(ext.size, dtype=EXTERNAL_DTYPE)
+    table["correlation_id"] = ext["correlation_id"]
+    table["external_id"] = ext["external_id"]
+    table["external_kind"] = ext["subkind"]
+    return table
+
+
+def decode_activity(
+    records: np.ndarray, *, clock_offset_ns: int = 0, demangle: bool = True
+) -> GpuActivity:
+    """Kernel events, launch table and external-id table from one drain of the ring."""
+    records = _check(records)
+    kernels, invalid = _kernel_events(records, clock_offset_ns, demangle)
+    return GpuActivity(
+        kernels=kernels,
+        launches=launch_table(records, clock_offset_ns=clock_offset_ns),
+        external_ids=external_correlation_table(records),
+        invalid=invalid,
+    )
+
+
+class _Bounds(Protocol):
+    start_ns: int
+    end_ns: int
+
+
+def kernels_by_step(
+    kernels: Sequence[KernelEvent],
+    step_bounds: Sequence[tuple[int, int] | _Bounds],
+    launches: np.ndarray | None = None,
+) -> list[list[KernelEvent]]:
+    """Kernels of each step, in the order of ``step_bounds`` (each list by start time).
+
+    A kernel belongs to the step whose host interval ``[start_ns, end_ns)`` contains its launch
+    call (found by correlation id in ``launches``), because GPU work runs late: a kernel launched
+    at the end of step k may execute during step k+1. Without a launch record the kernel's own
+    start is used. Kernels outside every step are left out. Bounds must not overlap.
+    """
+    bounds = [
+        (int(b[0]), int(b[1])) if isinstance(b, tuple) else (int(b.start_ns), int(b.end_ns))
+        for b in step_bounds
+    ]
+    for start, end in bounds:
+        if end < start:
+            raise ValueError(f"step bounds must have start_ns <= end_ns, got ({start}, {end})")
+    order = sorted(range(len(bounds)), key=lambda i: bounds[i][0])
+    starts = [bounds[i][0] for i in order]
+    for a, b in itertools.pairwise(order):
+        if bounds[b][0] < bounds[a][1]:
+            raise ValueError(f"step bounds overlap: {bounds[a]} and {bounds[b]}")
+    launch_start: dict[int, int] = {}
+    if launches is not None and launches.size:
+        launch_start = dict(zip(launches["correlation_id"].tolist(), launches["start_ns"].tolist()))
+    steps: list[list[KernelEvent]] = [[] for _ in bounds]
+    for kernel in kernels:
+        time_ns = launch_start.get(kernel.correlation_id, kernel.start_ns)
+        position = bisect.bisect_right(starts, time_ns) - 1
+        if position < 0:
+            continue
+        index = order[position]
+        if time_ns < bounds[index][1]:
+            steps[index].append(kernel)
+    for step in steps:
+        step.sort(key=lambda k: k.start_ns)
+    return steps
