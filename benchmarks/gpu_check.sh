@@ -97,6 +97,13 @@ run_step gpu_tests 200 "$PYTHON" -m pytest -m requires_cuda tests/gpu -v -rs \
 run_step ring_throughput 90 "$PYTHON" benchmarks/ring_throughput.py --runs 5 \
   --json "$OUT_DIR/ring_throughput.json"
 
+run_step overhead 120 "$PYTHON" benchmarks/overhead.py --device cuda --repeats 4 \
+  --workloads resnet-w16-x2-b32-s32,transformer-d128-l4-b16-t64 --json "$OUT_DIR/overhead.json"
+
+run_step accuracy 150 "$PYTHON" benchmarks/accuracy.py --device cuda --steps 120 \
+  --jobs resnet-medium+ckpt,transformer-medium,gpt-medium+eval,mlp-large+eval \
+  --out "$OUT_DIR/accuracy"
+
 # (append further steps here)
 
 # ------------------------------------------------------------------------------------- SUMMARY
