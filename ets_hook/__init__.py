@@ -24,22 +24,36 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CaptureInfo",
+    "DeadlineExceededError",
     "DeviceInfo",
     "ETSHook",
     "HostInfo",
     "IterationTrace",
+    "JobModel",
     "KernelEvent",
     "KernelKind",
     "OpEvent",
     "Phase",
+    "Prediction",
     "Trace",
+    "TraceEstimate",
     "__version__",
 ]
 
 if TYPE_CHECKING:
+    from .estimators import TraceEstimate
     from .hook import ETSHook
+    from .jobmodel import JobModel
+    from .prediction import Prediction
+    from .reporting import DeadlineExceededError
 
-_LAZY = {"ETSHook": ("hook", "ETSHook")}
+_LAZY = {
+    "ETSHook": ("hook", "ETSHook"),
+    "Prediction": ("prediction", "Prediction"),
+    "JobModel": ("jobmodel", "JobModel"),
+    "TraceEstimate": ("estimators", "TraceEstimate"),
+    "DeadlineExceededError": ("reporting", "DeadlineExceededError"),
+}
 
 
 def __getattr__(name: str) -> Any:
