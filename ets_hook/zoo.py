@@ -9,6 +9,7 @@ embedding-heavy recommender. Sizes are chosen so that one step takes millisecond
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,17 +23,33 @@ BatchMaker = Callable[[int, torch.Generator], Batch]
 
 @dataclass(frozen=True)
 class Workload:
-    """A named training job: ``build(device)`` returns a fresh ``Job``."""
+    """A named training job: ``build(device)`` returns a fresh ``Job``.
+
+    ``batches(batch_size)`` returns the batch maker for a batch size, so one workload can be run
+    at several batch sizes (``with_batch_size``).
+    """
 
     name: str
     family: str
     batch_size: int
     make_model: Callable[[], nn.Module]
-    make_batch: BatchMaker
+    batches: Callable[[int], BatchMaker]
     loss: str = "cross_entropy"
     optimizer: str = "sgd"
     lr: float = 0.01
     params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def make_batch(self) -> BatchMaker:
+        return self.batches(self.batch_size)
+
+    def with_batch_size(self, batch_size: int) -> Workload:
+        """The same workload at another batch size (named ``...-b<batch_size>``)."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        base = self.name.rsplit(f"-b{self.batch_size}", 1)
+        name = f"-b{batch_size}".join(base) if len(base) == 2 else f"{self.name}-b{batch_size}"
+        return dataclasses.replace(self, name=name, batch_size=batch_size)
 
     def build(self, device: str | torch.device = "cpu", seed: int = 0) -> Job:
         torch.manual_seed(seed)
@@ -299,7 +316,7 @@ def workloads() -> dict[str, Workload]:
                 "mlp",
                 batch,
                 lambda w=width, d=depth: _mlp(w, d),
-                _vectors(batch, 256),
+                lambda b: _vectors(b, 256),
                 params={"width": width, "depth": depth},
             )
         )
@@ -310,7 +327,7 @@ def workloads() -> dict[str, Workload]:
                 "resnet",
                 batch,
                 lambda w=width, b=blocks: _resnet(w, b),
-                _images(batch, size),
+                lambda b, s=size: _images(b, s),
                 params={"width": width, "blocks": blocks, "image": size},
             )
         )
@@ -321,7 +338,7 @@ def workloads() -> dict[str, Workload]:
                 "vgg",
                 batch,
                 lambda w=width: _vgg(w),
-                _images(batch, 32),
+                lambda b: _images(b, 32),
                 params={"width": width, "image": 32},
             )
         )
@@ -332,7 +349,7 @@ def workloads() -> dict[str, Workload]:
                 "mobilenet",
                 batch,
                 lambda w=width: _mobilenet(w),
-                _images(batch, size),
+                lambda b, s=size: _images(b, s),
                 params={"width": width, "image": size},
             )
         )
@@ -344,7 +361,7 @@ def workloads() -> dict[str, Workload]:
                     cell,
                     batch,
                     lambda c=cell, h=hidden, n=layers: _RNNClassifier(c, 1000, h, n, 10),
-                    _tokens(batch, length, 1000, 10),
+                    lambda b, t=length: _tokens(b, t, 1000, 10),
                     optimizer="adam",
                     lr=1e-3,
                     params={"hidden": hidden, "layers": layers, "seq": length},
@@ -357,7 +374,7 @@ def workloads() -> dict[str, Workload]:
                 "transformer",
                 batch,
                 lambda d=d_model, n=layers: _TransformerClassifier(1000, d, 4, n, 10),
-                _tokens(batch, length, 1000, 10),
+                lambda b, t=length: _tokens(b, t, 1000, 10),
                 optimizer="adamw",
                 lr=1e-3,
                 params={"d_model": d_model, "layers": layers, "seq": length},
@@ -370,7 +387,7 @@ def workloads() -> dict[str, Workload]:
                 "gpt",
                 batch,
                 lambda d=d_model, n=layers, t=length: _GPT(2000, d, 4, n, t),
-                _tokens(batch, length, 2000, 2000, next_token=True),
+                lambda b, t=length: _tokens(b, t, 2000, 2000, next_token=True),
                 optimizer="adamw",
                 lr=3e-4,
                 params={"d_model": d_model, "layers": layers, "seq": length},
@@ -383,7 +400,7 @@ def workloads() -> dict[str, Workload]:
                 "recsys",
                 batch,
                 lambda t=tables, r=rows: _Recommender(t, r, 32, 13),
-                _recsys(batch, 13, tables, rows),
+                lambda b, t=tables, r=rows: _recsys(b, 13, t, r),
                 optimizer="adam",
                 lr=1e-3,
                 params={"tables": tables, "rows": rows},
