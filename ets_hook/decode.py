@@ -99,8 +99,12 @@ def _fill_shapes(target: list[OpEvent], source: list[OpEvent]) -> None:
     """Copy shapes/dtypes onto ``target`` ops from the aligned ops of ``source`` (same names)."""
     target_names = [op.name for op in target]
     source_names = [op.name for op in source]
-    matcher = difflib.SequenceMatcher(None, source_names, target_names, autojunk=False)
-    for block in matcher.get_matching_blocks():
+    if target_names == source_names:  # the usual case: same ops, same order
+        blocks = [difflib.Match(0, 0, len(target))]
+    else:
+        matcher = difflib.SequenceMatcher(None, source_names, target_names, autojunk=False)
+        blocks = matcher.get_matching_blocks()
+    for block in blocks:
         for offset in range(block.size):
             src, dst = source[block.a + offset], target[block.b + offset]
             if not dst.input_shapes and src.input_shapes:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 from array import array
@@ -50,6 +51,24 @@ RECORD_SHAPES_MODES = ("first", "all", "none")
 MAX_KEPT_STEP_TIMES = 1 << 20
 
 TraceEstimator = Callable[[Trace], "TraceEstimate | None"]
+
+
+# While the decode thread runs, a training-thread request for the GIL waits at most this long
+# (CPython's default switch interval is 5 ms, a long stall for millisecond steps).
+DECODE_SWITCH_INTERVAL_S = 2e-4
+
+
+@contextlib.contextmanager
+def _short_switch_interval(interval_s: float) -> Iterator[None]:
+    """Lower ``sys.setswitchinterval`` for the duration; restore it unless someone changed it."""
+    previous = sys.getswitchinterval()
+    target = min(previous, interval_s)
+    sys.setswitchinterval(target)
+    try:
+        yield
+    finally:
+        if sys.getswitchinterval() == target:
+            sys.setswitchinterval(previous)
 
 
 class _State:
@@ -464,6 +483,12 @@ class ETSHook:
 
     def _decode(
         self, results: list[Any], bounds: list[StepBounds], window_end_event: Any = None
+    ) -> None:
+        with _short_switch_interval(DECODE_SWITCH_INTERVAL_S):
+            self._decode_window(results, bounds, window_end_event)
+
+    def _decode_window(
+        self, results: list[Any], bounds: list[StepBounds], window_end_event: Any
     ) -> None:
         try:
             raws = [row for result in results for row in read_raw_events(result)]

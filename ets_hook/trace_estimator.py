@@ -52,6 +52,9 @@ def aligned_costs(iterations: Sequence[IterationTrace]) -> tuple[np.ndarray, np.
     lead_ins = np.zeros(len(rows))
     for i, (names, costs, lead_in_s) in enumerate(rows):
         lead_ins[i] = lead_in_s
+        if names == ref_names:  # the usual case: every step runs the same ops
+            matrix[i] = costs
+            continue
         matched = np.zeros(len(names), dtype=bool)
         matcher = difflib.SequenceMatcher(None, ref_names, names, autojunk=False)
         for block in matcher.get_matching_blocks():
@@ -61,12 +64,24 @@ def aligned_costs(iterations: Sequence[IterationTrace]) -> tuple[np.ndarray, np.
     return matrix, lead_ins
 
 
-def _robust_total(matrix: np.ndarray, lead_ins: np.ndarray) -> float:
-    # nanmedian over steps per op; an op missing in every sampled step contributes 0.
+def _impute_missing(matrix: np.ndarray) -> np.ndarray:
+    """Fill an op's missing steps (NaN) with its median over the steps that have it (0 if none)."""
+    if not np.isnan(matrix).any():
+        return matrix
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
-        per_op = np.nanmedian(matrix, axis=0) if matrix.shape[1] else np.zeros(0)
-    return float(np.nansum(per_op) + np.median(lead_ins))
+        fill = np.nan_to_num(np.nanmedian(matrix, axis=0))
+    return np.where(np.isnan(matrix), fill[None, :], matrix)
+
+
+def _robust_totals(matrix: np.ndarray, lead_ins: np.ndarray, picks: np.ndarray) -> np.ndarray:
+    """Sum of per-op medians plus the median lead-in, for each row of step indices in ``picks``.
+
+    ``matrix`` has no NaN (see ``_impute_missing``); ``picks`` is (resamples, steps). One
+    vectorised pass, so a bootstrap costs a few numpy calls.
+    """
+    per_op = np.median(matrix[picks], axis=1)  # (resamples, ops)
+    return per_op.sum(axis=1) + np.median(lead_ins[picks], axis=1)
 
 
 class OpMedianEstimator:
@@ -91,19 +106,17 @@ class OpMedianEstimator:
         if not iterations:
             return None
         matrix, lead_ins = aligned_costs(iterations)
-        estimate_s = _robust_total(matrix, lead_ins)
+        matrix = _impute_missing(matrix)
         steps = len(iterations)
+        estimate_s = float(_robust_totals(matrix, lead_ins, np.arange(steps)[None, :])[0])
         if steps == 1:
             # One step: no spread to bootstrap; a deliberately wide ±25% (the CPU prior's
             # step-to-step spread) lets fusion weigh it against measured step times.
             half_width_s = 0.25 * estimate_s
         else:
             rng = np.random.default_rng(self.seed)
-            samples = np.empty(self.bootstrap)
-            for b in range(self.bootstrap):
-                pick = rng.integers(0, steps, size=steps)
-                samples[b] = _robust_total(matrix[pick], lead_ins[pick])
-            low, high = np.quantile(samples, [0.025, 0.975])
+            picks = rng.integers(0, steps, size=(self.bootstrap, steps))
+            low, high = np.quantile(_robust_totals(matrix, lead_ins, picks), [0.025, 0.975])
             half_width_s = max(float(high - low) / 2.0, 0.01 * estimate_s)
         last_step = max(it.step for it in iterations)
         return TraceEstimate(
