@@ -1,0 +1,1033 @@
+"""ETS encoder: a trace → per-op feature rows and targets → sliding windows (DESIGN.md §3).
+
+Contracts:
+- Pure functions over the trace model; no global state. Arrays are numpy, features ``float32``,
+  targets ``float64`` nanoseconds.
+- The ETS sequence of an iteration (``ets_rows``) is its depth-0 ops in start order: forward ATen
+  ops, backward autograd nodes, optimizer ops, other work on the training threads; profiler
+  annotations and phase-less ops of non-training threads are excluded (``_RowFilter``).
+- Targets per row: on CUDA traces the op's summed kernel time ``kernel_duration_ns`` and the gap
+  to the next op's first kernel ``gap_ns`` (filled by the decoder or an importer; unknown → NaN;
+  an op that launched no kernel has duration 0 and gap 0);
+  on CPU traces the op's own ``duration_ns`` and ``gap_ns``, or when that is -1 the time to the
+  next depth-0 op on the same thread (the last op on a thread: to the iteration's end), clipped
+  at 0. The measured iteration time is the sum over rows of duration + gap.
+- Features (``FeatureSchema``, versioned by ``FEATURE_SCHEMA_VERSION``): op-type one-hot over a
+  vocabulary fitted on training data plus "other"; direction one-hot; dtype one-hot; log1p batch
+  size and input height/width; log1p FLOPs and bytes; 30 log1p shape/parameter ints (an
+  importer's ``params`` when given, else derived from input shapes: 3 tensors × [ndim, 9 dims]);
+  optional device features; a padding flag (1 only on padding rows of windows).
+- Sliding windows of ``width`` rows every ``stride`` rows, starting at 0, until a window reaches
+  the last row; that last window is padded. Every row lies in at least one window. A row's
+  prediction is the mean over the windows containing it; padding rows are never counted.
+- ``StreamingEncoder`` yields exactly the windows of the batch construction, each as soon as it
+  is complete.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .flops import OpCost, canonical_op_name, is_backward_name, is_tensor_dtype, op_cost
+from .trace import DeviceInfo, IterationTrace, OpEvent, Phase, Trace
+
+__all__ = [
+    "DEFAULT_STRIDE",
+    "DEFAULT_VOCAB_SIZE",
+    "DEFAULT_WIDTH",
+    "FEATURE_SCHEMA_VERSION",
+    "TARGET_TRANSFORMS",
+    "EncodeContext",
+    "EncodedIteration",
+    "FeatureSchema",
+    "SchemaVersionError",
+    "Standardizer",
+    "StreamingEncoder",
+    "StreamingWindows",
+    "TargetScaler",
+    "WindowBatch",
+    "aggregate_windows",
+    "build_windows",
+    "device_spec",
+    "encode_iteration",
+    "encode_trace",
+    "ets_rows",
+    "fit_schema",
+    "iteration_targets",
+    "op_direction",
+    "padding_row",
+    "window_index",
+    "window_starts",
+]
+
+FEATURE_SCHEMA_VERSION = 1
+DEFAULT_WIDTH = 12
+DEFAULT_STRIDE = 3
+DEFAULT_VOCAB_SIZE = 25
+N_PARAMS = 30
+OTHER_OP = "<other>"
+DIRECTIONS = ("forward", "backward", "optimizer")
+DTYPE_CLASSES = ("float32", "float16", "bfloat16", "other")
+DEVICE_FEATURES = ("dev_log_fp32_tflops", "dev_log_mem_bw_gbs", "dev_log_sms", "dev_is_cuda")
+
+# Profiler annotations that may show up at depth 0 although they are not ops.
+_ANNOTATION_PREFIXES = (
+    "ProfilerStep#",
+    "Optimizer.step#",
+    "Optimizer.zero_grad#",
+    "enumerate(DataLoader)",
+    "## ",
+)
+
+# Published peak FP32 TFLOPS, memory bandwidth (GB/s) and SM count of common GPUs, keyed by a
+# normalised name fragment (lower case, no spaces). Used only for the optional device features.
+_GPU_SPECS: dict[str, tuple[float, float, int]] = {
+    "k80": (4.1, 240.0, 13),
+    "p4": (5.5, 192.0, 20),
+    "p40": (11.8, 346.0, 30),
+    "p100": (9.3, 732.0, 56),
+    "v100": (15.7, 900.0, 80),
+    "t4": (8.1, 320.0, 40),
+    "1080ti": (11.3, 484.0, 28),
+    "2080ti": (13.4, 616.0, 68),
+    "titanrtx": (16.3, 672.0, 72),
+    "3080ti": (34.1, 912.0, 80),
+    "3090": (35.6, 936.0, 82),
+    "4090": (82.6, 1008.0, 128),
+    "a10": (31.2, 600.0, 72),
+    "a40": (37.4, 696.0, 84),
+    "a100": (19.5, 1555.0, 108),
+    "a6000": (38.7, 768.0, 84),
+    "l4": (30.3, 300.0, 58),
+    "l40": (90.5, 864.0, 142),
+    "l40s": (91.6, 864.0, 142),
+    "h100": (66.9, 3350.0, 132),
+    "h200": (66.9, 4800.0, 132),
+}
+
+
+class SchemaVersionError(ValueError):
+    """A weights file or schema of another feature-schema version than this code's."""
+
+    def __init__(
+        self, found: Any, expected: int = FEATURE_SCHEMA_VERSION, source: str = ""
+    ) -> None:
+        self.found = found
+        self.expected = expected
+        where = f"{source}: " if source else ""
+        super().__init__(
+            f"{where}feature schema version {found} is not supported: this ets_hook reads "
+            f"version {expected}; retrain the model with this version (ets-hook train)"
+        )
+
+
+def device_spec(device: DeviceInfo) -> tuple[float, float, int] | None:
+    """(peak FP32 TFLOPS, memory bandwidth GB/s, SMs) of a known GPU name, else None."""
+    key = "".join(device.name.lower().split())
+    for noise in ("nvidia", "geforce", "tesla", "quadro", "rtx", "-", "_"):
+        key = key.replace(noise, "")
+    for name in sorted(_GPU_SPECS, key=len, reverse=True):
+        if name in key:
+            return _GPU_SPECS[name]
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# schema
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureSchema:
+    """What each feature column means. Stored in weights files; compared by ``version``."""
+
+    vocabulary: tuple[str, ...]
+    device_features: bool = False
+    version: int = FEATURE_SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if self.version != FEATURE_SCHEMA_VERSION:
+            raise SchemaVersionError(self.version)
+        if len(set(self.vocabulary)) != len(self.vocabulary) or OTHER_OP in self.vocabulary:
+            raise ValueError(f"vocabulary must hold distinct op types, got {self.vocabulary!r}")
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        names = [f"op={v}" for v in (*self.vocabulary, OTHER_OP)]
+        names += [f"dir={d}" for d in DIRECTIONS]
+        names += [f"dtype={d}" for d in DTYPE_CLASSES]
+        names += ["log_batch", "log_input_h", "log_input_w", "log_flops", "log_bytes"]
+        names += [f"log_param_{i}" for i in range(N_PARAMS)]
+        if self.device_features:
+            names += list(DEVICE_FEATURES)
+        names.append("padding")
+        return tuple(names)
+
+    @property
+    def n_features(self) -> int:
+        return len(self.feature_names)
+
+    @property
+    def continuous(self) -> np.ndarray:
+        """Boolean mask of the columns that scalers standardise (not one-hot / flags)."""
+        return np.array(
+            [
+                not (n.startswith(("op=", "dir=", "dtype=")) or n in ("padding", "dev_is_cuda"))
+                for n in self.feature_names
+            ]
+        )
+
+    @property
+    def padding_column(self) -> int:
+        return self.n_features - 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "vocabulary": list(self.vocabulary),
+            "device_features": self.device_features,
+            "feature_names": list(self.feature_names),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "") -> FeatureSchema:
+        version = data.get("version")
+        if version != FEATURE_SCHEMA_VERSION:
+            raise SchemaVersionError(version, source=source)
+        schema = cls(
+            vocabulary=tuple(data["vocabulary"]), device_features=bool(data["device_features"])
+        )
+        names = data.get("feature_names")
+        if names is not None and tuple(names) != schema.feature_names:
+            raise ValueError(f"{source}: feature names do not match schema version {version}")
+        return schema
+
+
+# ---------------------------------------------------------------------------------------------
+# rows, directions, context
+
+
+def _is_annotation(name: str) -> bool:
+    return name.startswith(_ANNOTATION_PREFIXES)
+
+
+class _RowFilter:
+    """Decides, op by op in start order, which ops are rows (local, so streaming can use it).
+
+    A row is a depth-0 op that is not a profiler annotation and either carries a training phase
+    (forward / backward / optimizer) or runs on a thread that has carried one earlier in the
+    iteration (work such as gradient clipping after backward on the training thread). Phase-less
+    ops on other threads (a pin-memory thread, a logger) are excluded, except before any phase
+    op was seen (traces without phases keep all depth-0 ops).
+    """
+
+    def __init__(self) -> None:
+        self.training_threads: set[int] = set()
+
+    def __call__(self, op: OpEvent) -> bool:
+        if op.depth != 0 or _is_annotation(op.name):
+            return False
+        if op.phase is not Phase.OTHER or is_backward_name(op.name):
+            self.training_threads.add(op.thread)
+            return True
+        return not self.training_threads or op.thread in self.training_threads
+
+
+def ets_rows(iteration: IterationTrace) -> list[int]:
+    """Indices (into ``iteration.ops``) of the ops forming the ETS sequence, in start order."""
+    is_row = _RowFilter()
+    return [i for i, op in enumerate(iteration.ops) if is_row(op)]
+
+
+def op_direction(op: OpEvent) -> str | None:
+    """ "forward", "backward", "optimizer", or None for an op outside the three phases."""
+    if op.phase is Phase.FORWARD:
+        return "forward"
+    if op.phase is Phase.BACKWARD or is_backward_name(op.name):
+        return "backward"
+    if op.phase is Phase.OPTIMIZER:
+        return "optimizer"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class EncodeContext:
+    """Per-trace facts every row of it shares: input dims and the device."""
+
+    batch_size: int = 0
+    input_h: int = 0
+    input_w: int = 0
+    device: DeviceInfo = field(default_factory=DeviceInfo)
+
+    @classmethod
+    def from_trace(cls, trace: Trace) -> EncodeContext:
+        """Input dims from metadata (``batch_size``, ``input_h``, ``input_w``, as the importer
+        and hook record them); when absent, from the first forward row op with a tensor input
+        of ≥ 2 dims: batch = dim 0; 4-D: h, w = the last two; 3-D: h, w = dims 1, 2; 2-D: h = dim 1.
+        """
+        md = trace.metadata
+        batch = int(md.get("batch_size", md.get("batch", -1)) or -1)
+        h = int(md.get("input_h", -1) or -1)
+        w = int(md.get("input_w", -1) or -1)
+        if min(batch, h, w) < 0 and trace.iterations:
+            b2, h2, w2 = _infer_dims(trace.iterations[0])
+            batch = b2 if batch < 0 else batch
+            h = h2 if h < 0 else h
+            w = w2 if w < 0 else w
+        return cls(max(batch, 0), max(h, 0), max(w, 0), trace.device)
+
+
+def _infer_dims(iteration: IterationTrace) -> tuple[int, int, int]:
+    for op in iteration.ops:
+        if op.depth != 0 or op_direction(op) != "forward":
+            continue
+        for shape, dtype in zip(op.input_shapes, _padded_dtypes(op), strict=True):
+            if len(shape) >= 2 and (not dtype or is_tensor_dtype(dtype)):
+                if len(shape) == 4:
+                    return shape[0], shape[2], shape[3]
+                if len(shape) == 3:
+                    return shape[0], shape[1], shape[2]
+                return shape[0], shape[1], 1 if len(shape) == 2 else shape[-1]
+    return 0, 0, 0
+
+
+def _padded_dtypes(op: OpEvent) -> tuple[str, ...]:
+    if len(op.input_dtypes) == len(op.input_shapes):
+        return op.input_dtypes
+    return ("",) * len(op.input_shapes)
+
+
+# ---------------------------------------------------------------------------------------------
+# per-op featurisation
+
+
+def _dtype_class(dtypes: Sequence[str]) -> str:
+    for d in dtypes:
+        key = d.strip().lower().removeprefix("torch.")
+        if key in ("float", "float32"):
+            return "float32"
+        if key in ("c10::half", "half", "float16"):
+            return "float16"
+        if key in ("c10::bfloat16", "bfloat16"):
+            return "bfloat16"
+        if is_tensor_dtype(d):
+            return "other"
+    return "other"
+
+
+def _shape_params(shapes: Sequence[Sequence[int]], dtypes: Sequence[str]) -> list[int]:
+    """30 ints from input shapes: 3 tensor blocks of [ndim, d0 .. d8] (dims past 9 folded)."""
+    out: list[int] = []
+    tensors = [
+        s for s, d in zip(shapes, dtypes, strict=True) if (is_tensor_dtype(d) if d else len(s) > 0)
+    ]
+    for shape in tensors[:3]:
+        dims = list(shape)
+        if len(dims) > 9:
+            dims = [*dims[:8], math.prod(dims[8:])]
+        out += [len(shape), *dims, *([0] * (9 - len(dims)))]
+    return out + [0] * (N_PARAMS - len(out))
+
+
+class _IterationIndex:
+    """Lookups over an iteration's ops that featurising a row needs (built incrementally)."""
+
+    def __init__(self) -> None:
+        self.ops: list[OpEvent] = []
+        self.children: dict[int, list[int]] = {}
+        self.forward_by_seq: dict[int, list[int]] = {}
+
+    def add(self, op: OpEvent) -> None:
+        i = len(self.ops)
+        self.ops.append(op)
+        if op.parent >= 0:
+            self.children.setdefault(op.parent, []).append(i)
+        if op.sequence_nr >= 0 and op.phase is Phase.FORWARD:
+            self.forward_by_seq.setdefault(op.sequence_nr, []).append(i)
+
+    def descendants(self, i: int) -> Iterable[int]:
+        stack = list(reversed(self.children.get(i, [])))
+        while stack:
+            j = stack.pop()
+            yield j
+            stack.extend(reversed(self.children.get(j, [])))
+
+
+def _concrete(op: OpEvent) -> Sequence[str]:
+    # Forward compatible: OpEvent may gain profiler "Concrete Inputs" (see module docs).
+    return getattr(op, "concrete_inputs", ()) or ()
+
+
+def _row_cost(index: _IterationIndex, i: int, direction: str | None) -> tuple[OpCost, OpEvent]:
+    """Cost of row op ``i`` and the op whose shapes describe it (itself or its forward op)."""
+    op = index.ops[i]
+    if op.flops >= 0 and op.bytes_moved >= 0:
+        return OpCost(op.flops, op.bytes_moved), op
+    if direction == "backward":
+        base = canonical_op_name(op.name)
+        # 1) the forward op that created this autograd node (same sequence number)
+        candidates = [j for j in index.forward_by_seq.get(op.sequence_nr, []) if j < i]
+        if candidates:
+            named = [j for j in candidates if canonical_op_name(index.ops[j].name) == base]
+            fwd = index.ops[(named or candidates)[0]]
+            if fwd.input_shapes:
+                cost = op_cost(
+                    fwd.name if named else base,
+                    fwd.input_shapes,
+                    fwd.input_dtypes,
+                    concrete_inputs=_concrete(fwd),
+                    backward=True,
+                )
+                return cost, fwd
+        # 2) the ATen kernels below the node (convolution_backward, mm, ...), outermost only
+        total_flops = total_bytes = 0
+        described: OpEvent | None = None
+        covered: set[int] = set()
+        for j in index.descendants(i):  # preorder: a parent is visited before its children
+            child = index.ops[j]
+            if child.parent in covered:
+                covered.add(j)
+                continue
+            if not child.input_shapes or is_backward_name(child.name):
+                continue
+            c = op_cost(
+                child.name, child.input_shapes, child.input_dtypes, concrete_inputs=_concrete(child)
+            )
+            if c.known and (c.flops or c.bytes_moved):
+                total_flops += c.flops
+                total_bytes += c.bytes_moved
+                covered.add(j)
+                described = described or child
+        if described is not None:
+            return OpCost(total_flops, total_bytes), described
+        # 3) the autograd node's own inputs (its grad outputs)
+        for j in index.children.get(i, []):
+            child = index.ops[j]
+            if child.input_shapes:
+                return op_cost(child.name, child.input_shapes, child.input_dtypes), child
+    return (
+        op_cost(op.name, op.input_shapes, op.input_dtypes, concrete_inputs=_concrete(op)),
+        op,
+    )
+
+
+def _featurize_row(
+    index: _IterationIndex, i: int, schema: FeatureSchema, context: EncodeContext, out: np.ndarray
+) -> None:
+    """Write the unscaled features of row op ``i`` into ``out`` (a zeroed row)."""
+    op = index.ops[i]
+    vocab = schema.vocabulary
+    col = 0
+    op_type = canonical_op_name(op.name)
+    try:
+        out[col + vocab.index(op_type)] = 1.0
+    except ValueError:
+        out[col + len(vocab)] = 1.0
+    col += len(vocab) + 1
+    direction = op_direction(op)
+    if direction is not None:
+        out[col + DIRECTIONS.index(direction)] = 1.0
+    col += len(DIRECTIONS)
+    cost, described = _row_cost(index, i, direction)
+    dtypes = op.input_dtypes or described.input_dtypes
+    out[col + DTYPE_CLASSES.index(_dtype_class(dtypes))] = 1.0
+    col += len(DTYPE_CLASSES)
+    out[col : col + 5] = np.log1p(
+        [
+            context.batch_size,
+            context.input_h,
+            context.input_w,
+            max(cost.flops, 0),
+            max(cost.bytes_moved, 0),
+        ]
+    )
+    col += 5
+    if op.params:
+        params = list(op.params[:N_PARAMS]) + [0] * max(0, N_PARAMS - len(op.params))
+    else:
+        params = _shape_params(described.input_shapes, _padded_dtypes(described))
+    out[col : col + N_PARAMS] = np.log1p(np.maximum(np.asarray(params, dtype=np.float64), 0.0))
+    col += N_PARAMS
+    if schema.device_features:
+        out[col : col + len(DEVICE_FEATURES)] = _device_features(context.device)
+
+
+def _device_features(device: DeviceInfo) -> np.ndarray:
+    spec = device_spec(device) if device.kind == "cuda" else None
+    if spec is None:
+        return np.array([0.0, 0.0, 0.0, float(device.kind == "cuda")])
+    tflops, bandwidth, sms = spec
+    return np.array([math.log1p(tflops), math.log1p(bandwidth), math.log1p(sms), 1.0])
+
+
+# ---------------------------------------------------------------------------------------------
+# targets
+
+
+def iteration_targets(trace: Trace, iteration: IterationTrace, rows: Sequence[int]) -> np.ndarray:
+    """[len(rows), 2] float64 (duration_ns, gap_ns) per row; NaN where unknown (module docs)."""
+    ops = iteration.ops
+    out = np.full((len(rows), 2), np.nan)
+    if trace.device.kind == "cuda":
+        for k, i in enumerate(rows):
+            op = ops[i]
+            if op.kernel_duration_ns >= 0:
+                out[k, 0] = op.kernel_duration_ns
+                # an op that launched nothing adds no device time: its host time lies inside
+                # the previous launching op's gap
+                if op.gap_ns >= 0 or op.kernel_count == 0:
+                    out[k, 1] = max(op.gap_ns, 0)
+        return out
+    next_start: dict[int, int] = {}  # thread → start of the next row op on it (walking back)
+    for k in range(len(rows) - 1, -1, -1):
+        op = ops[rows[k]]
+        out[k, 0] = op.duration_ns
+        if op.gap_ns >= 0:
+            out[k, 1] = op.gap_ns
+        else:
+            following = next_start.get(op.thread)
+            if following is not None:
+                out[k, 1] = max(0, following - op.end_ns)
+            elif iteration.end_ns > 0:
+                out[k, 1] = max(0, iteration.end_ns - op.end_ns)
+        next_start[op.thread] = op.start_ns
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# encoded iterations
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedIteration:
+    """One iteration as the model sees it: unscaled features and targets of its ETS rows."""
+
+    features: np.ndarray  # [n, F] float32, unscaled; the padding column is 0
+    targets_ns: np.ndarray  # [n, 2] float64 (duration, gap); NaN where unknown
+    op_indices: np.ndarray  # [n] int64 indices into IterationTrace.ops
+    label: str = ""  # e.g. "T4/resnet18.40_7.csv#7"
+    group: str = ""  # the model name: the unit of held-out splits
+    device: str = ""
+
+    @property
+    def n_ops(self) -> int:
+        return int(self.features.shape[0])
+
+    @property
+    def measured_ns(self) -> float:
+        """Sum of duration + gap over rows (NaN when a target is unknown)."""
+        return float(self.targets_ns.sum()) if self.n_ops else float("nan")
+
+
+def encode_iteration(
+    trace: Trace,
+    iteration: IterationTrace,
+    schema: FeatureSchema,
+    context: EncodeContext | None = None,
+) -> EncodedIteration:
+    """Features and targets of one iteration's ETS rows."""
+    if context is None:
+        context = EncodeContext.from_trace(trace)
+    rows = ets_rows(iteration)
+    index = _IterationIndex()
+    for op in iteration.ops:
+        index.add(op)
+    features = np.zeros((len(rows), schema.n_features), dtype=np.float32)
+    scratch = np.zeros(schema.n_features, dtype=np.float64)
+    for k, i in enumerate(rows):
+        scratch[:] = 0.0
+        _featurize_row(index, i, schema, context, scratch)
+        features[k] = scratch
+    md = trace.metadata
+    label = f"{trace.device.name}/{md.get('file', md.get('model', ''))}#{iteration.step}"
+    return EncodedIteration(
+        features=features,
+        targets_ns=iteration_targets(trace, iteration, rows),
+        op_indices=np.asarray(rows, dtype=np.int64),
+        label=label,
+        group=str(md.get("model", md.get("file", ""))),
+        device=trace.device.name,
+    )
+
+
+def encode_trace(
+    trace: Trace, schema: FeatureSchema, *, steps: Iterable[int] | None = None
+) -> list[EncodedIteration]:
+    """Every iteration of ``trace`` (or those at the given list positions) encoded."""
+    context = EncodeContext.from_trace(trace)
+    picked = range(len(trace.iterations)) if steps is None else steps
+    return [encode_iteration(trace, trace.iterations[k], schema, context) for k in picked]
+
+
+def fit_schema(
+    traces: Iterable[Trace], vocab_size: int = DEFAULT_VOCAB_SIZE, *, device_features: bool = False
+) -> FeatureSchema:
+    """A schema whose vocabulary is the ``vocab_size`` most frequent row op types (ties by name)."""
+    if vocab_size < 0:
+        raise ValueError(f"vocab_size must be >= 0, got {vocab_size}")
+    counts: Counter[str] = Counter()
+    for trace in traces:
+        for iteration in trace.iterations:
+            counts.update(canonical_op_name(iteration.ops[i].name) for i in ets_rows(iteration))
+    counts.pop(OTHER_OP, None)
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return FeatureSchema(
+        vocabulary=tuple(k for k, _ in ranked[:vocab_size]), device_features=device_features
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# scalers
+
+
+@dataclass(frozen=True, slots=True)
+class Standardizer:
+    """Feature standardisation ``(x - mean) / std``; identity on one-hot and flag columns.
+
+    With ``lo`` / ``hi`` (fitted with ``clamp_margin``), standardised values are clamped to the
+    training rows' range widened by the margin (in standard deviations): an op far larger than
+    any seen in training then looks like the largest one seen, instead of driving the network
+    into a region it never learned (its size still reaches the prediction through the
+    ``"roofline"`` target prior, which uses the unscaled features).
+    """
+
+    mean: np.ndarray
+    std: np.ndarray
+    lo: np.ndarray | None = None
+    hi: np.ndarray | None = None
+
+    @classmethod
+    def fit(
+        cls, rows: np.ndarray, continuous: np.ndarray, *, clamp_margin: float | None = None
+    ) -> Standardizer:
+        if rows.ndim != 2 or rows.shape[1] != continuous.shape[0]:
+            raise ValueError(f"rows must be [n, {continuous.shape[0]}], got {rows.shape}")
+        if clamp_margin is not None and clamp_margin < 0:
+            raise ValueError(f"clamp_margin must be >= 0, got {clamp_margin}")
+        mean = np.zeros(rows.shape[1])
+        std = np.ones(rows.shape[1])
+        if rows.shape[0]:
+            mean[continuous] = rows[:, continuous].mean(axis=0)
+            s = rows[:, continuous].std(axis=0)
+            std[continuous] = np.where(s > 1e-12, s, 1.0)
+        lo = hi = None
+        if clamp_margin is not None and rows.shape[0]:
+            z = (rows - mean) / std
+            lo = np.where(continuous, z.min(axis=0) - clamp_margin, -np.inf).astype(np.float32)
+            hi = np.where(continuous, z.max(axis=0) + clamp_margin, np.inf).astype(np.float32)
+        return cls(mean.astype(np.float32), std.astype(np.float32), lo, hi)
+
+    def transform(self, rows: np.ndarray) -> np.ndarray:
+        z = ((rows - self.mean) / self.std).astype(np.float32)
+        if self.lo is not None and self.hi is not None:
+            np.clip(z, self.lo, self.hi, out=z)
+        return z
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"mean": self.mean.tolist(), "std": self.std.tolist()}
+        if self.lo is not None and self.hi is not None:
+            out["lo"] = [None if not math.isfinite(v) else v for v in self.lo.tolist()]
+            out["hi"] = [None if not math.isfinite(v) else v for v in self.hi.tolist()]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Standardizer:
+        def bound(key: str, default: float) -> np.ndarray | None:
+            values = data.get(key)
+            if values is None:
+                return None
+            return np.array([default if v is None else v for v in values], dtype=np.float32)
+
+        return cls(
+            np.asarray(data["mean"], np.float32),
+            np.asarray(data["std"], np.float32),
+            bound("lo", -np.inf),
+            bound("hi", np.inf),
+        )
+
+
+TARGET_TRANSFORMS = ("standard", "log", "roofline")
+Z_MARGIN = 1.0  # model outputs are clamped to the training targets' range ± this many stds
+
+
+@dataclass(frozen=True, slots=True)
+class TargetScaler:
+    """(duration, gap) ns ↔ model space, standardised with statistics of the training targets.
+
+    - ``"standard"`` (the paper): ``(y - mean) / std``.
+    - ``"log"``: ``log1p(y / 1 µs)``, then standardised.
+    - ``"roofline"``: the gap as in ``"log"``; the duration as the log ratio to an analytic prior
+      ``prior = max(flops / flops_per_ns, bytes / bytes_per_ns) + floor_ns`` computed from the
+      row's own FLOPs and bytes features: ``log((y + floor_ns) / prior)``, then standardised. The
+      throughputs are high percentiles of the training ops' FLOPs and bytes per ns, ``floor_ns``
+      a low percentile of their durations. The model then learns a bounded efficiency factor,
+      so an op far larger than any seen in training still scales with its work (an LSTM's
+      output is bounded; a raw-time target cannot extrapolate).
+
+    ``transform`` / ``inverse`` take the row's unscaled features (needed by ``"roofline"``).
+    ``inverse`` first clamps model outputs to the training targets' range widened by
+    ``Z_MARGIN`` standard deviations (a model far outside its training data must not predict
+    e^50), then clips at 0 ns.
+    """
+
+    transform_kind: str
+    mean: np.ndarray
+    std: np.ndarray
+    flops_per_ns: float = math.inf
+    bytes_per_ns: float = math.inf
+    floor_ns: float = 1000.0
+    flops_col: int = -1
+    bytes_col: int = -1
+    z_min: tuple[float, float] = (-math.inf, -math.inf)
+    z_max: tuple[float, float] = (math.inf, math.inf)
+
+    def __post_init__(self) -> None:
+        if self.transform_kind not in TARGET_TRANSFORMS:
+            raise ValueError(
+                f"target transform must be one of {TARGET_TRANSFORMS}, got {self.transform_kind!r}"
+            )
+        if self.transform_kind == "roofline" and min(self.flops_col, self.bytes_col) < 0:
+            raise ValueError("a roofline target transform needs the FLOPs and bytes columns")
+
+    def prior_ns(self, features: np.ndarray) -> np.ndarray:
+        """The analytic duration prior of each unscaled feature row (``"roofline"`` only)."""
+        flops = np.expm1(features[:, self.flops_col].astype(np.float64))
+        moved = np.expm1(features[:, self.bytes_col].astype(np.float64))
+        return np.maximum(flops / self.flops_per_ns, moved / self.bytes_per_ns) + self.floor_ns
+
+    def _pre(self, y_ns: np.ndarray, features: np.ndarray | None) -> np.ndarray:
+        if self.transform_kind == "standard":
+            return y_ns
+        u = np.log1p(np.maximum(y_ns, 0.0) / 1e3)
+        if self.transform_kind == "roofline":
+            if features is None:
+                raise ValueError("the roofline target transform needs the feature rows")
+            u = u.copy()
+            u[:, 0] = np.log(
+                (np.maximum(y_ns[:, 0], 0.0) + self.floor_ns) / self.prior_ns(features)
+            )
+        return u
+
+    @classmethod
+    def fit(
+        cls,
+        targets_ns: np.ndarray,
+        kind: str = "standard",
+        features: np.ndarray | None = None,
+        *,
+        flops_col: int = -1,
+        bytes_col: int = -1,
+    ) -> TargetScaler:
+        """Fit on training rows with known targets (``features`` needed for ``"roofline"``)."""
+        if kind not in TARGET_TRANSFORMS:
+            raise ValueError(f"target transform must be one of {TARGET_TRANSFORMS}, got {kind!r}")
+        known = np.isfinite(targets_ns).all(axis=1)
+        extra: dict[str, Any] = {}
+        if kind == "roofline":
+            if features is None or min(flops_col, bytes_col) < 0:
+                raise ValueError("a roofline target transform needs features and their columns")
+            y = targets_ns[known, 0]
+            flops = np.expm1(features[known, flops_col].astype(np.float64))
+            moved = np.expm1(features[known, bytes_col].astype(np.float64))
+
+            def rate(work: np.ndarray) -> float:
+                ok = (work > 0) & (y > 0)
+                return float(np.quantile(work[ok] / y[ok], 0.9)) if ok.any() else math.inf
+
+            positive = y[y > 0]
+            extra = {
+                "flops_per_ns": rate(flops),
+                "bytes_per_ns": rate(moved),
+                "floor_ns": float(max(np.quantile(positive, 0.1), 1.0)) if positive.size else 1e3,
+                "flops_col": flops_col,
+                "bytes_col": bytes_col,
+            }
+        probe = cls(kind, np.zeros(2), np.ones(2), **extra)
+        z = probe._pre(targets_ns[known], None if features is None else features[known])
+        mean = z.mean(axis=0) if len(z) else np.zeros(2)
+        std = np.where(z.std(axis=0) > 1e-12, z.std(axis=0), 1.0) if len(z) else np.ones(2)
+        if len(z):
+            lo = (z.min(axis=0) - mean) / std - Z_MARGIN
+            hi = (z.max(axis=0) - mean) / std + Z_MARGIN
+            extra["z_min"] = (float(lo[0]), float(lo[1]))
+            extra["z_max"] = (float(hi[0]), float(hi[1]))
+        return cls(kind, mean, std, **extra)
+
+    def transform(self, targets_ns: np.ndarray, features: np.ndarray | None = None) -> np.ndarray:
+        return ((self._pre(targets_ns, features) - self.mean) / self.std).astype(np.float32)
+
+    def inverse(self, z: np.ndarray, features: np.ndarray | None = None) -> np.ndarray:
+        z = np.clip(np.asarray(z, dtype=np.float64), self.z_min, self.z_max)
+        u = z * self.std + self.mean
+        if self.transform_kind == "standard":
+            return np.maximum(u, 0.0)
+        y = np.expm1(np.minimum(u, 50.0)) * 1e3
+        if self.transform_kind == "roofline":
+            if features is None:
+                raise ValueError("the roofline target transform needs the feature rows")
+            y[:, 0] = np.exp(np.minimum(u[:, 0], 50.0)) * self.prior_ns(features) - self.floor_ns
+        return np.maximum(y, 0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "transform": self.transform_kind,
+            "mean": self.mean.tolist(),
+            "std": self.std.tolist(),
+            "flops_per_ns": self.flops_per_ns if math.isfinite(self.flops_per_ns) else None,
+            "bytes_per_ns": self.bytes_per_ns if math.isfinite(self.bytes_per_ns) else None,
+            "floor_ns": self.floor_ns,
+            "flops_col": self.flops_col,
+            "bytes_col": self.bytes_col,
+            "z_min": [v if math.isfinite(v) else None for v in self.z_min],
+            "z_max": [v if math.isfinite(v) else None for v in self.z_max],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TargetScaler:
+        def rate(key: str) -> float:
+            value = data.get(key)
+            return math.inf if value is None else float(value)
+
+        return cls(
+            str(data["transform"]),
+            np.asarray(data["mean"], dtype=np.float64),
+            np.asarray(data["std"], dtype=np.float64),
+            flops_per_ns=rate("flops_per_ns"),
+            bytes_per_ns=rate("bytes_per_ns"),
+            floor_ns=float(data.get("floor_ns", 1000.0)),
+            flops_col=int(data.get("flops_col", -1)),
+            bytes_col=int(data.get("bytes_col", -1)),
+            z_min=_bounds(data.get("z_min"), -math.inf),
+            z_max=_bounds(data.get("z_max"), math.inf),
+        )
+
+
+def _bounds(values: Sequence[float | None] | None, default: float) -> tuple[float, float]:
+    if values is None:
+        return (default, default)
+    lo, hi = (default if v is None else float(v) for v in values)
+    return (lo, hi)
+
+
+# ---------------------------------------------------------------------------------------------
+# sliding windows
+
+
+def _check_window(width: int, stride: int) -> None:
+    if width < 1:
+        raise ValueError(f"width must be >= 1, got {width}")
+    if not 1 <= stride <= width:
+        raise ValueError(f"stride must be in [1, width={width}], got {stride}")
+
+
+def window_starts(n: int, width: int, stride: int) -> np.ndarray:
+    """Start rows of the windows over ``n`` rows: 0, stride, ... up to the first window that
+    reaches row n-1 (a sequence shorter than ``width`` gets one window). Empty for n = 0.
+    """
+    _check_window(width, stride)
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    count = 1 + -(-max(0, n - width) // stride)
+    return np.arange(count, dtype=np.int64) * stride
+
+
+def window_index(n: int, width: int, stride: int) -> np.ndarray:
+    """[n_windows, width] row index of every window slot; -1 marks padding."""
+    starts = window_starts(n, width, stride)
+    index = starts[:, None] + np.arange(width, dtype=np.int64)[None, :]
+    index[index >= n] = -1
+    return index
+
+
+def build_windows(
+    rows: np.ndarray, width: int, stride: int, pad_row: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Windows [n_windows, width, F] over ``rows`` [n, F] and their index (``window_index``);
+    padding slots hold ``pad_row``.
+    """
+    index = window_index(rows.shape[0], width, stride)
+    valid = index >= 0
+    windows = np.where(
+        valid[..., None], rows[np.where(valid, index, 0)] if rows.shape[0] else pad_row, pad_row
+    )
+    return windows.astype(rows.dtype, copy=False), index
+
+
+def aggregate_windows(preds: np.ndarray, index: np.ndarray, n: int) -> np.ndarray:
+    """Per-row mean over the windows containing the row: preds [n_windows, width, k] → [n, k].
+
+    Padding slots (index -1) are ignored. Rows in no window get NaN.
+    """
+    if preds.shape[:2] != index.shape:
+        raise ValueError(f"preds {preds.shape} do not match the window index {index.shape}")
+    k = preds.shape[2]
+    flat = index.ravel()
+    valid = flat >= 0
+    rows = flat[valid]
+    values = preds.reshape(-1, k)[valid]
+    counts = np.bincount(rows, minlength=n).astype(np.float64)
+    sums = np.stack([np.bincount(rows, weights=values[:, j], minlength=n) for j in range(k)], 1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return sums / counts[:, None]
+
+
+@dataclass(frozen=True, slots=True)
+class WindowBatch:
+    """Windows emitted by a streaming encoder: ``starts`` are row positions in the iteration."""
+
+    windows: np.ndarray  # [m, width, F]
+    starts: np.ndarray  # [m] int64
+
+    def __len__(self) -> int:
+        return int(self.starts.shape[0])
+
+
+class StreamingWindows:
+    """Sliding windows over rows that arrive in chunks; identical to ``build_windows``.
+
+    ``push`` returns the windows that became complete; ``finish`` returns the padded last window
+    (if the batch construction has one) and resets for the next sequence.
+    """
+
+    def __init__(self, width: int, stride: int, pad_row: np.ndarray) -> None:
+        _check_window(width, stride)
+        self.width = width
+        self.stride = stride
+        self.pad_row = np.asarray(pad_row)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._buffer = np.zeros((0, self.pad_row.shape[0]), dtype=self.pad_row.dtype)
+        self._offset = 0  # row position of _buffer[0]
+        self._next_start = 0
+        self.n_rows = 0
+
+    def _emit(self, starts: list[int]) -> WindowBatch:
+        f = self.pad_row.shape[0]
+        out = np.empty((len(starts), self.width, f), dtype=self.pad_row.dtype)
+        for m, s in enumerate(starts):
+            local = self._buffer[s - self._offset : s - self._offset + self.width]
+            out[m, : len(local)] = local
+            out[m, len(local) :] = self.pad_row
+        return WindowBatch(out, np.asarray(starts, dtype=np.int64))
+
+    def push(self, rows: np.ndarray) -> WindowBatch:
+        rows = np.asarray(rows, dtype=self.pad_row.dtype).reshape(-1, self.pad_row.shape[0])
+        self._buffer = np.concatenate([self._buffer, rows])
+        self.n_rows += rows.shape[0]
+        starts: list[int] = []
+        while self._next_start + self.width <= self.n_rows:
+            starts.append(self._next_start)
+            self._next_start += self.stride
+        batch = self._emit(starts)
+        drop = self._next_start - self._offset
+        if drop > 0:
+            self._buffer = self._buffer[drop:]
+            self._offset = self._next_start
+        return batch
+
+    def finish(self) -> WindowBatch:
+        n = self.n_rows
+        starts: list[int] = []
+        if n:
+            last = window_starts(n, self.width, self.stride)[-1]
+            if self._next_start <= last:
+                starts.append(self._next_start)
+        batch = self._emit(starts)
+        self._reset()
+        return batch
+
+
+class StreamingEncoder:
+    """Encodes an iteration's ops as they are drained, emitting scaled windows when complete.
+
+    Feed every op of the iteration (any depth) in start order with ``push``; call ``finish`` at
+    the iteration's end. A row is featurised once an op starting after its end has arrived (all
+    its children are known by then), so the windows equal those of ``encode_iteration`` +
+    ``build_windows`` on the whole iteration. ``finish`` resets for the next iteration.
+    """
+
+    def __init__(
+        self,
+        schema: FeatureSchema,
+        scaler: Standardizer,
+        *,
+        width: int = DEFAULT_WIDTH,
+        stride: int = DEFAULT_STRIDE,
+        context: EncodeContext | None = None,
+    ) -> None:
+        self.schema = schema
+        self.scaler = scaler
+        self.context = context or EncodeContext()
+        self._windows = StreamingWindows(width, stride, padding_row(schema))
+        self.finished_row_op_indices: list[int] = []
+        self.finished_row_features = np.zeros((0, schema.n_features), dtype=np.float32)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._index = _IterationIndex()
+        self._is_row = _RowFilter()
+        self._pending: list[int] = []
+        self.row_op_indices: list[int] = []  # ops featurised so far, one per row
+        self._row_features: list[np.ndarray] = []  # their unscaled features
+
+    @property
+    def n_rows(self) -> int:
+        """Rows featurised so far in the current iteration."""
+        return len(self.row_op_indices)
+
+    def _featurize(self, indices: list[int]) -> np.ndarray:
+        rows = np.zeros((len(indices), self.schema.n_features), dtype=np.float64)
+        for k, i in enumerate(indices):
+            _featurize_row(self._index, i, self.schema, self.context, rows[k])
+        self.row_op_indices.extend(indices)
+        unscaled = rows.astype(np.float32)
+        self._row_features.append(unscaled)
+        return self.scaler.transform(unscaled)
+
+    def push(self, ops: Iterable[OpEvent]) -> WindowBatch:
+        latest_start = None
+        for op in ops:
+            self._index.add(op)
+            latest_start = op.start_ns
+            if self._is_row(op):
+                self._pending.append(len(self._index.ops) - 1)
+        ready: list[int] = []
+        if latest_start is not None:
+            # ops arrive in start order: once one starts after a row's end, no child of it follows
+            while self._pending and self._index.ops[self._pending[0]].end_ns < latest_start:
+                ready.append(self._pending.pop(0))
+        return self._windows.push(self._featurize(ready))
+
+    def finish(self) -> WindowBatch:
+        """Featurise the remaining rows and return the remaining windows; resets.
+
+        ``finished_row_op_indices`` / ``finished_row_features`` then hold the finished
+        iteration's row op indices and unscaled feature rows.
+        """
+        rest = self._windows.push(self._featurize(self._pending))
+        last = self._windows.finish()
+        self.finished_row_op_indices = list(self.row_op_indices)
+        self.finished_row_features = np.concatenate(self._row_features)
+        self._reset()
+        if not len(rest):
+            return last
+        if not len(last):
+            return rest
+        return WindowBatch(
+            np.concatenate([rest.windows, last.windows]), np.concatenate([rest.starts, last.starts])
+        )
+
+
+def padding_row(schema: FeatureSchema) -> np.ndarray:
+    """The scaled feature row of a padding slot: zeros (the training mean), padding flag 1."""
+    row = np.zeros(schema.n_features, dtype=np.float32)
+    row[schema.padding_column] = 1.0
+    return row

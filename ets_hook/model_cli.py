@@ -1,0 +1,278 @@
+"""``ets-hook train`` and ``ets-hook evaluate``: argparse wiring for the ETS model pipeline.
+
+``ets_hook.cli`` adds these with ``add_train_parser(subparsers)`` / ``add_evaluate_parser(
+subparsers)``; each sets ``func`` on the parsed namespace, a callable taking the namespace and
+returning the process exit code (0 ok, 2 bad input: missing files, malformed traces, a model of
+another feature-schema version).
+
+TRACES are files or directories: ``.csv`` files are ETS-artifact per-op CSVs
+(``importers.read_ets_csv``), any other file is an ets-hook trace (``trace_io.load_trace``);
+a directory contributes every ``*.csv`` (except ``MANIFEST.csv``) and ``*.ets`` below it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from .encoder import DEFAULT_STRIDE, DEFAULT_VOCAB_SIZE, DEFAULT_WIDTH, TARGET_TRANSFORMS
+from .importers import read_ets_csv
+from .predictor import MODEL_KINDS, Evaluation, Predictor, evaluate
+from .trace import Trace
+
+__all__ = [
+    "add_evaluate_parser",
+    "add_train_parser",
+    "format_evaluation",
+    "load_traces",
+    "run_evaluate",
+    "run_train",
+]
+
+_TRACE_SUFFIXES = (".ets",)
+
+
+def _trace_files(paths: Iterable[str | Path]) -> list[Path]:
+    files: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            found = sorted(
+                q
+                for q in p.rglob("*")
+                if q.is_file()
+                and (
+                    (q.suffix.lower() == ".csv" and q.name != "MANIFEST.csv")
+                    or q.suffix.lower() in _TRACE_SUFFIXES
+                )
+            )
+            if not found:
+                raise FileNotFoundError(f"no .csv or .ets trace files under {p}")
+            files.extend(found)
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise FileNotFoundError(f"no such file or directory: {p}")
+    return files
+
+
+def load_traces(paths: Iterable[str | Path], *, device_name: str | None = None) -> list[Trace]:
+    """Load ETS CSV files and ets-hook trace files (or directories of them), in order.
+
+    ``device_name`` overrides the GPU name of CSV traces (default: the CSV's folder name).
+    Every trace gets ``metadata["file"]`` (the file name) when it has none.
+    """
+    traces: list[Trace] = []
+    for path in _trace_files(paths):
+        if path.suffix.lower() == ".csv":
+            trace = read_ets_csv(path, device_name=device_name)
+        else:
+            from .trace_io import load_trace  # lazily: the trace file format module
+
+            trace = load_trace(path)
+        trace.metadata.setdefault("file", path.name)
+        traces.append(trace)
+    return traces
+
+
+# ---------------------------------------------------------------------------------------------
+# train
+
+
+def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``train``: fit an ETS model (or a baseline) on traces and write a weights file."""
+    p = subparsers.add_parser(
+        "train",
+        help="train an ETS predictor (or a baseline) on traces",
+        description="Train a per-op (duration, gap) predictor on traces and write a .npz "
+        "weights file. The ETS model (lstm) is the paper's sliding-window BiLSTM; mlp is the "
+        "op-based PerfNet-like baseline, grouping the DNNPerf-like baseline.",
+    )
+    p.add_argument("traces", nargs="+", metavar="TRACES", help="trace files or directories")
+    p.add_argument("-o", "--output", required=True, help="weights file to write (.npz)")
+    p.add_argument("--model", choices=MODEL_KINDS, default="lstm", help="model kind (lstm)")
+    p.add_argument("--width", type=int, default=DEFAULT_WIDTH, help="window width (12)")
+    p.add_argument("--stride", type=int, default=DEFAULT_STRIDE, help="window stride (3)")
+    p.add_argument("--epochs", type=int, default=200, help="maximum epochs (200)")
+    p.add_argument("--batch-size", type=int, default=128, help="windows per batch (128)")
+    p.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate (1e-4)")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="Adam weight decay (0)")
+    p.add_argument("--layers", type=int, default=None, help="layers (lstm 4, mlp 3, grouping 3)")
+    p.add_argument("--hidden", type=int, default=None, help="hidden units (lstm: feature count)")
+    p.add_argument("--dropout", type=float, default=0.0, help="dropout between layers (0)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (0)")
+    p.add_argument("--ensemble", type=int, default=1, help="members trained with seeds seed+k")
+    p.add_argument(
+        "--val-fraction", type=float, default=0.2, help="validation share for early stopping"
+    )
+    p.add_argument("--patience", type=int, default=30, help="early-stopping patience (30)")
+    p.add_argument(
+        "--target-transform",
+        choices=TARGET_TRANSFORMS,
+        default="standard",
+        help="target scaling: standard (the paper) or log",
+    )
+    p.add_argument(
+        "--no-calibrate",
+        action="store_true",
+        help="skip scaling predictions so training sums match the measurements",
+    )
+    p.add_argument(
+        "--feature-clamp",
+        action="store_true",
+        help="clamp features to the training range (guards extrapolation)",
+    )
+    p.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE, help="op types (25)")
+    p.add_argument(
+        "--device-features", action="store_true", help="add GPU spec features (cross-device)"
+    )
+    p.add_argument("--device", default=None, help="GPU name for CSV traces (default: folder)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run_train)
+    return p
+
+
+def run_train(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """Implement ``ets-hook train``; returns the exit code."""
+    from .training import TrainConfig, fit  # lazily: imports torch
+
+    out = out or sys.stdout
+    try:
+        config = TrainConfig(
+            kind=args.model,
+            width=args.width,
+            stride=args.stride,
+            layers=args.layers,
+            hidden=args.hidden,
+            epochs=args.epochs,
+            batch_size=args.batch_size,
+            lr=args.lr,
+            weight_decay=args.weight_decay,
+            dropout=args.dropout,
+            val_fraction=args.val_fraction,
+            patience=args.patience,
+            seed=args.seed,
+            ensemble=args.ensemble,
+            target_transform=args.target_transform,
+            calibrate=not args.no_calibrate,
+            clamp_features=args.feature_clamp,
+            vocab_size=args.vocab_size,
+            device_features=args.device_features,
+            progress=not args.no_progress,
+        )
+        traces = load_traces(args.traces, device_name=args.device)
+    except (OSError, ValueError) as exc:
+        print(f"ets-hook train: error: {exc}", file=sys.stderr)
+        return 2
+    precisions = {t.metadata.get("precision") for t in traces} - {None}
+    if len(precisions) > 1 or "mixed" in precisions:
+        print(
+            f"ets-hook train: warning: traces mix precisions {sorted(precisions)}; "
+            "the dtype feature separates them",
+            file=sys.stderr,
+        )
+    try:
+        result = fit(traces, config)
+    except ValueError as exc:
+        print(f"ets-hook train: error: {exc}", file=sys.stderr)
+        return 2
+    predictor = result.predictor
+    predictor.training["trace_files"] = [str(t.metadata.get("file", "")) for t in traces]
+    path = predictor.save(args.output)
+    info = predictor.training
+    val = [v for v in info.get("val_mre", []) if v is not None]
+    print(
+        f"trained {predictor.kind} on {info['train_iterations']} iterations "
+        f"({info['train_ops']} ops, {len(info['groups'])} models) in {result.seconds:.1f} s; "
+        f"epochs {info['epochs_run']}"
+        + (f"; validation MRE {min(val):.2%}" if val else "")
+        + f"\nwrote {path}",
+        file=out,
+    )
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# evaluate
+
+
+def add_evaluate_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``evaluate``: MRE and RMSE of a weights file on traces, per model."""
+    p = subparsers.add_parser(
+        "evaluate",
+        help="evaluate a trained predictor on traces",
+        description="Predict the iteration time of every iteration in TRACES and compare with "
+        "the measurement: MRE = mean(|y - y_hat| / y), RMSE in ms, and a per-model table.",
+    )
+    p.add_argument("model", help="weights file (.npz) written by ets-hook train")
+    p.add_argument("traces", nargs="+", metavar="TRACES", help="trace files or directories")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--device", default=None, help="GPU name for CSV traces (default: folder)")
+    p.set_defaults(func=run_evaluate)
+    return p
+
+
+def format_evaluation(evaluation: Evaluation, predictor: Predictor, model_path: str) -> str:
+    """A human-readable report: summary line and a per-model table."""
+    lines = [
+        f"model: {model_path} ({predictor.kind}, {predictor.layers} layers x {predictor.hidden}, "
+        f"window {predictor.width}/{predictor.stride}, {len(predictor.members)} member(s))",
+        f"iterations: {len(evaluation.labels)}   MRE: {evaluation.mre:.2%}   "
+        f"RMSE: {evaluation.rmse_ms:.3f} ms",
+    ]
+    if evaluation.skipped:
+        lines.append(f"skipped (no complete measurement): {', '.join(evaluation.skipped)}")
+    table = evaluation.by_group()
+    width = max([len("model"), *(len(g) for g in table)])
+    lines.append("")
+    lines.append(
+        f"{'model':<{width}}  {'iters':>5}  {'MRE':>7}  {'RMSE ms':>9}  "
+        f"{'measured ms':>11}  {'predicted ms':>12}"
+    )
+    for group, row in table.items():
+        lines.append(
+            f"{group:<{width}}  {row['iterations']:>5d}  {row['mre']:>7.2%}  "
+            f"{row['rmse_ms']:>9.3f}  {row['measured_ms']:>11.3f}  {row['predicted_ms']:>12.3f}"
+        )
+    return "\n".join(lines)
+
+
+def run_evaluate(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """Implement ``ets-hook evaluate``; returns the exit code."""
+    out = out or sys.stdout
+    try:
+        predictor = Predictor.load(args.model)
+        traces = load_traces(args.traces, device_name=args.device)
+    except (OSError, ValueError) as exc:
+        print(f"ets-hook evaluate: error: {exc}", file=sys.stderr)
+        return 2
+    encoded = [e for t in traces for e in predictor.encode(t)]
+    evaluation = evaluate(predictor, encoded)
+    if not evaluation.labels:
+        print("ets-hook evaluate: error: no iteration has a complete measurement", file=sys.stderr)
+        return 2
+    if args.json:
+        doc = {"model_file": str(args.model), "model": predictor.kind, **evaluation.to_dict()}
+        json.dump(doc, out, indent=2)
+        out.write("\n")
+    else:
+        print(format_evaluation(evaluation, predictor, str(args.model)), file=out)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Stand-alone entry (``python -m ets_hook.model_cli``) until ``ets_hook.cli`` wires these."""
+    parser = argparse.ArgumentParser(prog="ets-hook")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_train_parser(sub)
+    add_evaluate_parser(sub)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
