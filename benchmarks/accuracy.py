@@ -44,6 +44,8 @@ import numpy as np
 import torch
 
 from ets_hook import ETSHook
+from ets_hook.early_model import LearnedTraceEstimator
+from ets_hook.predictor import Predictor
 from ets_hook.zoo import Job, workloads
 
 REPORT_STEPS = (1, 2, 3, 5, 10, 20, 50)
@@ -125,7 +127,20 @@ class Run:
     predictions: list[dict[str, Any] | None] = field(default_factory=list)
 
 
-def run_job(spec: JobSpec, steps: int, device: str, seed: int = 0) -> Run:
+def held_out_estimator(models_dir: Path | None, family: str) -> Any:
+    """The trace estimator for a job of ``family``: ``"auto"`` (the shipped model, which was
+    trained on every zoo family) or, with ``models_dir``, the fold model that never saw it."""
+    if models_dir is None:
+        return "auto"
+    path = models_dir / f"{family}.npz"
+    if not path.is_file():
+        raise SystemExit(f"no held-out model {path} (train_early_model.py --fold-dir)")
+    return LearnedTraceEstimator(Predictor.load(path))
+
+
+def run_job(
+    spec: JobSpec, steps: int, device: str, seed: int = 0, models_dir: Path | None = None
+) -> Run:
     workload = workloads()[spec.workload]
     job = workload.build(device, seed=seed)
     batches = _batches(job, spec)
@@ -139,6 +154,7 @@ def run_job(spec: JobSpec, steps: int, device: str, seed: int = 0) -> Run:
         checkpoint_every=spec.checkpoint_every,
         log_every=None,
         deadline=False,
+        trace_estimator=held_out_estimator(models_dir, workload.family),
     )
     t0_ns = hook.created_ns
     pending_phase_s = 0.0
@@ -327,6 +343,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="results/accuracy", help="output path prefix")
+    parser.add_argument(
+        "--held-out-models",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="per-family trace models from train_early_model.py --fold-dir: each job is "
+        "predicted by a model that never saw its family (default: the shipped model)",
+    )
     args = parser.parse_args(argv)
     if args.steps <= max(REPORT_STEPS):
         parser.error(f"--steps must be > {max(REPORT_STEPS)}, got {args.steps}")
@@ -340,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     runs, per_job = [], []
     for name in args.jobs.split(","):
         started = time.perf_counter()
-        run = run_job(specs[name], args.steps, args.device, args.seed)
+        run = run_job(specs[name], args.steps, args.device, args.seed, args.held_out_models)
         errors = errors_for(run)
         runs.append(run)
         per_job.append(errors)
@@ -364,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         "steps": args.steps,
         "device": args.device,
+        "trace_models": str(args.held_out_models) if args.held_out_models else "shipped",
         "summary": table,
         "jobs": [
             {

@@ -123,7 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     scales = [float(s) for s in args.batch_scales.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    # Jobs already listed in an existing index stay listed unless collected again.
+    index_path = out / "index.json"
     index: list[dict[str, Any]] = []
+    if index_path.is_file():
+        index = json.loads(index_path.read_text()).get("jobs", [])
     started = time.perf_counter()
     for name in names:
         for scale in scales:
@@ -134,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                 path = out / f"{workload.name}.s{seed}.ets"
                 trace.save(path)
                 meta = trace.metadata
+                index = [job for job in index if job["file"] != path.name]
                 index.append(
                     {
                         "file": path.name,
@@ -149,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{len(trace.iterations[0].ops):6} ops  ({time.perf_counter() - t0:.0f}s)"
                 )
                 sys.stdout.flush()
-    (out / "index.json").write_text(
+    index_path.write_text(
         json.dumps(
             {
                 "machine": {

@@ -4,17 +4,21 @@ For each workload the same training loop runs in interleaved blocks (so drift an
 machine hit every mode alike):
 
 - ``none``:            no hook at all;
-- ``capture``:         steps inside ets-hook's capture window (a fresh hook per block, default
-                       settings: skip_steps=1, capture_steps=5; the profiler enable/disable and the
-                       shapes switch land inside these steps and are counted);
+- ``capture``:         ets-hook's capture window with default settings (skip_steps=1,
+                       capture_steps=5, shapes for the first captured step). Reported two ways:
+                       ``capture_steady``, the window steps with no profiler switch in them (the
+                       3rd and 4th: the per-step cost of being observed), and ``window_cost``, the
+                       whole extra time of steps 0-5 of a fresh hook (enable, shapes switch,
+                       final disable and hand-off to the decode thread included);
 - ``after``:           steps after the window, once decoding has finished (the hook still times
                        every step and updates its forecast);
-- ``torch_profiler``:  the same number of steps inside ``torch.profiler.profile(record_shapes=True)``
-                       with CPU activities (context enter/exit outside the timed steps).
+- ``torch_profiler``:  5 steps inside ``torch.profiler.profile(record_shapes=True)`` with CPU
+                       activities: per step (``torch_profiler``, steps 2-4 of the block) and the
+                       block's whole extra time (context enter and exit included).
 
 Per-step wall time is taken by the loop itself around the whole step (forward, backward,
-optimizer step, hook.step()). Reported: median per mode, ratios to ``none``, and how ets-hook's
-capture overhead compares with torch.profiler's. Usage::
+optimizer step, hook.step()). Reported: medians per mode and ratios to ``none``; the capture
+cost relative to torch.profiler's, per step and per 5-step capture. Usage::
 
     python benchmarks/overhead.py [--workloads a,b] [--repeats 12] [--json out.json] [--device cpu]
 """
@@ -63,41 +67,60 @@ def _timed_steps(job: Any, batches: Any, count: int, hook: ETSHook | None) -> li
     return times
 
 
-def measure(name: str, repeats: int, device: str) -> dict[str, Any]:
+def measure(name: str, repeats: int, device: str, after_steps: int) -> dict[str, Any]:
     job = workloads()[name].build(device)
     batches = job.batches()
     _timed_steps(job, batches, 10, None)  # warm-up: allocator, lazy init, first-step effects
-    samples: dict[str, list[float]] = {"none": [], "capture": [], "after": [], "torch_profiler": []}
-    window_means: list[float] = []
+    samples: dict[str, list[float]] = {
+        "none": [],
+        "capture_steady": [],
+        "after": [],
+        "torch_profiler": [],
+    }
+    window_totals: list[float] = []  # steps 0-5 of a fresh hook
+    profiler_totals: list[float] = []  # enter + 5 steps + exit
     for _ in range(repeats):
-        samples["none"] += _timed_steps(job, batches, WINDOW, None)
+        samples["none"] += _timed_steps(job, batches, after_steps, None)
 
-        hook = ETSHook(job.model, optimizer=job.optimizer, capture_steps=WINDOW, skip_steps=1)
-        _timed_steps(job, batches, 1, hook)  # step 0: before the window
+        hook = ETSHook(
+            job.model, optimizer=job.optimizer, capture_steps=WINDOW, skip_steps=1, log_every=None
+        )
+        step0 = _timed_steps(job, batches, 1, hook)  # the profiler is enabled at its end
         in_window = _timed_steps(job, batches, WINDOW, hook)
-        samples["capture"] += in_window
-        window_means.append(statistics.fmean(in_window))
+        samples["capture_steady"] += in_window[2:4]
+        window_totals.append(sum(step0) + sum(in_window))
         hook.wait_for_trace(120)
-        samples["after"] += _timed_steps(job, batches, WINDOW, hook)
+        samples["after"] += _timed_steps(job, batches, after_steps, hook)
         hook.close()
 
         profiler = torch.profiler.profile(
             activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True
         )
+        _sync(job.device)
+        started = time.perf_counter_ns()
         with profiler:
-            samples["torch_profiler"] += _timed_steps(job, batches, WINDOW, None)
+            profiled = _timed_steps(job, batches, WINDOW, None)
+        _sync(job.device)
+        profiler_totals.append((time.perf_counter_ns() - started) / 1e9)
+        samples["torch_profiler"] += profiled[1:4]
 
     medians = {mode: statistics.median(values) for mode, values in samples.items()}
     base = medians["none"]
     overhead = {mode: medians[mode] / base - 1.0 for mode in medians}
+    window_cost_s = statistics.median(window_totals) - (WINDOW + 1) * base
+    profiler_cost_s = statistics.median(profiler_totals) - WINDOW * base
     tp = overhead["torch_profiler"]
     return {
         "workload": name,
         "steps_per_mode": {mode: len(values) for mode, values in samples.items()},
         "median_step_ms": {mode: 1e3 * value for mode, value in medians.items()},
         "overhead": overhead,
-        "capture_window_mean_overhead": statistics.median(window_means) / base - 1.0,
-        "capture_vs_torch_profiler": (overhead["capture"] / tp) if tp > 0 else None,
+        "window_cost_ms": 1e3 * window_cost_s,
+        "torch_profiler_cost_ms": 1e3 * profiler_cost_s,
+        "capture_vs_torch_profiler_per_step": overhead["capture_steady"] / tp if tp > 0 else None,
+        "capture_vs_torch_profiler_per_window": (
+            window_cost_s / profiler_cost_s if profiler_cost_s > 0 else None
+        ),
     }
 
 
@@ -117,26 +140,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS))
     parser.add_argument("--repeats", type=int, default=12, help="blocks per mode (default 12)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--after-steps", type=int, default=20, help="steps per block for none / after"
+    )
     parser.add_argument("--json", metavar="PATH", help="write results as JSON")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    if args.after_steps < 1:
+        parser.error(f"--after-steps must be >= 1, got {args.after_steps}")
     results = []
     print(f"machine: {machine()}")
-    header = (
-        f"{'workload':32} {'none ms':>8} {'capture':>9} {'window':>9} {'after':>8} "
-        f"{'torch.prof':>10} {'capture/tp':>10}"
+    print(
+        f"{'workload':30} {'none ms':>8} {'after':>7} {'in-window':>9} {'torch.prof':>10} "
+        f"{'ratio':>6} {'window ms':>9} {'t.prof ms':>9} {'ratio':>6}"
     )
-    print(header)
     for name in args.workloads.split(","):
-        result = measure(name, args.repeats, args.device)
-        results.append(result)
-        o = result["overhead"]
-        ratio = result["capture_vs_torch_profiler"]
+        r = measure(name, args.repeats, args.device, args.after_steps)
+        results.append(r)
+        o = r["overhead"]
+        per_step, per_window = (
+            r["capture_vs_torch_profiler_per_step"],
+            r["capture_vs_torch_profiler_per_window"],
+        )
         print(
-            f"{name:32} {result['median_step_ms']['none']:8.2f} {100 * o['capture']:+8.1f}%"
-            f" {100 * result['capture_window_mean_overhead']:+8.1f}% {100 * o['after']:+7.1f}%"
-            f" {100 * o['torch_profiler']:+9.1f}% {ratio if ratio is None else f'{ratio:10.2f}'}"
+            f"{name:30} {r['median_step_ms']['none']:8.2f} {100 * o['after']:+6.1f}%"
+            f" {100 * o['capture_steady']:+8.1f}% {100 * o['torch_profiler']:+9.1f}%"
+            f" {per_step if per_step is None else f'{per_step:6.2f}'}"
+            f" {r['window_cost_ms']:9.1f} {r['torch_profiler_cost_ms']:9.1f}"
+            f" {per_window if per_window is None else f'{per_window:6.2f}'}"
         )
         sys.stdout.flush()
     if args.json:

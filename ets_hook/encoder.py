@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -42,6 +42,7 @@ __all__ = [
     "DEFAULT_VOCAB_SIZE",
     "DEFAULT_WIDTH",
     "FEATURE_SCHEMA_VERSION",
+    "MEASURED_FEATURES",
     "TARGET_TRANSFORMS",
     "EncodeContext",
     "EncodedIteration",
@@ -62,8 +63,10 @@ __all__ = [
     "iteration_targets",
     "op_direction",
     "padding_row",
+    "project_features",
     "window_index",
     "window_starts",
+    "with_measured",
 ]
 
 FEATURE_SCHEMA_VERSION = 1
@@ -75,6 +78,9 @@ OTHER_OP = "<other>"
 DIRECTIONS = ("forward", "backward", "optimizer")
 DTYPE_CLASSES = ("float32", "float16", "bfloat16", "other")
 DEVICE_FEATURES = ("dev_log_fp32_tflops", "dev_log_mem_bw_gbs", "dev_log_sms", "dev_is_cuda")
+# The op's own measured (duration, gap) in early captured steps, log1p(µs): the inputs of the
+# early → steady-state model (``early_model``), whose targets are ratios to them.
+MEASURED_FEATURES = ("log_early_duration_us", "log_early_gap_us")
 
 # Profiler annotations that may show up at depth 0 although they are not ops.
 _ANNOTATION_PREFIXES = (
@@ -148,6 +154,7 @@ class FeatureSchema:
 
     vocabulary: tuple[str, ...]
     device_features: bool = False
+    measured_features: bool = False
     version: int = FEATURE_SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -165,6 +172,8 @@ class FeatureSchema:
         names += [f"log_param_{i}" for i in range(N_PARAMS)]
         if self.device_features:
             names += list(DEVICE_FEATURES)
+        if self.measured_features:
+            names += list(MEASURED_FEATURES)
         names.append("padding")
         return tuple(names)
 
@@ -186,11 +195,20 @@ class FeatureSchema:
     def padding_column(self) -> int:
         return self.n_features - 1
 
+    @property
+    def measured_columns(self) -> tuple[int, int]:
+        """Columns of the early (duration, gap) features; ``ValueError`` if the schema has none."""
+        if not self.measured_features:
+            raise ValueError("this feature schema has no measured early-time features")
+        names = self.feature_names
+        return (names.index(MEASURED_FEATURES[0]), names.index(MEASURED_FEATURES[1]))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "version": self.version,
             "vocabulary": list(self.vocabulary),
             "device_features": self.device_features,
+            "measured_features": self.measured_features,
             "feature_names": list(self.feature_names),
         }
 
@@ -200,7 +218,9 @@ class FeatureSchema:
         if version != FEATURE_SCHEMA_VERSION:
             raise SchemaVersionError(version, source=source)
         schema = cls(
-            vocabulary=tuple(data["vocabulary"]), device_features=bool(data["device_features"])
+            vocabulary=tuple(data["vocabulary"]),
+            device_features=bool(data["device_features"]),
+            measured_features=bool(data.get("measured_features", False)),
         )
         names = data.get("feature_names")
         if names is not None and tuple(names) != schema.feature_names:
@@ -555,6 +575,43 @@ def encode_iteration(
     )
 
 
+def with_measured(
+    encoded: EncodedIteration, schema: FeatureSchema, early_ns: np.ndarray
+) -> EncodedIteration:
+    """A copy of ``encoded`` whose measured-feature columns hold ``early_ns`` ([n, 2] ns:
+    the op's early duration and gap; NaN → 0)."""
+    if early_ns.shape != (encoded.n_ops, 2):
+        raise ValueError(f"early times must be [{encoded.n_ops}, 2], got {early_ns.shape}")
+    features = encoded.features.copy()
+    cols = list(schema.measured_columns)
+    features[:, cols] = np.log1p(np.maximum(np.nan_to_num(early_ns), 0.0) / 1e3)
+    return replace(encoded, features=features)
+
+
+def project_features(
+    features: np.ndarray, source: FeatureSchema, target: FeatureSchema
+) -> np.ndarray:
+    """Unscaled feature rows of ``source`` re-expressed in ``target``, a schema with the same
+    flags whose vocabulary is a subset of the source's: op types outside the target vocabulary
+    become "other". Lets one encoding serve many vocabularies (cross-validation folds)."""
+    if (source.device_features, source.measured_features) != (
+        target.device_features,
+        target.measured_features,
+    ):
+        raise ValueError("schemas differ in device or measured features")
+    missing = set(target.vocabulary) - set(source.vocabulary)
+    if missing:
+        raise ValueError(f"target vocabulary has op types the source lacks: {sorted(missing)}")
+    n_src = len(source.vocabulary) + 1  # one-hot columns including "other"
+    n_dst = len(target.vocabulary) + 1
+    out = np.zeros((features.shape[0], target.n_features), dtype=features.dtype)
+    picked = [source.vocabulary.index(v) for v in target.vocabulary]
+    out[:, : n_dst - 1] = features[:, picked]
+    out[:, n_dst - 1] = 1.0 - out[:, : n_dst - 1].sum(axis=1)
+    out[:, n_dst:] = features[:, n_src:]
+    return out
+
+
 def encode_trace(
     trace: Trace, schema: FeatureSchema, *, steps: Iterable[int] | None = None
 ) -> list[EncodedIteration]:
@@ -651,7 +708,7 @@ class Standardizer:
         )
 
 
-TARGET_TRANSFORMS = ("standard", "log", "roofline")
+TARGET_TRANSFORMS = ("standard", "log", "roofline", "measured")
 Z_MARGIN = 1.0  # model outputs are clamped to the training targets' range ± this many stds
 
 
@@ -668,6 +725,9 @@ class TargetScaler:
       a low percentile of their durations. The model then learns a bounded efficiency factor,
       so an op far larger than any seen in training still scales with its work (an LSTM's
       output is bounded; a raw-time target cannot extrapolate).
+    - ``"measured"``: both targets as log ratios to the op's own early measured time (the
+      schema's measured features): ``log((y + floor_ns) / (early + floor_ns))``, standardised.
+      The model learns how an op's time changes from the early steps to the steady state.
 
     ``transform`` / ``inverse`` take the row's unscaled features (needed by ``"roofline"``).
     ``inverse`` first clamps model outputs to the training targets' range widened by
@@ -683,6 +743,7 @@ class TargetScaler:
     floor_ns: float = 1000.0
     flops_col: int = -1
     bytes_col: int = -1
+    measured_cols: tuple[int, int] = (-1, -1)
     z_min: tuple[float, float] = (-math.inf, -math.inf)
     z_max: tuple[float, float] = (math.inf, math.inf)
 
@@ -693,6 +754,8 @@ class TargetScaler:
             )
         if self.transform_kind == "roofline" and min(self.flops_col, self.bytes_col) < 0:
             raise ValueError("a roofline target transform needs the FLOPs and bytes columns")
+        if self.transform_kind == "measured" and min(self.measured_cols) < 0:
+            raise ValueError("a measured target transform needs the measured-feature columns")
 
     def prior_ns(self, features: np.ndarray) -> np.ndarray:
         """The analytic duration prior of each unscaled feature row (``"roofline"`` only)."""
@@ -700,9 +763,19 @@ class TargetScaler:
         moved = np.expm1(features[:, self.bytes_col].astype(np.float64))
         return np.maximum(flops / self.flops_per_ns, moved / self.bytes_per_ns) + self.floor_ns
 
+    def early_ns(self, features: np.ndarray) -> np.ndarray:
+        """[n, 2] early (duration, gap) ns from unscaled feature rows (``"measured"`` only)."""
+        cols = list(self.measured_cols)
+        return np.expm1(features[:, cols].astype(np.float64)) * 1e3
+
     def _pre(self, y_ns: np.ndarray, features: np.ndarray | None) -> np.ndarray:
         if self.transform_kind == "standard":
             return y_ns
+        if self.transform_kind == "measured":
+            if features is None:
+                raise ValueError("the measured target transform needs the feature rows")
+            base = self.early_ns(features) + self.floor_ns
+            return np.log((np.maximum(y_ns, 0.0) + self.floor_ns) / base)
         u = np.log1p(np.maximum(y_ns, 0.0) / 1e3)
         if self.transform_kind == "roofline":
             if features is None:
@@ -722,12 +795,18 @@ class TargetScaler:
         *,
         flops_col: int = -1,
         bytes_col: int = -1,
+        measured_cols: tuple[int, int] = (-1, -1),
     ) -> TargetScaler:
-        """Fit on training rows with known targets (``features`` needed for ``"roofline"``)."""
+        """Fit on training rows with known targets (``features`` needed for ``"roofline"`` and
+        ``"measured"``)."""
         if kind not in TARGET_TRANSFORMS:
             raise ValueError(f"target transform must be one of {TARGET_TRANSFORMS}, got {kind!r}")
         known = np.isfinite(targets_ns).all(axis=1)
         extra: dict[str, Any] = {}
+        if kind == "measured":
+            if features is None or min(measured_cols) < 0:
+                raise ValueError("a measured target transform needs features and their columns")
+            extra = {"measured_cols": (int(measured_cols[0]), int(measured_cols[1]))}
         if kind == "roofline":
             if features is None or min(flops_col, bytes_col) < 0:
                 raise ValueError("a roofline target transform needs features and their columns")
@@ -766,6 +845,11 @@ class TargetScaler:
         u = z * self.std + self.mean
         if self.transform_kind == "standard":
             return np.maximum(u, 0.0)
+        if self.transform_kind == "measured":
+            if features is None:
+                raise ValueError("the measured target transform needs the feature rows")
+            base = self.early_ns(features) + self.floor_ns
+            return np.maximum(np.exp(np.minimum(u, 50.0)) * base - self.floor_ns, 0.0)
         y = np.expm1(np.minimum(u, 50.0)) * 1e3
         if self.transform_kind == "roofline":
             if features is None:
@@ -783,6 +867,7 @@ class TargetScaler:
             "floor_ns": self.floor_ns,
             "flops_col": self.flops_col,
             "bytes_col": self.bytes_col,
+            "measured_cols": list(self.measured_cols),
             "z_min": [v if math.isfinite(v) else None for v in self.z_min],
             "z_max": [v if math.isfinite(v) else None for v in self.z_max],
         }
@@ -802,9 +887,14 @@ class TargetScaler:
             floor_ns=float(data.get("floor_ns", 1000.0)),
             flops_col=int(data.get("flops_col", -1)),
             bytes_col=int(data.get("bytes_col", -1)),
+            measured_cols=_column_pair(data.get("measured_cols")),
             z_min=_bounds(data.get("z_min"), -math.inf),
             z_max=_bounds(data.get("z_max"), math.inf),
         )
+
+
+def _column_pair(values: Sequence[int] | None) -> tuple[int, int]:
+    return (-1, -1) if not values else (int(values[0]), int(values[1]))
 
 
 def _bounds(values: Sequence[float | None] | None, default: float) -> tuple[float, float]:

@@ -435,6 +435,8 @@ class ETSHook:
             self._start_kernel_collector()
         self._op_profiler.start(record_shapes=self.record_shapes != "none")
         self._state = _State.CAPTURING
+        # The window's steps carry the profiler's cost; decoding extends this (_decode).
+        self._forecaster.set_perturbed_steps(self.skip_steps + self.capture_steps)
         # Step `skip_steps` starts now (its boundary just passed, or the hook was just created).
 
     def _start_kernel_collector(self) -> None:
@@ -486,6 +488,10 @@ class ETSHook:
     ) -> None:
         with _short_switch_interval(DECODE_SWITCH_INTERVAL_S):
             self._decode_window(results, bounds, window_end_event)
+        # Steps that ran while this thread decoded competed with it for the CPU and the GIL.
+        self._forecaster.set_perturbed_steps(
+            max(self.skip_steps + self.capture_steps, self.steps_completed + 1)
+        )
 
     def _decode_window(
         self, results: list[Any], bounds: list[StepBounds], window_end_event: Any

@@ -63,6 +63,8 @@ logger = logging.getLogger("ets_hook")
 # amortised per-step cost O(1); between refreshes predictions reuse the cached step-time estimate
 # with the current step count and elapsed time.
 DENSE_REFRESH_STEPS = 256
+# Clean steps needed after the capture-perturbed ones before those are dropped as warm-up.
+CLEAN_STEPS_NEEDED = 3
 REFRESH_GROWTH = 0.10
 REFRESH_INTERVAL_S = 10.0
 # Pending step times are folded into the series at least this often (bounded list growth).
@@ -195,11 +197,14 @@ class Forecaster:
         self._phase_ends_s: list[float] = []
         self._phase_cum_s: list[float] = []
         self._trace: TraceEstimate | None = None
-        self._version = 0  # bumped by set_trace_estimate / set_job
+        self._version = 0  # bumped by set_trace_estimate / set_job / set_perturbed_steps
+        # Steps [0, _perturbed_end) include the capture's own cost (see set_perturbed_steps).
+        self._perturbed_end = 0
 
         self._lock = threading.RLock()
         self._measured: Estimate | None = None
-        self._measured_key: tuple[int, int] = (0, -1)  # (id of the series used, its count)
+        # (id of the series used, its count, min_warmup used)
+        self._measured_key: tuple[int, int, int] = (0, -1, -1)
         self._measured_at_s = -math.inf
         self._cached: Prediction | None = None
         self._cached_key: tuple[int, int, int] | None = None
@@ -249,6 +254,16 @@ class Forecaster:
             self._trace = estimate
             self._version += 1
 
+    def set_perturbed_steps(self, end_step: int) -> None:
+        """Steps before ``end_step`` (0-based index) ran with capture cost in them (profiler on,
+        decode thread busy). Once ``CLEAN_STEPS_NEEDED`` later steps exist, the measured estimate
+        treats them as warm-up; until then they are all there is. Any thread."""
+        if isinstance(end_step, bool) or not isinstance(end_step, int) or end_step < 0:
+            raise ValueError(f"end_step must be an int >= 0, got {end_step!r}")
+        with self._lock:
+            self._perturbed_end = end_step
+            self._version += 1
+
     @property
     def job(self) -> JobModel:
         return self._job
@@ -287,18 +302,22 @@ class Forecaster:
         series = device if device.count >= 2 else self._series
         series.flush()
         count = series.count
-        key = (id(series), count)
+        min_warmup = self.min_warmup_steps
+        if series.stride == 1 and count - self._perturbed_end >= CLEAN_STEPS_NEEDED:
+            min_warmup = max(min_warmup, self._perturbed_end)
+        key = (id(series), count, min_warmup)
         if key != self._measured_key and (
             count <= DENSE_REFRESH_STEPS
             or count - self._measured_key[1] >= REFRESH_GROWTH * count
             or self._last_step_end_s - self._measured_at_s >= REFRESH_INTERVAL_S
             or key[0] != self._measured_key[0]
+            or key[2] != self._measured_key[2]
         ):
             self._measured = estimate_measured(
                 series.values(),
                 self.prior,
                 self.level,
-                min_warmup=self.min_warmup_steps,
+                min_warmup=min_warmup,
                 stride=series.stride,
             )
             self._measured_key = key

@@ -125,5 +125,8 @@ class OpMedianEstimator:
 
 
 def default_trace_estimator(device_type: str) -> Callable[[Trace], TraceEstimate | None] | None:
-    """The estimator the hook uses with ``trace_estimator="auto"``."""
-    return OpMedianEstimator()
+    """The estimator the hook uses with ``trace_estimator="auto"``: the shipped early → steady
+    ETS model for the device type when there is one (CPU), else per-op medians."""
+    from .early_model import default_estimator  # imports torch-free numpy inference only
+
+    return default_estimator(device_type)

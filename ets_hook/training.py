@@ -495,6 +495,7 @@ def fit_encoded(
         rows,
         flops_col=schema.feature_names.index("log_flops"),
         bytes_col=schema.feature_names.index("log_bytes"),
+        measured_cols=schema.measured_columns if schema.measured_features else (-1, -1),
     )
     width, stride = config.window()
     train_data = _windows(train_set, fscale, tscale, schema, width, stride)

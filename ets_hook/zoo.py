@@ -2,9 +2,9 @@
 
 Each ``Workload`` builds a model, a loss, an optimizer and a batch source that yields tensors on
 the requested device. Families cover what the ETS paper and our users train: MLPs, ResNet-, VGG-
-and MobileNet-like CNNs, LSTM/GRU sequence models, transformer encoders, GPT-style decoders and an
-embedding-heavy recommender. Sizes are chosen so that one step takes milliseconds to ~0.1 s on a
-2-core CPU.
+and MobileNet-like CNNs, LSTM/GRU sequence models, transformer encoders, GPT-style decoders, an
+embedding-heavy recommender, temporal (1-D) convolution nets and convolutional autoencoders.
+Sizes are chosen so that one step takes milliseconds to ~0.1 s on a 2-core CPU.
 """
 
 from __future__ import annotations
@@ -268,6 +268,52 @@ class _Recommender(nn.Module):
 # Batch makers
 
 
+def _tcn(channels: int, levels: int, in_channels: int = 8, classes: int = 10) -> nn.Module:
+    """Temporal convolution net: dilated 1-D convolutions over a (batch, channels, time) signal."""
+    layers: list[nn.Module] = []
+    features = in_channels
+    for level in range(levels):
+        dilation = 2**level
+        layers += [
+            nn.Conv1d(features, channels, 3, padding=dilation, dilation=dilation),
+            nn.BatchNorm1d(channels),
+            nn.ReLU(),
+        ]
+        features = channels
+    layers += [nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(channels, classes)]
+    return nn.Sequential(*layers)
+
+
+def _autoencoder(width: int) -> nn.Module:
+    """Convolutional autoencoder: strided convolutions down, transposed convolutions back up."""
+    return nn.Sequential(
+        nn.Conv2d(3, width, 3, 2, 1),
+        nn.ReLU(),
+        nn.Conv2d(width, 2 * width, 3, 2, 1),
+        nn.ReLU(),
+        nn.ConvTranspose2d(2 * width, width, 4, 2, 1),
+        nn.ReLU(),
+        nn.ConvTranspose2d(width, 3, 4, 2, 1),
+        nn.Sigmoid(),
+    )
+
+
+def _signals(batch: int, channels: int, length: int, classes: int = 10) -> BatchMaker:
+    def make(_index: int, generator: torch.Generator) -> Batch:
+        x = torch.randn(batch, channels, length, generator=generator)
+        return x, torch.randint(0, classes, (batch,), generator=generator)
+
+    return make
+
+
+def _reconstruction(batch: int, size: int) -> BatchMaker:
+    def make(_index: int, generator: torch.Generator) -> Batch:
+        x = torch.rand(batch, 3, size, size, generator=generator)
+        return x, x
+
+    return make
+
+
 def _images(batch: int, size: int, classes: int = 10) -> BatchMaker:
     def make(_index: int, generator: torch.Generator) -> Batch:
         x = torch.randn(batch, 3, size, size, generator=generator)
@@ -404,6 +450,33 @@ def workloads() -> dict[str, Workload]:
                 optimizer="adam",
                 lr=1e-3,
                 params={"tables": tables, "rows": rows},
+            )
+        )
+    for channels, levels, batch, length in ((32, 4, 32, 128), (64, 5, 16, 256)):
+        items.append(
+            Workload(
+                f"tcn-c{channels}-l{levels}-b{batch}-t{length}",
+                "tcn",
+                batch,
+                lambda c=channels, n=levels: _tcn(c, n),
+                lambda b, t=length: _signals(b, 8, t),
+                optimizer="adam",
+                lr=1e-3,
+                params={"channels": channels, "levels": levels, "seq": length},
+            )
+        )
+    for width, batch, size in ((16, 16, 32), (32, 8, 64)):
+        items.append(
+            Workload(
+                f"autoencoder-w{width}-b{batch}-s{size}",
+                "autoencoder",
+                batch,
+                lambda w=width: _autoencoder(w),
+                lambda b, s=size: _reconstruction(b, s),
+                loss="mse",
+                optimizer="adam",
+                lr=1e-3,
+                params={"width": width, "image": size},
             )
         )
     return {w.name: w for w in items}

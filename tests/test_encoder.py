@@ -26,6 +26,7 @@ from ets_hook.encoder import (
     ets_rows,
     fit_schema,
     padding_row,
+    project_features,
     window_index,
     window_starts,
 )
@@ -532,3 +533,18 @@ def test_streaming_encoder_equals_batch_encoding(width: int, stride: int) -> Non
         assert starts == window_starts(enc.n_ops, width, stride).tolist()
         assert stream.finished_row_op_indices == enc.op_indices.tolist()
         assert np.allclose(np.concatenate(got), expected, atol=1e-6)
+
+
+def test_projecting_onto_a_sub_vocabulary_equals_encoding_with_it() -> None:
+    trace = _trace(_captured_iteration())
+    full = fit_schema([trace], vocab_size=1000)
+    assert len(full.vocabulary) >= 3
+    small = replace(full, vocabulary=full.vocabulary[1:3])
+    encoded_full = encode_trace(trace, full)[0]
+    direct = encode_trace(trace, small)[0]
+    projected = project_features(encoded_full.features, full, small)
+    np.testing.assert_array_equal(projected, direct.features)
+    with pytest.raises(ValueError, match="lacks"):
+        project_features(direct.features, small, full)
+    with pytest.raises(ValueError, match="measured"):
+        project_features(encoded_full.features, full, replace(small, measured_features=True))

@@ -429,6 +429,23 @@ def test_prediction_api_status_file_and_callbacks_on_a_real_loop(tmp_path):
     assert json.loads(final.to_json())["total_steps"] == 12
 
 
+def test_default_trace_estimate_on_cpu_is_the_shipped_ets_model():
+    """With trace_estimator="auto", the decoded window feeds the shipped early → steady model
+    and its estimate enters the prediction; after the window a few clean steps follow."""
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(model, optimizer=opt, total_steps=100, deadline=False, log_every=None)
+    train(model, opt, hook, 7)
+    assert hook.wait_for_trace(60) is not None
+    train(model, opt, hook, 5)
+    p = hook.prediction
+    hook.close()
+    assert p.trace_iteration_s is not None and p.trace_iteration_s > 0
+    assert p.trace_ci_s is not None and p.trace_ci_s > 0
+    # the capture-window steps (1-5) and the decode-time steps were dropped as perturbed
+    assert p.warmup_steps >= 6
+
+
 def test_deadline_raise_reaches_the_training_loop_once():
     from ets_hook.reporting import DeadlineExceededError
 

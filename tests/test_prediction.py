@@ -300,3 +300,29 @@ def test_bad_durations_do_not_poison_the_estimate() -> None:
     assert p is not None and p.total_s is not None
     assert math.isfinite(p.iteration_s) and math.isfinite(p.total_s)
     assert p.iteration_s == pytest.approx(0.2, rel=0.1)
+
+
+def test_capture_perturbed_steps_are_dropped_once_clean_steps_exist() -> None:
+    """Steps 1-5 carry a 10% capture cost, which MSER cannot always tell from noise on 12 steps:
+    marked as perturbed, they leave the measured estimate once 3 clean steps exist."""
+    plain_errors, marked_errors = [], []
+    for seed in range(6):
+        durations = noisy(12, mean=0.2, cv=0.04, seed=seed)
+        durations[1:6] *= 1.1
+        plain = Forecaster(JobModel(total_steps=1000), start_s=0.0, wall_start_s=WALL_START)
+        marked = Forecaster(JobModel(total_steps=1000), start_s=0.0, wall_start_s=WALL_START)
+        marked.set_perturbed_steps(6)
+        drive(plain, durations[:8])
+        drive(marked, durations[:8])
+        # two clean steps are not enough: both still rest on the perturbed steps
+        assert marked.prediction.measured_steps == plain.prediction.measured_steps
+        drive(plain, durations[8:], start=10.0, first_index=8)
+        drive(marked, durations[8:], start=10.0, first_index=8)
+        p = marked.prediction
+        assert p.warmup_steps >= 6 and p.measured_steps == 12 - p.warmup_steps
+        plain_errors.append(abs(plain.prediction.iteration_s / 0.2 - 1))
+        marked_errors.append(abs(p.iteration_s / 0.2 - 1))
+    assert all(m <= q + 1e-12 for m, q in zip(marked_errors, plain_errors, strict=True))
+    assert max(marked_errors) < 0.02 < max(plain_errors)
+    with pytest.raises(ValueError, match="-1"):
+        Forecaster(start_s=0.0).set_perturbed_steps(-1)

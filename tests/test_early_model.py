@@ -1,0 +1,202 @@
+"""The learned early → steady-state trace estimator (early_model) on real captured traces."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from ets_hook import ETSHook
+from ets_hook.early_model import (
+    LearnedTraceEstimator,
+    default_estimator,
+    early_summary,
+    fit_early_schema,
+    predict_step_ns,
+    training_example,
+)
+from ets_hook.encoder import FeatureSchema, TargetScaler, encode_trace, with_measured
+from ets_hook.predictor import Predictor
+from ets_hook.trace import IterationTrace, Trace
+from ets_hook.training import TrainConfig, fit_encoded
+
+EARLY, STEADY = [1, 2, 3], [4, 5, 6]
+
+
+def _time_scaled(iteration: IterationTrace, factor: float, step: int) -> IterationTrace:
+    """A copy of ``iteration`` as step ``step`` with every time interval scaled by ``factor``."""
+
+    def at(t_ns: int) -> int:
+        return iteration.start_ns + round((t_ns - iteration.start_ns) * factor)
+
+    ops = [
+        dataclasses.replace(
+            op,
+            start_ns=at(op.start_ns),
+            duration_ns=round(op.duration_ns * factor),
+            gap_ns=op.gap_ns if op.gap_ns < 0 else round(op.gap_ns * factor),
+        )
+        for op in iteration.ops
+    ]
+    return IterationTrace(
+        step=step, start_ns=iteration.start_ns, end_ns=at(iteration.end_ns), ops=ops
+    )
+
+
+def _captured(width: int, seed: int, steady_factor: float) -> Trace:
+    """A real MLP run captured over steps 1-3, with steps 4-6 appended as copies of them running
+    ``steady_factor`` × as long, labelled like a ``collect.py`` trace: the steady state is known
+    exactly, whatever the machine's noise."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(32, width), nn.ReLU(), nn.Linear(width, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    hook = ETSHook(
+        model,
+        optimizer=opt,
+        skip_steps=1,
+        capture_steps=3,
+        record_shapes="all",
+        log_every=None,
+        deadline=False,
+        trace_estimator=None,
+    )
+    x, y = torch.randn(16, 32), torch.randint(0, 4, (16,))
+    for _ in range(5):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    hook.close()
+    trace = hook.wait_for_trace(60)
+    assert trace is not None, hook.capture_status
+    early = [it for it in trace.iterations if it.step in EARLY]
+    assert len(early) == 3
+    trace.iterations += [
+        _time_scaled(it, steady_factor, step) for it, step in zip(early, STEADY, strict=True)
+    ]
+    trace.metadata.update(
+        early_steps=EARLY,
+        steady_steps=STEADY,
+        steady_step_s=steady_factor * float(np.median([it.duration_ns for it in early])) / 1e9,
+        family=f"mlp{width}",
+        workload=f"mlp-{width}-{seed}",
+    )
+    return trace
+
+
+def _early_config(**overrides: object) -> TrainConfig:
+    """A small ETS-LSTM trained on ratios to the early per-op times."""
+    settings: dict = {"kind": "lstm", "layers": 1, "val_fraction": 0.0, "progress": False}
+    settings.update(target_transform="measured", **overrides)
+    return TrainConfig(**settings)
+
+
+@pytest.fixture(scope="module")
+def traces() -> list[Trace]:
+    return [_captured(w, s, 0.5) for w, s in ((16, 0), (32, 1), (64, 2), (48, 3))]
+
+
+def test_schema_with_measured_features_round_trips() -> None:
+    schema = FeatureSchema(vocabulary=("addmm", "relu"), measured_features=True)
+    cols = schema.measured_columns
+    assert schema.feature_names[cols[0]] == "log_early_duration_us"
+    assert FeatureSchema.from_dict(schema.to_dict()) == schema
+    with pytest.raises(ValueError, match="no measured"):
+        _ = FeatureSchema(vocabulary=()).measured_columns
+
+
+def test_measured_target_transform_is_a_ratio_to_the_early_time(traces: list[Trace]) -> None:
+    schema = fit_early_schema(traces)
+    encoded = encode_trace(traces[0], schema, steps=[1])[0]
+    early = np.abs(np.random.default_rng(0).normal(5e4, 1e4, size=(encoded.n_ops, 2)))
+    rows = with_measured(encoded, schema, early).features
+    scaler = TargetScaler.fit(early * 2.0, "measured", rows, measured_cols=schema.measured_columns)
+    z = scaler.transform(early * 2.0, rows)
+    np.testing.assert_allclose(scaler.inverse(z, rows), early * 2.0, rtol=1e-3)
+    # a constant ratio is (up to the 1 µs floor) one log ratio for every row: log 2
+    log_ratio = z[:, 0] * scaler.std[0] + scaler.mean[0]
+    np.testing.assert_allclose(log_ratio, np.log(2.0), atol=0.05)
+    restored = TargetScaler.from_dict(scaler.to_dict())
+    np.testing.assert_allclose(restored.inverse(z, rows), early * 2.0, rtol=1e-3)
+    with pytest.raises(ValueError, match="measured"):
+        TargetScaler.fit(early, "measured", rows)
+
+
+def test_training_example_targets_add_up_to_the_unprofiled_step(traces: list[Trace]) -> None:
+    schema = fit_early_schema(traces)
+    for trace in traces:
+        example = training_example(trace, schema)
+        total = float(np.nansum(example.encoded.targets_ns)) + example.lead_in_target_ns
+        assert total == pytest.approx(example.steady_step_ns, rel=0.02)
+        # the early summary holds only early steps
+        assert len(example.summary.step_ns) == len(EARLY)
+    bare = Trace(device=traces[0].device, iterations=traces[0].iterations, metadata={})
+    with pytest.raises(ValueError, match="steady_step_s"):
+        training_example(bare, schema)
+
+
+def test_early_summary_skips_partial_steps(traces: list[Trace]) -> None:
+    schema = fit_early_schema(traces)
+    trace = traces[0]
+    full = early_summary(trace, schema, EARLY)
+    trace.metadata["partial_steps"] = [1]
+    try:
+        partial = early_summary(trace, schema, EARLY)
+    finally:
+        del trace.metadata["partial_steps"]
+    assert full is not None and partial is not None
+    assert len(full.step_ns) == 3 and len(partial.step_ns) == 2
+
+
+def test_training_learns_the_early_to_steady_ratio(traces: list[Trace]) -> None:
+    """Steady steps run at half the early per-op time: the trained model must get much closer
+    to that on a held-out job than the untrained per-op-median estimate."""
+    train, held_out = traces[:3], traces[3]
+    schema = fit_early_schema(train)
+    examples = [training_example(t, schema) for t in train]
+    config = _early_config(hidden=8, epochs=60, lr=3e-3)
+    predictor = fit_encoded([e.encoded for e in examples], schema, config).predictor
+    test = training_example(held_out, schema)
+    predicted = predict_step_ns(predictor, test.summary)
+    trained_error = abs(predicted / test.steady_step_ns - 1)
+    untrained_error = abs(test.summary.op_median_ns / test.steady_step_ns - 1)
+    assert trained_error < 0.5 * untrained_error, (trained_error, untrained_error)
+
+    predictor.training["holdout_rel_error_95"] = 0.1
+    estimate = LearnedTraceEstimator(predictor)(held_out)
+    assert estimate is not None and estimate.source == "trace:ets-early"
+    assert estimate.ci_s >= 0.1 * estimate.iteration_s * 0.99
+    # a model file without measured features is refused
+    bare_schema = FeatureSchema(vocabulary=())
+    plain = fit_encoded(
+        encode_trace(train[0], bare_schema),
+        bare_schema,
+        TrainConfig(kind="mlp", epochs=0, progress=False),
+    ).predictor
+    with pytest.raises(ValueError, match="measured"):
+        LearnedTraceEstimator(plain)
+
+
+def test_learned_estimator_round_trips_through_a_weights_file(
+    traces: list[Trace], tmp_path
+) -> None:
+    schema = fit_early_schema(traces)
+    examples = [training_example(t, schema) for t in traces]
+    config = _early_config(hidden=4, epochs=2)
+    predictor = fit_encoded([e.encoded for e in examples], schema, config).predictor
+    path = predictor.save(tmp_path / "early.npz")
+    loaded = Predictor.load(path)
+    assert predict_step_ns(loaded, examples[0].summary) == pytest.approx(
+        predict_step_ns(predictor, examples[0].summary), rel=1e-5
+    )
+
+
+def test_default_estimator_is_the_shipped_model_on_cpu_and_op_medians_elsewhere() -> None:
+    shipped = default_estimator("cpu")
+    assert isinstance(shipped, LearnedTraceEstimator)
+    info = shipped.predictor.training
+    assert info["device_kind"] == "cpu" and 0 < info["holdout_rel_error_95"] < 1
+    assert "train_early_model.py" in info["rebuild_command"]
+    assert type(default_estimator("cuda")).__name__ == "OpMedianEstimator"
