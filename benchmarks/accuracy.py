@@ -139,7 +139,12 @@ def held_out_estimator(models_dir: Path | None, family: str) -> Any:
 
 
 def run_job(
-    spec: JobSpec, steps: int, device: str, seed: int = 0, models_dir: Path | None = None
+    spec: JobSpec,
+    steps: int,
+    device: str,
+    seed: int = 0,
+    models_dir: Path | None = None,
+    record_shapes: str = "all",
 ) -> Run:
     workload = workloads()[spec.workload]
     job = workload.build(device, seed=seed)
@@ -155,6 +160,7 @@ def run_job(
         log_every=None,
         deadline=False,
         trace_estimator=held_out_estimator(models_dir, workload.family),
+        record_shapes=record_shapes,
     )
     t0_ns = hook.created_ns
     pending_phase_s = 0.0
@@ -344,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="results/accuracy", help="output path prefix")
     parser.add_argument(
+        "--record-shapes", default="all", choices=("first", "all", "none"), help="hook setting"
+    )
+    parser.add_argument(
         "--held-out-models",
         type=Path,
         default=None,
@@ -364,7 +373,14 @@ def main(argv: list[str] | None = None) -> int:
     runs, per_job = [], []
     for name in args.jobs.split(","):
         started = time.perf_counter()
-        run = run_job(specs[name], args.steps, args.device, args.seed, args.held_out_models)
+        run = run_job(
+            specs[name],
+            args.steps,
+            args.device,
+            args.seed,
+            args.held_out_models,
+            args.record_shapes,
+        )
         errors = errors_for(run)
         runs.append(run)
         per_job.append(errors)

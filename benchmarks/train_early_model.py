@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dataset", type=Path, help="directory of collect.py .ets files")
     ap.add_argument("--out", type=Path, default=None, help="write the final model here")
-    ap.add_argument("--epochs", type=int, default=2, help="training epochs (2: best held-out)")
+    ap.add_argument("--epochs", type=int, default=4, help="epochs (best held out of 2, 4, 6, 40)")
     ap.add_argument("--kinds", default=",".join(MODEL_KINDS))
     ap.add_argument(
         "--fold-dir",

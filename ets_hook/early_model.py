@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -92,12 +93,18 @@ def _aligned(reference: Sequence[str], names: Sequence[str], values: np.ndarray)
     return out
 
 
+def _nanmedian_steps(stacked: np.ndarray) -> np.ndarray:
+    """Median over axis 0 ignoring NaN; NaN where a row has no value in any step."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN rows
+        return np.nanmedian(stacked, axis=0)
+
+
 def _median_rows(steps: Sequence[_StepRows], reference: _StepRows) -> np.ndarray:
     stacked = np.stack(
         [_aligned(reference.names, s.names, s.encoded.targets_ns) for s in steps]
     )  # (steps, rows, 2)
-    with np.errstate(all="ignore"):
-        med = np.nanmedian(stacked, axis=0) if len(steps) > 1 else stacked[0]
+    med = _nanmedian_steps(stacked)
     return np.where(np.isfinite(med), med, reference.encoded.targets_ns)
 
 
@@ -199,8 +206,7 @@ def training_example(trace: Trace, schema: FeatureSchema) -> EarlyExample:
     context = EncodeContext.from_trace(trace)
     steady = [_step_rows(trace, it, schema, context) for it in steady_its]
     stacked = np.stack([_aligned(summary.names, s.names, s.encoded.targets_ns) for s in steady])
-    with np.errstate(all="ignore"):
-        steady_rows = np.nanmedian(stacked, axis=0)
+    steady_rows = _nanmedian_steps(stacked)
     steady_lead_in = float(np.median([s.lead_in_ns for s in steady]))
     profiled_step = float(np.nansum(steady_rows)) + steady_lead_in
     steady_step_ns = float(md["steady_step_s"]) * 1e9

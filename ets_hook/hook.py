@@ -132,7 +132,7 @@ class ETSHook:
         on_deadline: str | Callable[[DeadlineMiss], Any] = "warn",
         deadline_policy: str = "confident",
         grad_scaler: Any = None,
-        record_shapes: str = "first",
+        record_shapes: str = "all",
         capture_kernels: bool | None = None,
         trace_estimator: TraceEstimator | Literal["auto"] | None = "auto",
         device: Any = None,
@@ -435,8 +435,11 @@ class ETSHook:
             self._start_kernel_collector()
         self._op_profiler.start(record_shapes=self.record_shapes != "none")
         self._state = _State.CAPTURING
-        # The window's steps carry the profiler's cost; decoding extends this (_decode).
-        self._forecaster.set_perturbed_steps(self.skip_steps + self.capture_steps)
+        # The window's steps carry the profiler's cost, and the step after it the profiler's
+        # disable (it materialises every event on this thread); decoding extends this (_decode).
+        window_end = self.skip_steps + self.capture_steps
+        self._forecaster.set_capture_window(self.skip_steps, window_end)
+        self._forecaster.set_perturbed_steps(window_end + 1)
         # Step `skip_steps` starts now (its boundary just passed, or the hook was just created).
 
     def _start_kernel_collector(self) -> None:
@@ -490,7 +493,7 @@ class ETSHook:
             self._decode_window(results, bounds, window_end_event)
         # Steps that ran while this thread decoded competed with it for the CPU and the GIL.
         self._forecaster.set_perturbed_steps(
-            max(self.skip_steps + self.capture_steps, self.steps_completed + 1)
+            max(self.skip_steps + self.capture_steps + 1, self.steps_completed + 1)
         )
 
     def _decode_window(

@@ -42,6 +42,8 @@ from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from typing import Any
 
+import numpy as np
+
 from .estimators import (
     DEFAULT_LEVEL,
     Estimate,
@@ -198,13 +200,15 @@ class Forecaster:
         self._phase_cum_s: list[float] = []
         self._trace: TraceEstimate | None = None
         self._version = 0  # bumped by set_trace_estimate / set_job / set_perturbed_steps
-        # Steps [0, _perturbed_end) include the capture's own cost (see set_perturbed_steps).
+        # Steps [0, _perturbed_end) include the capture's own cost (see set_perturbed_steps);
+        # [_capture[0], _capture[1]) ran inside the capture window.
         self._perturbed_end = 0
+        self._capture: tuple[int, int] | None = None
 
         self._lock = threading.RLock()
         self._measured: Estimate | None = None
-        # (id of the series used, its count, min_warmup used)
-        self._measured_key: tuple[int, int, int] = (0, -1, -1)
+        # (id of the series used, its count, min_warmup used, perturbed end used)
+        self._measured_key: tuple[int, int, int, int] = (0, -1, -1, -1)
         self._measured_at_s = -math.inf
         self._cached: Prediction | None = None
         self._cached_key: tuple[int, int, int] | None = None
@@ -252,6 +256,17 @@ class Forecaster:
             raise ValueError(f"estimate must be a TraceEstimate or None, got {estimate!r}")
         with self._lock:
             self._trace = estimate
+            self._version += 1
+
+    def set_capture_window(self, start_step: int, end_step: int) -> None:
+        """Steps ``[start_step, end_step)`` ran inside the capture window: slower by the prior's
+        ``capture_ratio``. Steps from ``end_step`` up to ``set_perturbed_steps`` are left out of
+        the measured estimate while they are not yet warm-up (profiler disable, decoding)."""
+        if not 0 <= start_step <= end_step:
+            raise ValueError(f"need 0 <= start_step <= end_step, got {start_step}, {end_step}")
+        with self._lock:
+            self._capture = (start_step, end_step)
+            self._perturbed_end = max(self._perturbed_end, end_step)
             self._version += 1
 
     def set_perturbed_steps(self, end_step: int) -> None:
@@ -303,22 +318,31 @@ class Forecaster:
         series.flush()
         count = series.count
         min_warmup = self.min_warmup_steps
-        if series.stride == 1 and count - self._perturbed_end >= CLEAN_STEPS_NEEDED:
+        clean = series.stride == 1 and count - self._perturbed_end >= CLEAN_STEPS_NEEDED
+        if clean:
             min_warmup = max(min_warmup, self._perturbed_end)
-        key = (id(series), count, min_warmup)
+        key = (id(series), count, min_warmup, self._perturbed_end)
         if key != self._measured_key and (
             count <= DENSE_REFRESH_STEPS
             or count - self._measured_key[1] >= REFRESH_GROWTH * count
             or self._last_step_end_s - self._measured_at_s >= REFRESH_INTERVAL_S
             or key[0] != self._measured_key[0]
-            or key[2] != self._measured_key[2]
+            or key[2:] != self._measured_key[2:]
         ):
+            values, capture = series.values(), None
+            if series.stride == 1 and not clean and self._capture is not None:
+                # Not enough clean steps yet: use the window's steps, corrected for the capture,
+                # but not the disturbed ones after it (a profiler disable can take 30 steps' time).
+                start, end = self._capture
+                values = np.concatenate([values[:end], values[self._perturbed_end :]])
+                capture = (start, end)
             self._measured = estimate_measured(
-                series.values(),
+                values,
                 self.prior,
                 self.level,
                 min_warmup=min_warmup,
                 stride=series.stride,
+                capture=capture,
             )
             self._measured_key = key
             self._measured_at_s = self._last_step_end_s

@@ -326,3 +326,25 @@ def test_capture_perturbed_steps_are_dropped_once_clean_steps_exist() -> None:
     assert max(marked_errors) < 0.02 < max(plain_errors)
     with pytest.raises(ValueError, match="-1"):
         Forecaster(start_s=0.0).set_perturbed_steps(-1)
+
+
+def test_capture_window_steps_are_corrected_and_the_disable_spike_is_ignored() -> None:
+    """Inside the window steps run 1.2x slow (the profiler), the step after it carries the
+    profiler's disable (20x): before any clean step exists the estimate must neither follow
+    the spike nor the 20% inflation."""
+    durations = noisy(8, mean=0.2, cv=0.02, seed=1)
+    durations[1:6] *= 1.2
+    durations[6] *= 20.0
+    plain = Forecaster(JobModel(total_steps=1000), start_s=0.0, wall_start_s=WALL_START)
+    aware = Forecaster(JobModel(total_steps=1000), start_s=0.0, wall_start_s=WALL_START)
+    aware.set_capture_window(1, 6)
+    aware.set_perturbed_steps(7)
+    drive(plain, durations[:7])
+    drive(aware, durations[:7])
+    window_only = aware.prediction.iteration_s
+    assert abs(window_only / 0.2 - 1) < 0.08  # corrected by 1/1.2, not 1.2x high
+    assert abs(plain.prediction.iteration_s / 0.2 - 1) > 2 * abs(window_only / 0.2 - 1)
+    drive(aware, durations[7:], start=10.0, first_index=7)
+    assert abs(aware.prediction.iteration_s / 0.2 - 1) < 0.08  # the spike stays out
+    with pytest.raises(ValueError, match="start_step"):
+        aware.set_capture_window(5, 2)
