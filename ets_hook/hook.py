@@ -62,12 +62,12 @@ DECODE_SWITCH_INTERVAL_S = 2e-4
 def _short_switch_interval(interval_s: float) -> Iterator[None]:
     """Lower ``sys.setswitchinterval`` for the duration; restore it unless someone changed it."""
     previous = sys.getswitchinterval()
-    target = min(previous, interval_s)
-    sys.setswitchinterval(target)
+    sys.setswitchinterval(min(previous, interval_s))
+    applied = sys.getswitchinterval()  # read back: CPython stores it in whole microseconds
     try:
         yield
     finally:
-        if sys.getswitchinterval() == target:
+        if sys.getswitchinterval() == applied:
             sys.setswitchinterval(previous)
 
 

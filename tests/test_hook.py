@@ -461,3 +461,18 @@ def test_deadline_raise_reaches_the_training_loop_once():
     hook.close()
     assert raised == 1
     assert hook.steps_completed == 6
+
+
+def test_decode_restores_the_interpreter_switch_interval():
+    """The decode thread shortens sys.setswitchinterval while it runs; it must be restored
+    exactly (CPython rounds the value to microseconds, so compare what it reads back)."""
+    import sys
+
+    before = sys.getswitchinterval()
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(model, optimizer=opt, capture_steps=2, deadline=False, log_every=None)
+    train(model, opt, hook, 4)
+    assert hook.wait_for_trace(60) is not None
+    hook.close()
+    assert sys.getswitchinterval() == before
