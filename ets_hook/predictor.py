@@ -85,8 +85,10 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 # The LSTM is evaluated time-major with both directions fused: one GEMM per layer projects every
 # step's input for both directions; each step does one stacked matmul for the two recurrences and
 # one tanh over all gates, using sigmoid(x) = (1 + tanh(x / 2)) / 2 with the i, f, o rows of the
-# weights pre-scaled by 1/2 (_prepare_lstm). Same function as torch's LSTM (gate order i, f, g, o;
-# bias = bias_ih + bias_hh), in float32.
+# weights pre-scaled by 1/2 (_prepare_lstm). The hidden state is carried doubled, H = 2h =
+# (1 + tanh(o')) tanh(c), which saves a multiply per step: the weights that read it (w_hh, the
+# next layer's w_ih, the head) are halved instead. Same function as torch's LSTM (gate order
+# i, f, g, o; bias = bias_ih + bias_hh), in float32.
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,10 +105,11 @@ def _prepare_lstm(p: Mapping[str, np.ndarray], layers: int) -> list[_LSTMLayer]:
         scale = np.full(4 * hidden, 0.5, dtype=np.float32)
         scale[2 * hidden : 3 * hidden] = 1.0  # the g gate keeps tanh
         w_in, b_in, w_hh = [], [], []
+        input_scale = 1.0 if layer == 0 else 0.5  # layers above read the doubled state
         for d in ("fwd", "bwd"):
-            w_in.append(p[f"lstm.{layer}.{d}.w_ih"] * scale[:, None])
+            w_in.append(p[f"lstm.{layer}.{d}.w_ih"] * scale[:, None] * input_scale)
             b_in.append(p[f"lstm.{layer}.{d}.b"] * scale)
-            w_hh.append((p[f"lstm.{layer}.{d}.w_hh"] * scale[:, None]).T)
+            w_hh.append((p[f"lstm.{layer}.{d}.w_hh"] * scale[:, None] * 0.5).T)
         out.append(
             _LSTMLayer(
                 np.ascontiguousarray(np.concatenate(w_in).T, dtype=np.float32),
@@ -129,7 +132,7 @@ def _forward_lstm(
         xp = seq.reshape(steps * batch, -1) @ layer.w_in
         xp += layer.b_in
         xp = xp.reshape(steps, batch, 2 * h4)
-        h = np.zeros((2, batch, hidden), dtype=np.float32)
+        h = np.zeros((2, batch, hidden), dtype=np.float32)  # doubled hidden state 2h
         c = np.zeros((2, batch, hidden), dtype=np.float32)
         gates = np.empty((2, batch, h4), dtype=np.float32)
         out = np.empty((steps, batch, 2 * hidden), dtype=np.float32)
@@ -148,15 +151,14 @@ def _forward_lstm(
             ti *= tg
             c += ti
             c *= 0.5
-            # h = o * tanh(c) = (1 + to) * tanh(c) / 2
-            h = np.tanh(c)
+            # 2h = 2 o tanh(c) = (1 + to) * tanh(c)
+            np.tanh(c, out=h)
             to += 1.0
             h *= to
-            h *= 0.5
             out[s, :, :hidden] = h[0]
             out[sb, :, hidden:] = h[1]
         seq = out
-    y = seq.reshape(steps * batch, -1) @ head_w.T + head_b
+    y = seq.reshape(steps * batch, -1) @ (0.5 * head_w.T) + head_b
     return np.ascontiguousarray(y.reshape(steps, batch, -1).transpose(1, 0, 2))
 
 
