@@ -93,9 +93,9 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True, slots=True)
 class _LSTMLayer:
-    w_in: np.ndarray  # [In, 8H]: forward gates then backward gates, i/f/o columns halved
-    b_in: np.ndarray  # [8H]
-    w_hh: np.ndarray  # [2, H, 4H]: per direction, i/f/o columns halved
+    w_in: np.ndarray  # [In, 8H]: columns (direction, gate, unit); i/f/o columns halved
+    b_in: np.ndarray  # [2, 4, 1, H]: the same order, broadcastable over the batch
+    w_hh: np.ndarray  # [2, 4, H, H]: per direction and gate, H_in x H_out; i/f/o halved
 
 
 def _prepare_lstm(p: Mapping[str, np.ndarray], layers: int) -> list[_LSTMLayer]:
@@ -109,11 +109,13 @@ def _prepare_lstm(p: Mapping[str, np.ndarray], layers: int) -> list[_LSTMLayer]:
         for d in ("fwd", "bwd"):
             w_in.append(p[f"lstm.{layer}.{d}.w_ih"] * scale[:, None] * input_scale)
             b_in.append(p[f"lstm.{layer}.{d}.b"] * scale)
-            w_hh.append((p[f"lstm.{layer}.{d}.w_hh"] * scale[:, None] * 0.5).T)
+            # [4H, H_in] -> [4, H_out, H_in] -> [4, H_in, H_out]
+            w = p[f"lstm.{layer}.{d}.w_hh"] * scale[:, None] * 0.5
+            w_hh.append(w.reshape(4, hidden, hidden).transpose(0, 2, 1))
         out.append(
             _LSTMLayer(
                 np.ascontiguousarray(np.concatenate(w_in).T, dtype=np.float32),
-                np.concatenate(b_in).astype(np.float32),
+                np.concatenate(b_in).astype(np.float32).reshape(2, 4, 1, hidden),
                 np.ascontiguousarray(np.stack(w_hh), dtype=np.float32),
             )
         )
@@ -127,22 +129,24 @@ def _forward_lstm(
     batch, steps, _ = x.shape
     seq = np.ascontiguousarray(x.transpose(1, 0, 2))  # [T, B, In], time-major
     for layer in layers:
-        hidden = layer.w_hh.shape[1]
-        h4 = 4 * hidden
+        hidden = layer.w_hh.shape[-1]
         xp = seq.reshape(steps * batch, -1) @ layer.w_in
-        xp += layer.b_in
-        xp = xp.reshape(steps, batch, 2 * h4)
-        h = np.zeros((2, batch, hidden), dtype=np.float32)  # doubled hidden state 2h
+        # gate-major [T, 2, 4, B, H] (one copy, bias added on the way): every gate's block of
+        # the per-step arithmetic below is then contiguous
+        xp = np.add(
+            xp.reshape(steps, batch, 2, 4, hidden).transpose(0, 2, 3, 1, 4), layer.b_in[None]
+        )
+        h = np.zeros((2, 1, batch, hidden), dtype=np.float32)  # doubled hidden state 2h
         c = np.zeros((2, batch, hidden), dtype=np.float32)
-        gates = np.empty((2, batch, h4), dtype=np.float32)
+        gates = np.empty((2, 4, batch, hidden), dtype=np.float32)
         out = np.empty((steps, batch, 2 * hidden), dtype=np.float32)
-        ti, tf = gates[..., :hidden], gates[..., hidden : 2 * hidden]
-        tg, to = gates[..., 2 * hidden : 3 * hidden], gates[..., 3 * hidden :]
+        ti, tf, tg, to = gates[:, 0], gates[:, 1], gates[:, 2], gates[:, 3]
+        hv = h[:, 0]
         for s in range(steps):
             sb = steps - 1 - s  # the backward direction walks the window in reverse
             np.matmul(h, layer.w_hh, out=gates)
-            gates[0] += xp[s, :, :h4]
-            gates[1] += xp[sb, :, h4:]
+            gates[0] += xp[s, 0]
+            gates[1] += xp[sb, 1]
             np.tanh(gates, out=gates)
             # c = f*c + i*g = ((1 + tf) * c + (1 + ti) * tg) / 2
             tf += 1.0
@@ -152,11 +156,11 @@ def _forward_lstm(
             c += ti
             c *= 0.5
             # 2h = 2 o tanh(c) = (1 + to) * tanh(c)
-            np.tanh(c, out=h)
+            np.tanh(c, out=hv)
             to += 1.0
-            h *= to
-            out[s, :, :hidden] = h[0]
-            out[sb, :, hidden:] = h[1]
+            hv *= to
+            out[s, :, :hidden] = hv[0]
+            out[sb, :, hidden:] = hv[1]
         seq = out
     y = seq.reshape(steps * batch, -1) @ (0.5 * head_w.T) + head_b
     return np.ascontiguousarray(y.reshape(steps, batch, -1).transpose(1, 0, 2))
