@@ -124,6 +124,41 @@ def measure(name: str, repeats: int, device: str, after_steps: int) -> dict[str,
     }
 
 
+def hook_cost_per_step_us(blocks: int = 20, steps: int = 2000) -> dict[str, float]:
+    """What the hook adds to one training step after its window, isolated from the model.
+
+    A one-element parameter and SGD make ``forward + backward + optimizer.step()`` a few
+    microseconds; blocks of steps without and with a hook (window already over) alternate, and
+    the difference of the medians of per-block means is the hook's own cost per step: its
+    root-module pre-forward call, optimizer post-hook and O(1) step bookkeeping.
+    """
+    model = torch.nn.Linear(1, 1, bias=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    x = torch.ones(1, 1)
+
+    def block() -> float:
+        start = time.perf_counter_ns()
+        for _ in range(steps):
+            model(x).sum().backward()
+            opt.step()
+        return (time.perf_counter_ns() - start) / steps / 1e3
+
+    for _ in range(3):
+        block()  # warm-up
+    without, with_hook = [], []
+    for _ in range(blocks):
+        without.append(block())
+        hook = ETSHook(model, optimizer=opt, capture_steps=1, skip_steps=0, log_every=None)
+        for _ in range(3):
+            model(x).sum().backward()
+            opt.step()
+        hook.wait_for_trace(60)
+        with_hook.append(block())
+        hook.close()
+    base, hooked = statistics.median(without), statistics.median(with_hook)
+    return {"step_us_without": base, "step_us_with": hooked, "hook_us": hooked - base}
+
+
 def machine() -> dict[str, Any]:
     return {
         "python": platform.python_version(),
@@ -171,9 +206,21 @@ def main(argv: list[str] | None = None) -> int:
             f" {per_window if per_window is None else f'{per_window:6.2f}'}"
         )
         sys.stdout.flush()
+    cost = hook_cost_per_step_us()
+    print(
+        f"hook cost per step after the window (isolated): {cost['hook_us']:.1f} us "
+        f"(tiny step {cost['step_us_without']:.1f} us -> {cost['step_us_with']:.1f} us)"
+    )
+    for r in results:
+        r["hook_cost_fraction"] = cost["hook_us"] / (1e3 * r["median_step_ms"]["none"])
+        print(f"  = {100 * r['hook_cost_fraction']:.3f}% of a {r['workload']} step")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump({"machine": machine(), "results": results}, handle, indent=2)
+            json.dump(
+                {"machine": machine(), "results": results, "hook_cost_per_step": cost},
+                handle,
+                indent=2,
+            )
     return 0
 
 
