@@ -45,11 +45,13 @@ from ets_hook.predictor import Predictor  # noqa: E402
 from ets_hook.trace import Trace  # noqa: E402
 from ets_hook.training import TrainConfig, fit_encoded  # noqa: E402
 
+sys.path.insert(0, str(REPO / "benchmarks"))
+from ets_paper import KIND_LABEL  # noqa: E402
+
 MODEL_KINDS = ("lstm", "mlp", "grouping")
 LABEL = {
+    **KIND_LABEL,
     "lstm": "ETS-LSTM (shipped)",
-    "mlp": "op-based MLP",
-    "grouping": "grouping (DNNPerf-like)",
     "op_median": "per-op medians (untrained)",
     "first_step": "first captured step",
     "mean_steps": "mean of captured steps",

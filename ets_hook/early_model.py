@@ -16,7 +16,6 @@ scaling takes the capture's own cost out of the targets (spread in proportion to
 
 from __future__ import annotations
 
-import difflib
 import math
 import warnings
 from collections import Counter
@@ -40,7 +39,7 @@ from .encoder import fit_schema as _fit_schema
 from .estimators import TraceEstimate
 from .predictor import ModelFileError, Predictor
 from .trace import IterationTrace, Trace
-from .trace_estimator import OpMedianEstimator
+from .trace_estimator import OpMedianEstimator, align_by_name
 
 __all__ = [
     "DEFAULT_MODEL_FILE",
@@ -80,19 +79,6 @@ def _step_rows(
     return _StepRows(encoded, names, float(lead_in))
 
 
-def _aligned(reference: Sequence[str], names: Sequence[str], values: np.ndarray) -> np.ndarray:
-    """``values`` ([len(names), 2]) moved onto the reference's rows by name order; NaN where a
-    reference op has no match."""
-    out = np.full((len(reference), values.shape[1]), np.nan)
-    if list(names) == list(reference):
-        out[:] = values
-        return out
-    matcher = difflib.SequenceMatcher(None, list(reference), list(names), autojunk=False)
-    for block in matcher.get_matching_blocks():
-        out[block.a : block.a + block.size] = values[block.b : block.b + block.size]
-    return out
-
-
 def _nanmedian_steps(stacked: np.ndarray) -> np.ndarray:
     """Median over axis 0 ignoring NaN; NaN where a row has no value in any step."""
     with warnings.catch_warnings():
@@ -102,7 +88,7 @@ def _nanmedian_steps(stacked: np.ndarray) -> np.ndarray:
 
 def _median_rows(steps: Sequence[_StepRows], reference: _StepRows) -> np.ndarray:
     stacked = np.stack(
-        [_aligned(reference.names, s.names, s.encoded.targets_ns) for s in steps]
+        [align_by_name(reference.names, s.names, s.encoded.targets_ns)[0] for s in steps]
     )  # (steps, rows, 2)
     med = _nanmedian_steps(stacked)
     return np.where(np.isfinite(med), med, reference.encoded.targets_ns)
@@ -205,7 +191,9 @@ def training_example(trace: Trace, schema: FeatureSchema) -> EarlyExample:
         raise ValueError(f"{md.get('workload', '?')}: no early or no steady steps with ops")
     context = EncodeContext.from_trace(trace)
     steady = [_step_rows(trace, it, schema, context) for it in steady_its]
-    stacked = np.stack([_aligned(summary.names, s.names, s.encoded.targets_ns) for s in steady])
+    stacked = np.stack(
+        [align_by_name(summary.names, s.names, s.encoded.targets_ns)[0] for s in steady]
+    )
     steady_rows = _nanmedian_steps(stacked)
     steady_lead_in = float(np.median([s.lead_in_ns for s in steady]))
     profiled_step = float(np.nansum(steady_rows)) + steady_lead_in

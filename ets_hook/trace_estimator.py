@@ -38,6 +38,25 @@ def _step_rows(iteration: IterationTrace) -> tuple[list[str], np.ndarray, float]
     return [op.name for op in rows], costs, lead_in_s
 
 
+def align_by_name(
+    reference: Sequence[str], names: Sequence[str], values: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``values`` (one row per name) moved onto the reference's rows by op-name order
+    (``difflib``): NaN where a reference op has no match. Also returns which rows of ``values``
+    were matched."""
+    out = np.full((len(reference), *values.shape[1:]), np.nan)
+    matched = np.zeros(len(names), dtype=bool)
+    if list(names) == list(reference):  # the usual case: every step runs the same ops
+        out[:] = values
+        matched[:] = True
+        return out, matched
+    matcher = difflib.SequenceMatcher(None, list(reference), list(names), autojunk=False)
+    for block in matcher.get_matching_blocks():
+        out[block.a : block.a + block.size] = values[block.b : block.b + block.size]
+        matched[block.b : block.b + block.size] = True
+    return out, matched
+
+
 def aligned_costs(iterations: Sequence[IterationTrace]) -> tuple[np.ndarray, np.ndarray]:
     """Per-op cost matrix (steps x ops of the reference step) and per-step lead-ins.
 
@@ -51,16 +70,8 @@ def aligned_costs(iterations: Sequence[IterationTrace]) -> tuple[np.ndarray, np.
     matrix = np.full((len(rows), len(ref_names)), np.nan)
     lead_ins = np.zeros(len(rows))
     for i, (names, costs, lead_in_s) in enumerate(rows):
-        lead_ins[i] = lead_in_s
-        if names == ref_names:  # the usual case: every step runs the same ops
-            matrix[i] = costs
-            continue
-        matched = np.zeros(len(names), dtype=bool)
-        matcher = difflib.SequenceMatcher(None, ref_names, names, autojunk=False)
-        for block in matcher.get_matching_blocks():
-            matrix[i, block.a : block.a + block.size] = costs[block.b : block.b + block.size]
-            matched[block.b : block.b + block.size] = True
-        lead_ins[i] += float(costs[~matched].sum())
+        matrix[i], matched = align_by_name(ref_names, names, costs)
+        lead_ins[i] = lead_in_s + float(costs[~matched].sum())
     return matrix, lead_ins
 
 

@@ -387,21 +387,6 @@ def _train_member(
     seed: int,
     desc: str,
 ) -> tuple[nn.Module, list[dict[str, float]]]:
-    # The global torch RNG (init, dropout) is seeded here and restored on return.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return _train_member_seeded(config, schema, train, val, tscale, seed, desc)
-
-
-def _train_member_seeded(
-    config: TrainConfig,
-    schema: FeatureSchema,
-    train: _WindowData,
-    val: _WindowData | None,
-    tscale: TargetScaler,
-    seed: int,
-    desc: str,
-) -> tuple[nn.Module, list[dict[str, float]]]:
     gen = torch.Generator().manual_seed(seed)
     net = build_net(
         config.kind,
@@ -504,9 +489,12 @@ def fit_encoded(
     histories: list[list[dict[str, float]]] = []
     for j in range(config.ensemble):
         desc = f"{config.kind}" + (f" {j + 1}/{config.ensemble}" if config.ensemble > 1 else "")
-        net, history = _train_member(
-            config, schema, train_data, val_data, tscale, config.seed + j, desc
-        )
+        # The global torch RNG (init, dropout) is seeded per member and restored afterwards.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(config.seed + j)
+            net, history = _train_member(
+                config, schema, train_data, val_data, tscale, config.seed + j, desc
+            )
         members.append(export_member(net))
         histories.append(history)
     seconds = time.perf_counter() - started
