@@ -5,11 +5,15 @@ machine hit every mode alike):
 
 - ``none``:            no hook at all;
 - ``capture``:         ets-hook's capture window with default settings (skip_steps=1,
-                       capture_steps=5, shapes for the first captured step). Reported two ways:
+                       capture_steps=5, shapes recorded for every op). Reported two ways:
                        ``capture_steady``, the window steps with no profiler switch in them (the
                        3rd and 4th: the per-step cost of being observed), and ``window_cost``, the
                        whole extra time of steps 0-5 of a fresh hook (enable, shapes switch,
                        final disable and hand-off to the decode thread included);
+- ``decode``:          the steps that run while the background thread decodes the window (it
+                       shares the GIL and the cores with training); ``decode_cost`` is their
+                       extra time over ``none``, ``capture_cost`` = ``window_cost`` +
+                       ``decode_cost``: everything the capture costs the job;
 - ``after``:           steps after the window, once decoding has finished (the hook still times
                        every step and updates its forecast);
 - ``torch_profiler``:  5 steps inside ``torch.profiler.profile(record_shapes=True)`` with CPU
@@ -67,6 +71,16 @@ def _timed_steps(job: Any, batches: Any, count: int, hook: ETSHook | None) -> li
     return times
 
 
+def _steps_while_decoding(
+    job: Any, batches: Any, hook: ETSHook, limit: int = 100_000
+) -> list[float]:
+    """Timed steps from the window's end until the decode thread has finished."""
+    times: list[float] = []
+    while hook.capture_status.startswith("decoding") and len(times) < limit:
+        times += _timed_steps(job, batches, 1, hook)
+    return times
+
+
 def measure(name: str, repeats: int, device: str, after_steps: int) -> dict[str, Any]:
     job = workloads()[name].build(device)
     batches = job.batches()
@@ -78,6 +92,7 @@ def measure(name: str, repeats: int, device: str, after_steps: int) -> dict[str,
         "torch_profiler": [],
     }
     window_totals: list[float] = []  # steps 0-5 of a fresh hook
+    decode_blocks: list[list[float]] = []  # steps run while the window was being decoded
     profiler_totals: list[float] = []  # enter + 5 steps + exit
     for _ in range(repeats):
         samples["none"] += _timed_steps(job, batches, after_steps, None)
@@ -89,6 +104,7 @@ def measure(name: str, repeats: int, device: str, after_steps: int) -> dict[str,
         in_window = _timed_steps(job, batches, WINDOW, hook)
         samples["capture_steady"] += in_window[2:4]
         window_totals.append(sum(step0) + sum(in_window))
+        decode_blocks.append(_steps_while_decoding(job, batches, hook))
         hook.wait_for_trace(120)
         samples["after"] += _timed_steps(job, batches, after_steps, hook)
         hook.close()
@@ -108,6 +124,11 @@ def measure(name: str, repeats: int, device: str, after_steps: int) -> dict[str,
     base = medians["none"]
     overhead = {mode: medians[mode] / base - 1.0 for mode in medians}
     window_cost_s = statistics.median(window_totals) - (WINDOW + 1) * base
+    decode_cost_s = statistics.median(sum(block) - len(block) * base for block in decode_blocks)
+    capture_cost_s = statistics.median(
+        total + sum(block) - (WINDOW + 1 + len(block)) * base
+        for total, block in zip(window_totals, decode_blocks)
+    )
     profiler_cost_s = statistics.median(profiler_totals) - WINDOW * base
     tp = overhead["torch_profiler"]
     return {
@@ -116,10 +137,16 @@ def measure(name: str, repeats: int, device: str, after_steps: int) -> dict[str,
         "median_step_ms": {mode: 1e3 * value for mode, value in medians.items()},
         "overhead": overhead,
         "window_cost_ms": 1e3 * window_cost_s,
+        "decode_steps": statistics.median(len(block) for block in decode_blocks),
+        "decode_cost_ms": 1e3 * decode_cost_s,
+        "capture_cost_ms": 1e3 * capture_cost_s,
         "torch_profiler_cost_ms": 1e3 * profiler_cost_s,
         "capture_vs_torch_profiler_per_step": overhead["capture_steady"] / tp if tp > 0 else None,
         "capture_vs_torch_profiler_per_window": (
             window_cost_s / profiler_cost_s if profiler_cost_s > 0 else None
+        ),
+        "capture_with_decode_vs_torch_profiler": (
+            capture_cost_s / profiler_cost_s if profiler_cost_s > 0 else None
         ),
     }
 
@@ -188,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine()}")
     print(
         f"{'workload':30} {'none ms':>8} {'after':>7} {'in-window':>9} {'torch.prof':>10} "
-        f"{'ratio':>6} {'window ms':>9} {'t.prof ms':>9} {'ratio':>6}"
+        f"{'ratio':>6} {'window ms':>9} {'t.prof ms':>9} {'ratio':>6} {'decode ms':>9} "
+        f"{'(steps)':>7} {'all ms':>8}"
     )
     for name in args.workloads.split(","):
         r = measure(name, args.repeats, args.device, args.after_steps)
@@ -204,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             f" {per_step if per_step is None else f'{per_step:6.2f}'}"
             f" {r['window_cost_ms']:9.1f} {r['torch_profiler_cost_ms']:9.1f}"
             f" {per_window if per_window is None else f'{per_window:6.2f}'}"
+            f" {r['decode_cost_ms']:9.1f} {r['decode_steps']:7.0f} {r['capture_cost_ms']:8.1f}"
         )
         sys.stdout.flush()
     cost = hook_cost_per_step_us()

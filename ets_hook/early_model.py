@@ -28,10 +28,11 @@ from typing import Any
 import numpy as np
 
 from .encoder import (
-    EncodeContext,
     EncodedIteration,
     FeatureSchema,
     encode_iteration,
+    ets_rows,
+    iteration_targets,
     project_features,
     with_measured,
 )
@@ -61,22 +62,30 @@ FALLBACK_REL_ERROR_95 = 0.25
 
 @dataclass(frozen=True, slots=True)
 class _StepRows:
-    encoded: EncodedIteration  # features and (duration, gap) targets of the step's rows
+    """One step's ETS rows as timings only (featurising is the costly part: only the
+    reference step is featurised, ``_encode_reference``)."""
+
+    iteration: IterationTrace
+    rows: list[int]  # ETS row op indices into iteration.ops
     names: list[str]
+    targets_ns: np.ndarray  # [n, 2] (duration, gap) per row
     lead_in_ns: float
 
+    @property
+    def n_ops(self) -> int:
+        return len(self.rows)
 
-def _step_rows(
-    trace: Trace, iteration: IterationTrace, schema: FeatureSchema, context: EncodeContext
-) -> _StepRows:
-    encoded = encode_iteration(trace, iteration, schema, context)
-    names = [iteration.ops[i].name for i in encoded.op_indices]
-    if encoded.n_ops:
-        first_start = min(iteration.ops[i].start_ns for i in encoded.op_indices)
+
+def _step_rows(trace: Trace, iteration: IterationTrace) -> _StepRows:
+    rows = ets_rows(iteration)
+    names = [iteration.ops[i].name for i in rows]
+    if rows:
+        first_start = min(iteration.ops[i].start_ns for i in rows)
         lead_in = max(0, first_start - iteration.start_ns)
     else:
         lead_in = iteration.duration_ns
-    return _StepRows(encoded, names, float(lead_in))
+    targets = iteration_targets(trace, iteration, rows)
+    return _StepRows(iteration, rows, names, targets, float(lead_in))
 
 
 def _nanmedian_steps(stacked: np.ndarray) -> np.ndarray:
@@ -88,10 +97,10 @@ def _nanmedian_steps(stacked: np.ndarray) -> np.ndarray:
 
 def _median_rows(steps: Sequence[_StepRows], reference: _StepRows) -> np.ndarray:
     stacked = np.stack(
-        [align_by_name(reference.names, s.names, s.encoded.targets_ns)[0] for s in steps]
+        [align_by_name(reference.names, s.names, s.targets_ns)[0] for s in steps]
     )  # (steps, rows, 2)
     med = _nanmedian_steps(stacked)
-    return np.where(np.isfinite(med), med, reference.encoded.targets_ns)
+    return np.where(np.isfinite(med), med, reference.targets_ns)
 
 
 def _pick_reference(steps: Sequence[_StepRows]) -> _StepRows:
@@ -140,14 +149,14 @@ def early_summary(
     complete = [it for it in iterations if it.step not in partial]
     if len(complete) >= 2:
         iterations = complete
-    context = EncodeContext.from_trace(trace)
-    rows = [_step_rows(trace, it, schema, context) for it in iterations]
-    rows = [r for r in rows if r.encoded.n_ops]
+    rows = [_step_rows(trace, it) for it in iterations]
+    rows = [r for r in rows if r.n_ops]
     if not rows:
         return None
     reference = _pick_reference(rows)
     early = _median_rows(rows, reference)
-    encoded = with_measured(reference.encoded, schema, early)
+    reference_encoded = encode_iteration(trace, reference.iteration, schema)
+    encoded = with_measured(reference_encoded, schema, early)
     encoded = replace(encoded, targets_ns=np.full_like(early, np.nan))
     return EarlySummary(
         encoded=encoded,
@@ -189,11 +198,8 @@ def training_example(trace: Trace, schema: FeatureSchema) -> EarlyExample:
     steady_its = [it for it in trace.iterations if it.step in set(md["steady_steps"]) and it.ops]
     if summary is None or not steady_its:
         raise ValueError(f"{md.get('workload', '?')}: no early or no steady steps with ops")
-    context = EncodeContext.from_trace(trace)
-    steady = [_step_rows(trace, it, schema, context) for it in steady_its]
-    stacked = np.stack(
-        [align_by_name(summary.names, s.names, s.encoded.targets_ns)[0] for s in steady]
-    )
+    steady = [_step_rows(trace, it) for it in steady_its]
+    stacked = np.stack([align_by_name(summary.names, s.names, s.targets_ns)[0] for s in steady])
     steady_rows = _nanmedian_steps(stacked)
     steady_lead_in = float(np.median([s.lead_in_ns for s in steady]))
     profiled_step = float(np.nansum(steady_rows)) + steady_lead_in

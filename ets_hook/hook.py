@@ -32,6 +32,7 @@ from typing import Any, Literal
 import torch
 
 from . import __version__
+from .blas import single_threaded_blas
 from .decode import StepBounds, attach_kernels, build_iterations
 from .estimators import StepTimePrior, TraceEstimate
 from .gpu_timing import CudaStepTimer
@@ -69,6 +70,22 @@ def _short_switch_interval(interval_s: float) -> Iterator[None]:
     finally:
         if sys.getswitchinterval() == applied:
             sys.setswitchinterval(previous)
+
+
+def _resolve_trace_estimator(
+    choice: TraceEstimator | Literal["auto"] | None, device_type: str
+) -> TraceEstimator | None:
+    """The estimator object for ``trace_estimator=``; "auto" loads the shipped model (never
+    raises: without it the hook keeps its measured estimate)."""
+    if choice != "auto":
+        return choice
+    try:
+        from .trace_estimator import default_trace_estimator
+
+        return default_trace_estimator(device_type)
+    except Exception as exc:
+        logger.info("ets-hook: trace-based estimator unavailable: %r", exc)
+        return None
 
 
 class _State:
@@ -213,7 +230,13 @@ class ETSHook:
         self._want_kernels = (
             capture_kernels if capture_kernels is not None else self._device.type == "cuda"
         )
-        self._trace_estimator = trace_estimator
+        # Resolved now, before training starts: importing the model code and loading its weights
+        # (~0.1 s) on the decode thread would hold the GIL against the training loop.
+        self._trace_estimator = (
+            _resolve_trace_estimator(trace_estimator, self._device.type)
+            if capture_steps > 0
+            else None
+        )
         self._trace: Trace | None = None
         self._decode_thread: threading.Thread | None = None
         self._trace_ready = threading.Event()
@@ -489,7 +512,9 @@ class ETSHook:
     def _decode(
         self, results: list[Any], bounds: list[StepBounds], window_end_event: Any = None
     ) -> None:
-        with _short_switch_interval(DECODE_SWITCH_INTERVAL_S):
+        # One BLAS thread: numpy's OpenBLAS workers would otherwise spin on the training
+        # loop's cores for ~0.1 s after the trace model's products (ets_hook.blas).
+        with _short_switch_interval(DECODE_SWITCH_INTERVAL_S), single_threaded_blas():
             self._decode_window(results, bounds, window_end_event)
         # Steps that ran while this thread decoded competed with it for the CPU and the GIL.
         self._forecaster.set_perturbed_steps(
@@ -544,10 +569,6 @@ class ETSHook:
 
     def _publish_trace_estimate(self, trace: Trace) -> None:
         estimator = self._trace_estimator
-        if estimator == "auto":
-            from .trace_estimator import default_trace_estimator
-
-            estimator = default_trace_estimator(self._device.type)
         if estimator is None:
             return
         try:
