@@ -42,7 +42,7 @@ from .prediction import Forecaster, Prediction
 from .reporting import DeadlineExceededError, DeadlineMiss, build_reporters
 from .steps import StepDetector
 from .sysinfo import device_info, host_info, model_device
-from .trace import CaptureInfo, Trace
+from .trace import CaptureInfo, DeviceInfo, HostInfo, Trace
 
 logger = logging.getLogger("ets_hook")
 
@@ -70,6 +70,18 @@ def _short_switch_interval(interval_s: float) -> Iterator[None]:
     finally:
         if sys.getswitchinterval() == applied:
             sys.setswitchinterval(previous)
+
+
+def _machine_facts(device: torch.device) -> tuple[DeviceInfo | None, HostInfo | None]:
+    """Device and host facts for the trace (None where gathering them failed: decode retries)."""
+    facts: list[Any] = []
+    for gather in (lambda: device_info(device), host_info):
+        try:
+            facts.append(gather())
+        except Exception as exc:
+            logger.debug("ets-hook: machine facts unavailable now: %r", exc)
+            facts.append(None)
+    return facts[0], facts[1]
 
 
 def _resolve_trace_estimator(
@@ -230,8 +242,11 @@ class ETSHook:
         self._want_kernels = (
             capture_kernels if capture_kernels is not None else self._device.type == "cuda"
         )
-        # Resolved now, before training starts: importing the model code and loading its weights
-        # (~0.1 s) on the decode thread would hold the GIL against the training loop.
+        # Resolved now, before training starts, like the machine facts below: importing the model
+        # code and loading its weights (~0.1 s), psutil and NVML on the decode thread would hold
+        # the GIL against the training loop.
+        facts = _machine_facts(self._device) if capture_steps > 0 else (None, None)
+        self._device_info, self._host_info = facts
         self._trace_estimator = (
             _resolve_trace_estimator(trace_estimator, self._device.type)
             if capture_steps > 0
@@ -538,8 +553,8 @@ class ETSHook:
                 self._kernel_status += f"; {100 * correlated:.1f}% of kernels linked to an op"
             self._trace = Trace(
                 iterations=iterations,
-                device=device_info(self._device),
-                host=host_info(),
+                device=self._device_info or device_info(self._device),
+                host=self._host_info or host_info(),
                 capture=CaptureInfo(
                     skip_steps=self.skip_steps,
                     capture_steps=self.capture_steps,

@@ -100,27 +100,29 @@ class OpProfiler:
         self.results.append(autograd._disable_profiler())
 
 
-def _shape_tuple(shapes: Any) -> tuple[tuple[int, ...], ...]:
-    return tuple(tuple(int(d) for d in shape) for shape in shapes)
-
-
 def read_raw_events(result: Any) -> list[RawOp]:
-    """Convert one profiler result to ``RawOp`` rows (slow: call off the training thread)."""
+    """Convert one profiler result to ``RawOp`` rows (slow: call off the training thread).
+
+    ~9 µs per event, nearly all of it in the binding's getters (0.5-0.9 µs each); the getters
+    already return Python ints and lists of ints, so no per-value conversion is added.
+    """
+    cpu = torch.autograd.DeviceType.CPU
     rows: list[RawOp] = []
+    append = rows.append
     for event in result.events():
-        if event.device_type() != torch.autograd.DeviceType.CPU:
+        if event.device_type() != cpu:
             continue
         shapes = event.shapes()
-        rows.append(
+        append(
             RawOp(
-                name=event.name(),
-                start_ns=int(event.start_ns()),
-                duration_ns=int(event.duration_ns()),
-                thread=int(event.start_thread_id()),
-                sequence_nr=int(event.sequence_nr()),
-                scope=int(event.scope()),
-                input_shapes=_shape_tuple(shapes) if shapes else (),
-                input_dtypes=tuple(event.dtypes()) if shapes else (),
+                event.name(),
+                event.start_ns(),
+                event.duration_ns(),
+                event.start_thread_id(),
+                event.sequence_nr(),
+                event.scope(),
+                tuple(map(tuple, shapes)) if shapes else (),
+                tuple(event.dtypes()) if shapes else (),
             )
         )
     return rows
