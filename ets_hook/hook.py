@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sys
 import threading
 import time
 from array import array
@@ -52,24 +51,6 @@ RECORD_SHAPES_MODES = ("first", "all", "none")
 MAX_KEPT_STEP_TIMES = 1 << 20
 
 TraceEstimator = Callable[[Trace], "TraceEstimate | None"]
-
-
-# While the decode thread runs, a training-thread request for the GIL waits at most this long
-# (CPython's default switch interval is 5 ms, a long stall for millisecond steps).
-DECODE_SWITCH_INTERVAL_S = 2e-4
-
-
-@contextlib.contextmanager
-def _short_switch_interval(interval_s: float) -> Iterator[None]:
-    """Lower ``sys.setswitchinterval`` for the duration; restore it unless someone changed it."""
-    previous = sys.getswitchinterval()
-    sys.setswitchinterval(min(previous, interval_s))
-    applied = sys.getswitchinterval()  # read back: CPython stores it in whole microseconds
-    try:
-        yield
-    finally:
-        if sys.getswitchinterval() == applied:
-            sys.setswitchinterval(previous)
 
 
 def _machine_facts(device: torch.device) -> tuple[DeviceInfo | None, HostInfo | None]:
@@ -528,8 +509,10 @@ class ETSHook:
         self, results: list[Any], bounds: list[StepBounds], window_end_event: Any = None
     ) -> None:
         # One BLAS thread: numpy's OpenBLAS workers would otherwise spin on the training
-        # loop's cores for ~0.1 s after the trace model's products (ets_hook.blas).
-        with _short_switch_interval(DECODE_SWITCH_INTERVAL_S), single_threaded_blas():
+        # loop's cores for ~0.1 s after the trace model's products (ets_hook.blas). The
+        # interpreter's switch interval is left alone: shortening it (0.2 ms) made the training
+        # thread pay a GIL hand-off per op and the decode cost it 1.5-2x more in total.
+        with single_threaded_blas():
             self._decode_window(results, bounds, window_end_event)
         # Steps that ran while this thread decoded competed with it for the CPU and the GIL.
         self._forecaster.set_perturbed_steps(
