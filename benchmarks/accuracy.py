@@ -19,6 +19,10 @@ bar would have said at that point (elapsed + rate x remaining steps, rate from):
                    checkpoint time taken out of the rate and mean phase cost x remaining phases
                    added back (Composer's RuntimeEstimator; it knows the eval interval).
 
+The machine's own noise floor is reported with them: how far the median step time of steps
+20..N/2 (long past warm-up, no prediction involved) lies from the second-half median. No early
+predictor can be expected to beat it by much.
+
 Outputs JSON, a markdown table and a PNG plot (error vs step, one line per method)::
 
     python benchmarks/accuracy.py [--jobs a,b] [--steps 300] [--device cpu] [--out results/accuracy]
@@ -289,6 +293,29 @@ def summarize(per_job: list[dict[str, dict[int, tuple[float, float]]]]) -> dict[
     return table
 
 
+NOISE_FLOOR_FROM_STEP = 20
+
+
+def noise_floor(runs: list[Run]) -> dict[str, float]:
+    """|median step time of steps 20..N/2 / second-half median - 1| in %, median and P90."""
+    errors = []
+    for run in runs:
+        times = run.train_step_s
+        half = len(times) // 2
+        if half <= NOISE_FLOOR_FROM_STEP:
+            continue
+        first = statistics.median(times[NOISE_FLOOR_FROM_STEP:half])
+        second = statistics.median(times[half:])
+        errors.append(100.0 * abs(first / second - 1.0))
+    if not errors:
+        return {}
+    return {
+        "median": float(np.median(errors)),
+        "p90": float(np.percentile(errors, 90)),
+        "jobs": len(errors),
+    }
+
+
 def markdown(table: dict[str, Any], key: str, title: str) -> str:
     head = "| method | " + " | ".join(f"step {k}" for k in REPORT_STEPS) + " |"
     rule = "|---|" + "---|" * len(REPORT_STEPS)
@@ -393,10 +420,18 @@ def main(argv: list[str] | None = None) -> int:
         )
         sys.stdout.flush()
     table = summarize(per_job)
+    floor = noise_floor(runs)
     report = "\n\n".join(
         [
             markdown(table, "total", "Predicted total job time"),
             markdown(table, "step", "Predicted steady-state step time"),
+            (
+                f"Noise floor: the median step time of steps {NOISE_FLOOR_FROM_STEP}..N/2 misses "
+                f"the second-half median by {floor['median']:.1f}% (median) / "
+                f"{floor['p90']:.1f}% (P90) over the jobs."
+                if floor
+                else ""
+            ),
         ]
     )
     print("\n" + report)
@@ -406,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": args.device,
         "trace_models": str(args.held_out_models) if args.held_out_models else "shipped",
         "summary": table,
+        "noise_floor": floor,
         "jobs": [
             {
                 "name": run.spec.name,
