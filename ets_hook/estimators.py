@@ -464,8 +464,9 @@ def estimate_measured(
       first 40% and last half differ by more than _DRIFT_Z long-run standard errors, or MSER's
       minimum sits at the edge of its search range), estimate from the recent half and add the
       drift as systematic uncertainty. Otherwise correct kept steps 2..early_steps by the prior's
-      early ratio and add its systematic uncertainty. Finally fuse with the first-step prior while
-      the two agree (once they disagree, the prior is falsified and dropped).
+      early ratio and add its systematic uncertainty. Finally, while fewer than ``early_steps``
+      steps are kept, fuse with the first-step prior if the two agree (once they disagree, the
+      prior is falsified and dropped).
 
     ``capture``: ``(start, end)`` indices of raw steps that ran inside the capture window; kept
     ones are corrected by the prior's ``capture_ratio`` (instead of its early ratio), with its
@@ -527,7 +528,11 @@ def estimate_measured(
         samples=len(x) * stride,
         warmup_steps=d * stride,
     )
-    if not raw:
+    if not raw or measured.samples >= prior.early_steps:
+        # The first-step prior only helps while the kept steps are few. Later it can only hurt:
+        # a short kept series with a bump gets a very wide interval, inside which a first step
+        # far off the steady state (e.g. 0.07x when the data loader had batches ready) would
+        # "agree" and, with its narrow interval, take over the fused value.
         return measured
     first = _first_step_estimate(float(y[0]), prior, level)
     if abs(first.iteration_s - measured.iteration_s) > math.hypot(first.ci_s, measured.ci_s):
