@@ -113,6 +113,9 @@ class Prediction:
     overhead_per_step_s: float = 0.0
     # Projected time of the remaining non-training phases, and each phase.
     remaining_phase_s: float = 0.0
+    # Cost still to come from ets-hook's own capture (window steps not yet run, the one-off
+    # profiler disable and decode after it); 0 once the step after the window has ended.
+    remaining_capture_s: float = 0.0
     phases: tuple[PhaseForecast, ...] = ()
     start_time: datetime | None = None
     as_of: datetime | None = None
@@ -348,6 +351,25 @@ class Forecaster:
             self._measured_at_s = self._last_step_end_s
         return self._measured
 
+    def _remaining_capture_s(self, iteration_s: float, remaining: int) -> tuple[float, float]:
+        """Expected capture cost still to come and its half-width at ``level``: the window's
+        steps not yet run, slowed by the prior's ``capture_ratio``, and the one-off disable +
+        decode (``capture_spike_steps``) that lands in the step after the window (index
+        ``end``). Nothing once that step has ended, or if the job ends before it."""
+        if self._capture is None:
+            return 0.0, 0.0
+        start, end = self._capture
+        done = self._steps_done
+        if done > end or remaining < end - done + 1:
+            return 0.0, 0.0
+        window_left = max(0, end - max(done, start))
+        r_lo, r_hi = self.prior.capture_ratio
+        s_lo, s_hi = self.prior.capture_spike_steps
+        centre_steps = (0.5 * (r_lo + r_hi) - 1.0) * window_left + 0.5 * (s_lo + s_hi)
+        half_steps = 0.5 * (r_hi - r_lo) * window_left + 0.5 * (s_hi - s_lo)
+        scale = normal_quantile(0.5 + self.level / 2) / normal_quantile(0.975)
+        return iteration_s * centre_steps, iteration_s * half_steps * scale
+
     def _overhead_per_step(self) -> float:
         # Wall time between the first and the last step end that neither step durations nor
         # phases cover, per step. ~0 when the hook follows the contract.
@@ -383,14 +405,19 @@ class Forecaster:
         phase_s, phase_ci_s = remaining_phase_time(phases)
         total_s = total_ci_s = eta_s = None
         finish_time = None
+        capture_s = 0.0
         if remaining is not None:
+            capture_s, capture_ci_s = self._remaining_capture_s(est.iteration_s, remaining)
             cadence_s = max(est.iteration_s + overhead_s, 0.0)
-            eta_s = remaining * cadence_s + phase_s
+            eta_s = remaining * cadence_s + phase_s + capture_s
             total_s = elapsed_s + eta_s
             noise_sd = est.noise_sd_s if math.isfinite(est.noise_sd_s) else 0.0
             z = normal_quantile(0.5 + self.level / 2)
             total_ci_s = math.sqrt(
-                (remaining * est.ci_s) ** 2 + remaining * (z * noise_sd) ** 2 + phase_ci_s**2
+                (remaining * est.ci_s) ** 2
+                + remaining * (z * noise_sd) ** 2
+                + phase_ci_s**2
+                + capture_ci_s**2
             )
             finish_time = _utc(self.wall_start_s + total_s)
         converged = est.rel_ci <= self.converge_rel_ci
@@ -417,6 +444,7 @@ class Forecaster:
             trace_ci_s=trace.ci_s if trace else None,
             overhead_per_step_s=overhead_s,
             remaining_phase_s=phase_s,
+            remaining_capture_s=capture_s,
             phases=phases,
             start_time=_utc(self.wall_start_s),
             as_of=_utc(self.wall_start_s + elapsed_s),

@@ -284,8 +284,12 @@ def test_on_a_real_small_training_loop() -> None:
     assert final is not None
     assert final.remaining_steps == 0
     assert final.total_s == pytest.approx(step_start - start)
-    # Shared machine: only a loose sanity bound on the step-time estimate.
-    assert 0.5 * np.median(durations) < final.iteration_s < 2.0 * np.median(durations)
+    # The estimate is a mean (a total-time question) over the kept steps, or their recent half
+    # when they drift; on a shared machine one hiccup can move it far from the median, so the
+    # bound is on those means, whatever the machine did.
+    kept = np.asarray(durations[final.warmup_steps :])
+    means = (kept.mean(), kept[len(kept) // 2 :].mean())
+    assert 0.7 * min(means) < final.iteration_s < 1.3 * max(means)
 
 
 def test_bad_durations_do_not_poison_the_estimate() -> None:
@@ -348,3 +352,39 @@ def test_capture_window_steps_are_corrected_and_the_disable_spike_is_ignored() -
     assert abs(aware.prediction.iteration_s / 0.2 - 1) < 0.08  # the spike stays out
     with pytest.raises(ValueError, match="start_step"):
         aware.set_capture_window(5, 2)
+
+
+def test_total_includes_the_capture_cost_still_to_come() -> None:
+    """Until the step after the window has ended, the total carries the window steps not yet
+    run (slowed by the capture ratio) and the one-off disable + decode spike; that step
+    included, the spike is in the elapsed time and no longer projected."""
+    prior = estimators.StepTimePrior(capture_ratio=(1.0, 1.4), capture_spike_steps=(10.0, 20.0))
+    durations = noisy(12, mean=0.2, cv=0.02, seed=3)
+    durations[1:6] *= 1.2
+    durations[6] *= 16.0  # the spike
+    f = Forecaster(JobModel(total_steps=300), start_s=0.0, wall_start_s=WALL_START, prior=prior)
+    f.set_capture_window(1, 6)
+    now = drive(f, durations[:3])  # steps 0-2 done: window steps 3, 4, 5 still to run
+    p = f.prediction
+    assert p.remaining_capture_s == pytest.approx(p.iteration_s * (0.2 * 3 + 15.0))
+    expected = p.elapsed_s + p.remaining_steps * p.iteration_s + p.remaining_capture_s
+    assert p.total_s == pytest.approx(expected)
+    assert p.eta_s == pytest.approx(p.total_s - p.elapsed_s)
+    # the spike's spread is in the interval: a prior sure of the same spike size gives less
+    sure = estimators.StepTimePrior(capture_ratio=(1.0, 1.4), capture_spike_steps=(15.0, 15.0))
+    g = Forecaster(JobModel(total_steps=300), start_s=0.0, wall_start_s=WALL_START, prior=sure)
+    g.set_capture_window(1, 6)
+    drive(g, durations[:3])
+    assert g.prediction.total_s == pytest.approx(p.total_s)
+    assert p.total_ci_s > g.prediction.total_ci_s
+    now = drive(f, durations[3:6], start=now, first_index=3)
+    assert f.prediction.remaining_capture_s == pytest.approx(f.prediction.iteration_s * 15.0)
+    drive(f, durations[6:7], start=now, first_index=6)
+    assert f.prediction.remaining_capture_s == 0.0
+    # a job that ends inside the window never reaches the spike
+    short = Forecaster(JobModel(total_steps=4), start_s=0.0, wall_start_s=WALL_START, prior=prior)
+    short.set_capture_window(1, 6)
+    drive(short, durations[:2])
+    assert short.prediction.remaining_capture_s == 0.0
+    with pytest.raises(ValueError, match="capture_spike_steps"):
+        estimators.StepTimePrior(capture_spike_steps=(5.0, 1.0))
