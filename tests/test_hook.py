@@ -341,6 +341,39 @@ def test_internal_failure_never_reaches_the_training_loop(where, monkeypatch, ca
     assert_detached(model)
 
 
+def test_setup_failures_at_creation_never_raise(monkeypatch):
+    """Machine facts and the trace model are gathered when the hook is created; if that fails
+    the hook is still created, decodes the window (retrying the facts) and keeps its measured
+    estimate."""
+    import ets_hook.hook as hook_module
+
+    calls = {"host": 0}
+    real_host_info = hook_module.host_info
+
+    def flaky_host_info():
+        calls["host"] += 1
+        if calls["host"] == 1:
+            raise OSError("psutil unavailable right now")
+        return real_host_info()
+
+    def broken_model(device_type):
+        raise RuntimeError("model file unreadable")
+
+    monkeypatch.setattr(hook_module, "host_info", flaky_host_info)
+    monkeypatch.setattr("ets_hook.trace_estimator.default_trace_estimator", broken_model)
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(model, optimizer=opt, capture_steps=2, skip_steps=1, log_every=None)
+    train(model, opt, hook, 6)
+    trace = hook.wait_for_trace(60)
+    hook.close()
+    assert trace is not None and trace.host.logical_cores > 0
+    assert calls["host"] == 2  # failed at creation, gathered again by the decode
+    prediction = hook.prediction
+    assert prediction is not None and prediction.trace_iteration_s is None
+    assert prediction.measured_iteration_s is not None
+
+
 def test_backs_off_when_torch_profiler_is_running(caplog):
     model = tiny_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
