@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np  # noqa: F401  (loads numpy's BLAS before the libraries are scanned)
 
-# (library file-name marker, thread-local setter returning the previous value)
+# (library file-name marker, its ``*_set_num_threads_local``: returns the previous value)
 _LOCAL_SETTERS = (
     ("openblas", "openblas_set_num_threads_local"),
     ("mkl", "mkl_set_num_threads_local"),

@@ -62,8 +62,8 @@ FALLBACK_REL_ERROR_95 = 0.25
 
 @dataclass(frozen=True, slots=True)
 class _StepRows:
-    """One step's ETS rows as timings only (featurising is the costly part: only the
-    reference step is featurised, ``_encode_reference``)."""
+    """One step's ETS rows as timings only: featurising is the costly part, so
+    ``early_summary`` featurises the reference step alone."""
 
     iteration: IterationTrace
     rows: list[int]  # ETS row op indices into iteration.ops
