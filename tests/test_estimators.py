@@ -301,3 +301,17 @@ def test_trace_estimate_validation_and_level_conversion() -> None:
     e = t.as_estimate(0.95)
     assert e.ci_s == pytest.approx(0.1 * normal_quantile(0.975) / normal_quantile(0.84))
     assert e.source == "trace"
+
+
+def test_a_lone_spike_among_a_handful_of_steps_is_capped() -> None:
+    """3-6 kept steps: one at 5x (a collector pause, the profiler growing its buffer) is capped
+    at 1.5x their median; from 7 kept steps on the plain mean applies."""
+    prior = StepTimePrior(early_ratio=(1.0, 1.0))  # no early-step correction: plain means
+    few = np.array([0.5, 0.2, 0.2, 1.0, 0.2, 0.2])  # first step dropped as warm-up, 5 kept
+    est = estimate_measured(few, prior)
+    assert est is not None and est.samples == 5
+    assert est.iteration_s == pytest.approx((0.2 * 4 + 0.3) / 5, rel=0.02)
+    many = np.array([0.5, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2, 1.0, 0.2])  # 8 kept
+    est_many = estimate_measured(many, prior)
+    assert est_many is not None and est_many.samples == 8
+    assert est_many.iteration_s == pytest.approx((0.2 * 7 + 1.0) / 8, rel=0.02)
