@@ -46,9 +46,8 @@ from ets_hook.trace import Trace  # noqa: E402
 from ets_hook.training import TrainConfig, fit_encoded  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-from ets_paper import KIND_LABEL  # noqa: E402
+from ets_paper import KIND_LABEL, KINDS  # noqa: E402
 
-MODEL_KINDS = ("lstm", "mlp", "grouping")
 LABEL = {
     **KIND_LABEL,
     "lstm": "ETS-LSTM (shipped)",
@@ -101,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("dataset", type=Path, help="directory of collect.py .ets files")
     ap.add_argument("--out", type=Path, default=None, help="write the final model here")
     ap.add_argument("--epochs", type=int, default=4, help="epochs (best held out of 2, 4, 6, 40)")
-    ap.add_argument("--kinds", default=",".join(MODEL_KINDS))
+    ap.add_argument("--kinds", default=",".join(KINDS))
     ap.add_argument(
         "--fold-dir",
         type=Path,

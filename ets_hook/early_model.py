@@ -40,7 +40,7 @@ from .encoder import fit_schema as _fit_schema
 from .estimators import TraceEstimate
 from .predictor import ModelFileError, Predictor
 from .trace import IterationTrace, Trace
-from .trace_estimator import OpMedianEstimator, align_by_name
+from .trace_estimator import OpMedianEstimator, align_by_name, captured_steps
 
 __all__ = [
     "DEFAULT_MODEL_FILE",
@@ -143,12 +143,7 @@ def early_summary(
     Steps in ``metadata["partial_steps"]`` are left out while two complete ones remain. ``None``
     when no step has a row op.
     """
-    wanted = None if steps is None else set(steps)
-    partial = set(trace.metadata.get("partial_steps", ()))
-    iterations = [it for it in trace.iterations if it.ops and (wanted is None or it.step in wanted)]
-    complete = [it for it in iterations if it.step not in partial]
-    if len(complete) >= 2:
-        iterations = complete
+    iterations = captured_steps(trace, None if steps is None else set(steps))
     rows = [_step_rows(trace, it) for it in iterations]
     rows = [r for r in rows if r.n_ops]
     if not rows:

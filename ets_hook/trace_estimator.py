@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import difflib
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import numpy as np
 
@@ -57,6 +57,16 @@ def align_by_name(
     return out, matched
 
 
+def captured_steps(trace: Trace, steps: Collection[int] | None = None) -> list[IterationTrace]:
+    """The iterations with ops (of ``steps`` when given), without those listed in
+    ``trace.metadata["partial_steps"]`` (op capture began inside them) while at least two
+    complete ones remain."""
+    partial = set(trace.metadata.get("partial_steps", ()))
+    iterations = [it for it in trace.iterations if it.ops and (steps is None or it.step in steps)]
+    complete = [it for it in iterations if it.step not in partial]
+    return complete if len(complete) >= 2 else iterations
+
+
 def aligned_costs(iterations: Sequence[IterationTrace]) -> tuple[np.ndarray, np.ndarray]:
     """Per-op cost matrix (steps x ops of the reference step) and per-step lead-ins.
 
@@ -96,11 +106,8 @@ def _robust_totals(matrix: np.ndarray, lead_ins: np.ndarray, picks: np.ndarray) 
 
 
 class OpMedianEstimator:
-    """Steady-state step time as the sum of per-op medians over the captured steps.
-
-    Steps listed in ``trace.metadata["partial_steps"]`` (op capture began inside them) are left
-    out when at least two complete steps remain.
-    """
+    """Steady-state step time as the sum of per-op medians over the captured steps
+    (``captured_steps``: partial ones left out while two complete ones remain)."""
 
     def __init__(self, bootstrap: int = DEFAULT_BOOTSTRAP, seed: int = 0) -> None:
         if bootstrap < 10:
@@ -109,11 +116,7 @@ class OpMedianEstimator:
         self.seed = seed
 
     def __call__(self, trace: Trace) -> TraceEstimate | None:
-        partial = set(trace.metadata.get("partial_steps", ()))
-        iterations = [it for it in trace.iterations if it.ops]
-        complete = [it for it in iterations if it.step not in partial]
-        if len(complete) >= 2:
-            iterations = complete
+        iterations = captured_steps(trace)
         if not iterations:
             return None
         matrix, lead_ins = aligned_costs(iterations)
