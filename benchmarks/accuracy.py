@@ -48,9 +48,9 @@ import numpy as np
 import torch
 
 from ets_hook import ETSHook
-from ets_hook.early_model import LearnedTraceEstimator
-from ets_hook.predictor import Predictor
-from ets_hook.zoo import Job, workloads
+from ets_hook.cli.zoo import Job, workloads
+from ets_hook.ets.regressors import Predictor
+from ets_hook.forecast.trace_estimators import LearnedTraceEstimator
 
 REPORT_STEPS = (1, 2, 3, 5, 10, 20, 50)
 METHODS = ("ets-hook", "first_step", "mean_k", "tqdm_ema", "composer")

@@ -32,8 +32,8 @@ from typing import Any
 import torch
 
 from ets_hook import ETSHook
-from ets_hook.trace import Trace
-from ets_hook.zoo import Workload, workloads
+from ets_hook.cli.zoo import Workload, workloads
+from ets_hook.trace.events import Trace
 
 EARLY_SKIP, WINDOW = 1, 5
 

@@ -43,11 +43,11 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "ets-traces"
 sys.path.insert(0, str(REPO))
 
-from ets_hook.encoder import EncodedIteration, encode_trace, fit_schema  # noqa: E402
-from ets_hook.importers import import_ets_paths  # noqa: E402
-from ets_hook.predictor import Predictor, evaluate, mre, rmse_ms  # noqa: E402
-from ets_hook.trace import Trace  # noqa: E402
-from ets_hook.training import TrainConfig, fit_encoded  # noqa: E402
+from ets_hook.ets.features import EncodedIteration, encode_trace, fit_schema  # noqa: E402
+from ets_hook.ets.regressors import Predictor, evaluate, mre, rmse_ms  # noqa: E402
+from ets_hook.ets.training import TrainConfig, fit_encoded  # noqa: E402
+from ets_hook.trace.events import Trace  # noqa: E402
+from ets_hook.trace.importers import import_ets_paths  # noqa: E402
 
 KINDS = ("lstm", "mlp", "grouping")
 KIND_LABEL = {
@@ -256,7 +256,7 @@ def _latency_variants(base: Predictor) -> list[dict[str, Any]]:
     latency depends on shapes only)."""
     import torch
 
-    from ets_hook.training import build_net, export_member
+    from ets_hook.ets.training import build_net, export_member
 
     out = []
     nf = base.schema.n_features

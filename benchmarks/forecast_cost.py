@@ -30,9 +30,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ets_hook.jobmodel import JobModel
-from ets_hook.prediction import Forecaster
-from ets_hook.reporting import build_reporters
+from ets_hook.forecast.forecaster import Forecaster
+from ets_hook.forecast.job import JobModel
+from ets_hook.reporters.base import ReportDispatcher
+from ets_hook.reporters.builder import build_reporters
 
 
 def _noop(step_index: int, duration_s: float, now_s: float) -> None:
@@ -77,7 +78,9 @@ def measure(steps: int, step_s: float, repeats: int) -> dict[str, float]:
                 if reporting
                 else []
             )
-            return Forecaster(JobModel(total_steps=steps * 2), start_s=0.0, reporters=reporters)
+            return Forecaster(
+                JobModel(total_steps=steps * 2), start_s=0.0, reports=ReportDispatcher(reporters)
+            )
 
         scenarios: dict[str, tuple[Callable[[], Callable], int]] = {
             "hot_path": (lambda: forecaster(False).on_step_end, steps),

@@ -78,12 +78,13 @@ run_step build 200 bash -c '
 
 run_step cupti_status 60 "$PYTHON" - <<EOF
 import json
-from ets_hook import _C, native
-status = native.cupti_status()
+from ets_hook import _C
+from ets_hook.capture import cupti
+status = cupti.cupti_status()
 result = {
     "status": {"available": status.available, "code": status.code, "reason": status.reason},
     "info": _C.cupti_info(),
-    "clock_offset_ns": native.measure_clock_offset_ns(),
+    "clock_offset_ns": cupti.measure_clock_offset_ns(),
     "loaded_libcupti": _C.loaded_libraries("libcupti"),
 }
 print(json.dumps(result, indent=2, default=str))

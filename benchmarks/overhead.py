@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from ets_hook import ETSHook
-from ets_hook.zoo import workloads
+from ets_hook.cli.zoo import workloads
 
 DEFAULT_WORKLOADS = (
     "mlp-w128-d2-b32",

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ets_hook import _C
-from ets_hook.native import RECORD_DTYPE, RingBuffer
+from ets_hook.capture.cupti import RECORD_DTYPE, RingBuffer
 
 TARGETS = {"push": 100e6, "drain": 50e6}
 

@@ -34,16 +34,16 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from ets_hook.early_model import (  # noqa: E402
+from ets_hook.ets.features import FeatureSchema  # noqa: E402
+from ets_hook.ets.regressors import Predictor  # noqa: E402
+from ets_hook.ets.training import TrainConfig, fit_encoded  # noqa: E402
+from ets_hook.forecast.trace_estimators import (  # noqa: E402
     EarlyExample,
     fit_early_schema,
     predict_step_ns,
     training_example,
 )
-from ets_hook.encoder import FeatureSchema  # noqa: E402
-from ets_hook.predictor import Predictor  # noqa: E402
-from ets_hook.trace import Trace  # noqa: E402
-from ets_hook.training import TrainConfig, fit_encoded  # noqa: E402
+from ets_hook.trace.events import Trace  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from ets_paper import KIND_LABEL, KINDS  # noqa: E402

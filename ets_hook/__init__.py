@@ -1,14 +1,16 @@
 """ets-hook: early, honest training-time prediction for PyTorch jobs.
 
-``ETSHook`` (and everything that needs torch) is imported lazily, so ``import ets_hook`` and the
-trace/encoder/predictor modules stay usable on machines where importing torch is slow.
+The public API is what this module exports (plus the ``ets-hook`` command line). ``ETSHook`` and
+everything else that needs torch is imported lazily, so ``import ets_hook`` and the trace model
+stay usable (and fast to import) on machines where importing torch is slow.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .trace import (
+from .errors import DeadlineExceededError, TraceFileError
+from .trace.events import (
     CaptureInfo,
     DeviceInfo,
     HostInfo,
@@ -19,6 +21,7 @@ from .trace import (
     Phase,
     Trace,
 )
+from .trace.io import load_trace, save_trace
 
 __version__ = "0.1.0"
 
@@ -37,22 +40,23 @@ __all__ = [
     "Prediction",
     "Trace",
     "TraceEstimate",
+    "TraceFileError",
     "__version__",
+    "load_trace",
+    "save_trace",
 ]
 
 if TYPE_CHECKING:
-    from .estimators import TraceEstimate
+    from .forecast.job import JobModel
+    from .forecast.prediction import Prediction
+    from .forecast.stats import TraceEstimate
     from .hook import ETSHook
-    from .jobmodel import JobModel
-    from .prediction import Prediction
-    from .reporting import DeadlineExceededError
 
 _LAZY = {
     "ETSHook": ("hook", "ETSHook"),
-    "Prediction": ("prediction", "Prediction"),
-    "JobModel": ("jobmodel", "JobModel"),
-    "TraceEstimate": ("estimators", "TraceEstimate"),
-    "DeadlineExceededError": ("reporting", "DeadlineExceededError"),
+    "Prediction": ("forecast.prediction", "Prediction"),
+    "JobModel": ("forecast.job", "JobModel"),
+    "TraceEstimate": ("forecast.stats", "TraceEstimate"),
 }
 
 

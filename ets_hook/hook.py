@@ -31,17 +31,22 @@ from typing import Any, Literal
 import torch
 
 from . import __version__
-from .blas import single_threaded_blas
-from .decode import StepBounds, attach_kernels, build_iterations
-from .estimators import StepTimePrior, TraceEstimate
-from .gpu_timing import CudaStepTimer
-from .jobmodel import JobModel
-from .op_capture import OpProfiler, other_profiler_active, read_raw_events
-from .prediction import Forecaster, Prediction
-from .reporting import DeadlineExceededError, DeadlineMiss, build_reporters
-from .steps import StepDetector
-from .sysinfo import device_info, host_info, model_device
-from .trace import CaptureInfo, DeviceInfo, HostInfo, Trace
+from .capture.device_timer import CudaStepTimer
+from .capture.ops import OpProfiler, other_profiler_active, read_raw_events
+from .capture.steps import StepDetector
+from .capture.sysinfo import device_info, host_info, model_device
+from .errors import DeadlineExceededError
+from .ets.blas import single_threaded_blas
+from .forecast.forecaster import Forecaster
+from .forecast.job import JobModel
+from .forecast.prediction import Prediction
+from .forecast.stats import StepTimePrior, TraceEstimate
+from .reporters.base import ReportDispatcher
+from .reporters.builder import build_reporters
+from .reporters.deadline import DeadlineMiss
+from .trace.decode import StepBounds, attach_kernels, build_iterations
+from .trace.events import CaptureInfo, DeviceInfo, HostInfo, Trace
+from .trace.io import save_trace
 
 logger = logging.getLogger("ets_hook")
 
@@ -73,7 +78,7 @@ def _resolve_trace_estimator(
     if choice != "auto":
         return choice
     try:
-        from .trace_estimator import default_trace_estimator
+        from .forecast.trace_estimators import default_trace_estimator
 
         return default_trace_estimator(device_type)
     except Exception as exc:
@@ -243,7 +248,7 @@ class ETSHook:
             start_s=self._created_ns / 1e9,
             wall_start_s=(self._created_ns + self._epoch_offset_ns) / 1e9,
             prior=StepTimePrior.for_device("cuda" if self._device.type == "cuda" else "cpu"),
-            reporters=reporters,
+            reports=ReportDispatcher(reporters),
         )
         self._cuda_timer: CudaStepTimer | None = None
         if self._device.type == "cuda" and torch.cuda.is_available():
@@ -463,7 +468,7 @@ class ETSHook:
 
     def _start_kernel_collector(self) -> None:
         try:
-            from .native import KernelCollector
+            from .capture.cupti import KernelCollector
         except Exception as exc:  # extension missing or broken: ops are still captured
             self._kernel_status = f"off: native extension unavailable ({exc})"
             return
@@ -528,11 +533,14 @@ class ETSHook:
             iterations = build_iterations(raws, bounds, shapes_source_step=shapes_step)
             dropped = 0
             if self._collector is not None:
+                from .capture.gpu_records import decode_activity  # the collector imported _C
+
                 if window_end_event is not None:
                     window_end_event.synchronize()  # this thread only: the window's kernels ran
-                kernels, launches, dropped = self._collector.collect()
+                records, clock_offset_ns, dropped = self._collector.collect()
                 self._collector.close()
-                correlated = attach_kernels(iterations, kernels, launches)
+                activity = decode_activity(records, clock_offset_ns=clock_offset_ns)
+                correlated = attach_kernels(iterations, activity.kernels, activity.launches)
                 self._kernel_status += f"; {100 * correlated:.1f}% of kernels linked to an op"
             self._trace = Trace(
                 iterations=iterations,
@@ -558,7 +566,7 @@ class ETSHook:
             )
             self._publish_trace_estimate(self._trace)
             if self.trace_path is not None:
-                self._trace.save(self.trace_path)
+                save_trace(self._trace, self.trace_path)
             self._state = _State.DONE
         except Exception as exc:
             self._fail(exc)

@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from ets_hook import ETSHook, blas
+from ets_hook import ETSHook
+from ets_hook.ets import blas
 
 
 def test_loaded_libraries_parses_maps(tmp_path):

@@ -6,9 +6,10 @@ import json
 
 from test_trace_io import sample_trace
 
-from ets_hook.chrome import chrome_events, export_chrome
-from ets_hook.cli import main, summarize_iteration
-from ets_hook.trace_io import save_trace
+from ets_hook.cli.main import main
+from ets_hook.trace.chrome import chrome_events, export_chrome
+from ets_hook.trace.io import save_trace
+from ets_hook.trace.summary import summarize_iteration
 
 
 def test_chrome_export_is_valid_json_with_monotonic_timestamps_and_one_flow_per_kernel(tmp_path):
@@ -35,7 +36,7 @@ def test_chrome_export_is_valid_json_with_monotonic_timestamps_and_one_flow_per_
 
 
 def test_empty_trace_exports_no_events():
-    from ets_hook.trace import Trace
+    from ets_hook.trace.events import Trace
 
     assert chrome_events(Trace()) == []
 

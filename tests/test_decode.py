@@ -6,9 +6,9 @@ import itertools
 
 import numpy as np
 
-from ets_hook.decode import StepBounds, attach_kernels, build_iterations
-from ets_hook.op_capture import RawOp
-from ets_hook.trace import KernelEvent, Phase
+from ets_hook.capture.ops import RawOp
+from ets_hook.trace.decode import StepBounds, attach_kernels, build_iterations
+from ets_hook.trace.events import KernelEvent, Phase
 
 USER = 7
 

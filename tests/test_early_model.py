@@ -10,18 +10,19 @@ import torch
 from torch import nn
 
 from ets_hook import ETSHook
-from ets_hook.early_model import (
+from ets_hook.ets.features import FeatureSchema, encode_trace, with_measured
+from ets_hook.ets.regressors import Predictor
+from ets_hook.ets.targets import TargetScaler
+from ets_hook.ets.training import TrainConfig, fit_encoded
+from ets_hook.forecast.trace_estimators import (
     LearnedTraceEstimator,
-    default_estimator,
+    default_trace_estimator,
     early_summary,
     fit_early_schema,
     predict_step_ns,
     training_example,
 )
-from ets_hook.encoder import FeatureSchema, TargetScaler, encode_trace, with_measured
-from ets_hook.predictor import Predictor
-from ets_hook.trace import IterationTrace, Trace
-from ets_hook.training import TrainConfig, fit_encoded
+from ets_hook.trace.events import IterationTrace, Trace
 
 EARLY, STEADY = [1, 2, 3], [4, 5, 6]
 
@@ -194,9 +195,9 @@ def test_learned_estimator_round_trips_through_a_weights_file(
 
 
 def test_default_estimator_is_the_shipped_model_on_cpu_and_op_medians_elsewhere() -> None:
-    shipped = default_estimator("cpu")
+    shipped = default_trace_estimator("cpu")
     assert isinstance(shipped, LearnedTraceEstimator)
     info = shipped.predictor.training
     assert info["device_kind"] == "cpu" and 0 < info["holdout_rel_error_95"] < 1
     assert "train_early_model.py" in info["rebuild_command"]
-    assert type(default_estimator("cuda")).__name__ == "OpMedianEstimator"
+    assert type(default_trace_estimator("cuda")).__name__ == "OpMedianEstimator"

@@ -9,29 +9,22 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from ets_hook.encoder import (
+from ets_hook.errors import SchemaVersionError
+from ets_hook.ets.features import (
     FEATURE_SCHEMA_VERSION,
-    EncodeContext,
     FeatureSchema,
-    SchemaVersionError,
     Standardizer,
-    StreamingEncoder,
-    StreamingWindows,
-    TargetScaler,
-    aggregate_windows,
-    build_windows,
     device_spec,
     encode_iteration,
     encode_trace,
-    ets_rows,
     fit_schema,
-    padding_row,
     project_features,
-    window_index,
-    window_starts,
 )
-from ets_hook.flops import op_cost
-from ets_hook.trace import DeviceInfo, IterationTrace, OpEvent, Phase, Trace
+from ets_hook.ets.flops import op_cost
+from ets_hook.ets.rows import ets_rows
+from ets_hook.ets.targets import TargetScaler
+from ets_hook.ets.windows import aggregate_windows, build_windows, window_index, window_starts
+from ets_hook.trace.events import DeviceInfo, IterationTrace, OpEvent, Phase, Trace
 
 F = "float"
 
@@ -484,55 +477,6 @@ def test_window_argument_errors() -> None:
         window_starts(-1, 3, 1)
     with pytest.raises(ValueError, match="do not match"):
         aggregate_windows(np.zeros((2, 3, 2)), np.zeros((2, 4), dtype=np.int64), 5)
-
-
-@pytest.mark.parametrize(("width", "stride"), WINDOW_CASES)
-def test_streaming_windows_equal_batch(width: int, stride: int) -> None:
-    rng = np.random.default_rng(7)
-    pad = np.zeros(3, dtype=np.float32)
-    stream = StreamingWindows(width, stride, pad)
-    for n in LENGTHS:
-        rows = rng.normal(size=(n, 3)).astype(np.float32)
-        expected, _index = build_windows(rows, width, stride, pad)
-        cuts = sorted(rng.integers(0, n + 1, size=rng.integers(0, 5)).tolist())
-        got, starts = [], []
-        for a, b in zip([0, *cuts], [*cuts, n]):
-            batch = stream.push(rows[a:b])
-            # a window is emitted as soon as its last row has arrived
-            assert all(s + width <= b for s in batch.starts)
-            got.append(batch.windows)
-            starts += batch.starts.tolist()
-        last = stream.finish()
-        got.append(last.windows)
-        starts += last.starts.tolist()
-        assert starts == window_starts(n, width, stride).tolist()
-        assert np.array_equal(np.concatenate(got), expected)
-
-
-@pytest.mark.parametrize(("width", "stride"), [(12, 3), (4, 4), (1, 1), (50, 10)])
-def test_streaming_encoder_equals_batch_encoding(width: int, stride: int) -> None:
-    it = _captured_iteration(4)
-    trace = _trace(it)
-    schema = fit_schema([trace], vocab_size=6)
-    enc = encode_iteration(trace, it, schema)
-    scaler = Standardizer.fit(enc.features, schema.continuous)
-    expected, _ = build_windows(scaler.transform(enc.features), width, stride, padding_row(schema))
-    rng = np.random.default_rng(width)
-    context = EncodeContext.from_trace(trace)
-    stream = StreamingEncoder(schema, scaler, width=width, stride=stride, context=context)
-    for _ in range(2):  # the encoder resets after finish: a second iteration encodes the same
-        cuts = sorted(rng.integers(0, len(it.ops), size=6).tolist())
-        got, starts = [], []
-        for a, b in zip([0, *cuts], [*cuts, len(it.ops)]):
-            batch = stream.push(it.ops[a:b])
-            got.append(batch.windows)
-            starts += batch.starts.tolist()
-        last = stream.finish()
-        got.append(last.windows)
-        starts += last.starts.tolist()
-        assert starts == window_starts(enc.n_ops, width, stride).tolist()
-        assert stream.finished_row_op_indices == enc.op_indices.tolist()
-        assert np.allclose(np.concatenate(got), expected, atol=1e-6)
 
 
 def test_projecting_onto_a_sub_vocabulary_equals_encoding_with_it() -> None:

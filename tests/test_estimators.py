@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from ets_hook.estimators import (
+from ets_hook.forecast.stats import (
     Estimate,
     StepTimePrior,
     StepTimeSeries,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ets_hook.flops import (
+from ets_hook.ets.flops import (
     OpCost,
     backward_factors,
     canonical_op_name,

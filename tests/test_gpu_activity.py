@@ -8,19 +8,18 @@ import numpy as np
 import pytest
 
 from ets_hook import _C
-from ets_hook.gpu_activity import (
+from ets_hook.capture.cupti import RECORD_DTYPE, RecordKind, intern_name
+from ets_hook.capture.gpu_records import (
     EXTERNAL_DTYPE,
     LAUNCH_DTYPE,
     decode_activity,
     external_correlation_table,
     is_communication_kernel,
     kernel_events,
-    kernels_by_step,
     launch_table,
     memcpy_name,
 )
-from ets_hook.native import RECORD_DTYPE, RecordKind, intern_name
-from ets_hook.trace import KernelEvent, KernelKind
+from ets_hook.trace.events import KernelEvent, KernelKind
 
 
 def records(*rows: dict[str, int]) -> np.ndarray:
@@ -213,33 +212,3 @@ class Bounds:
     step: int
     start_ns: int
     end_ns: int
-
-
-def test_kernels_are_filed_under_the_step_that_launched_them() -> None:
-    launches = launch_table(
-        records(launch_row(1, 100, 110), launch_row(2, 190, 195), launch_row(3, 250, 260))
-    )
-    kernels = [
-        ev("a", 1, 150),
-        ev("b", 2, 230),  # launched in step 0, runs during step 1
-        ev("c", 3, 270),
-        ev("d", 99, 280),  # no launch record: its own start decides
-        ev("e", 98, 500),  # outside every step
-    ]
-    steps = kernels_by_step(kernels, [Bounds(0, 0, 200), Bounds(1, 200, 300)], launches)
-    assert [[k.name for k in step] for step in steps] == [["a", "b"], ["c", "d"]]
-    # without launches, GPU time decides
-    by_gpu_time = kernels_by_step(kernels, [(0, 200), (200, 300)])
-    assert [[k.name for k in step] for step in by_gpu_time] == [["a"], ["b", "c", "d"]]
-
-
-def test_step_lists_follow_the_given_order_and_sort_by_start() -> None:
-    kernels = [ev("late", 1, 150), ev("early", 2, 120), ev("first_step", 3, 10)]
-    steps = kernels_by_step(kernels, [(100, 200), (0, 100)])
-    assert [[k.name for k in s] for s in steps] == [["early", "late"], ["first_step"]]
-
-
-@pytest.mark.parametrize("bounds", [[(0, 100), (50, 150)], [(10, 5)]])
-def test_bad_step_bounds_are_value_errors(bounds: list[tuple[int, int]]) -> None:
-    with pytest.raises(ValueError, match="step bounds"):
-        kernels_by_step([], bounds)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ets_hook.gpu_timing import CudaStepTimer
+from ets_hook.capture.device_timer import CudaStepTimer
 
 
 class FakeDevice:

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ets_hook import ETSHook, Phase
-from ets_hook.trace_io import load_trace
+from ets_hook.trace.io import load_trace
 
 
 def tiny_mlp() -> nn.Module:
@@ -360,7 +360,7 @@ def test_setup_failures_at_creation_never_raise(monkeypatch):
         raise RuntimeError("model file unreadable")
 
     monkeypatch.setattr(hook_module, "host_info", flaky_host_info)
-    monkeypatch.setattr("ets_hook.trace_estimator.default_trace_estimator", broken_model)
+    monkeypatch.setattr("ets_hook.forecast.trace_estimators.default_trace_estimator", broken_model)
     model = tiny_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     hook = ETSHook(model, optimizer=opt, capture_steps=2, skip_steps=1, log_every=None)
@@ -480,7 +480,7 @@ def test_default_trace_estimate_on_cpu_is_the_shipped_ets_model():
 
 
 def test_deadline_raise_reaches_the_training_loop_once():
-    from ets_hook.reporting import DeadlineExceededError
+    from ets_hook.errors import DeadlineExceededError
 
     model = tiny_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -15,7 +15,8 @@ import pytest
 import torch
 from torch import nn
 
-from ets_hook import _C, ETSHook, native
+from ets_hook import _C, ETSHook
+from ets_hook.capture import cupti
 
 T = _C._testing
 pytestmark = pytest.mark.skipif(not _C.CUPTI_COMPILED, reason="built without CUPTI headers")
@@ -68,13 +69,13 @@ class Net(nn.Module):
 
 @pytest.fixture
 def fake_cupti(monkeypatch):
-    for var, _ in native._ENV_CLIENTS:
+    for var, _ in cupti._ENV_CLIENTS:
         monkeypatch.delenv(var, raising=False)
     T.reset_cupti()
     T.install_fake_cupti()
     yield
-    if native._active is not None:
-        native._active.close()
+    if cupti._active is not None:
+        cupti._active.close()
     T.reset_cupti()
 
 
@@ -105,4 +106,4 @@ def test_kernels_are_captured_and_linked_to_the_launching_op(fake_cupti):
         assert kernel.name == "fake_kernel" and kernel.stream == 7
         assert op.start_ns <= kernel.start_ns - 5_000 <= op.end_ns  # launch inside the op
         assert top.kernel_duration_ns == 20_000 and top.kernel_count == 1
-    assert native._active is None, "the collector is closed after the window"
+    assert cupti._active is None, "the collector is closed after the window"

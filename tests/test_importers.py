@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 from conftest import SHARED_DATA
 
-from ets_hook.importers import (
+from ets_hook.errors import ETSCSVError
+from ets_hook.trace.events import Phase
+from ets_hook.trace.importers import (
     ETS_CSV_COLUMNS,
-    ETSCSVError,
     import_ets_paths,
     load_op_codes,
     parse_ets_file_name,
     read_ets_csv,
 )
-from ets_hook.trace import Phase
 
 OP_CODES = {"conv2d": 203, "relu": 152, "add_": 12, "mul_": 16}
 CONV_PARAMS = [2, 3, 8, 8, 4, 8, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, 4] + [0] * 13

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ets_hook.jobmodel import JobModel, PhaseTracker, remaining_phase_time
-from ets_hook.prediction import Forecaster
+from ets_hook.forecast.forecaster import Forecaster
+from ets_hook.forecast.job import JobModel, PhaseTracker, remaining_phase_time
 
 
 class Loader:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ets_hook.importers import ETS_CSV_COLUMNS
-from ets_hook.model_cli import add_evaluate_parser, add_train_parser, load_traces
-from ets_hook.predictor import Predictor
-from ets_hook.trace import IterationTrace, OpEvent, Phase, Trace
+from ets_hook.cli.train import add_evaluate_parser, add_train_parser, load_traces
+from ets_hook.ets.regressors import Predictor
+from ets_hook.trace.events import IterationTrace, OpEvent, Phase, Trace
+from ets_hook.trace.importers import ETS_CSV_COLUMNS
 
 OP_CODES = {"conv2d": 203, "relu": 152, "add_": 12}
 
@@ -179,7 +179,7 @@ def test_bad_inputs_exit_with_2(data_dir: Path, tmp_path: Path, capsys) -> None:
 
 
 def test_ets_trace_files_are_loaded_through_trace_io(tmp_path: Path) -> None:
-    trace_io = pytest.importorskip("ets_hook.trace_io")
+    trace_io = pytest.importorskip("ets_hook.trace.io")
     ops = [
         OpEvent(
             "aten::relu",

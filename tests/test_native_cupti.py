@@ -16,8 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ets_hook import _C, native
-from ets_hook.native import RECORD_DTYPE, KernelCollector, RecordKind
+from ets_hook import _C
+from ets_hook.capture import cupti
+from ets_hook.capture.cupti import RECORD_DTYPE, KernelCollector, RecordKind
+from ets_hook.capture.gpu_records import decode_activity
 
 T = _C._testing
 pytestmark = pytest.mark.skipif(
@@ -31,7 +33,7 @@ ERR_INSUFFICIENT_PRIVILEGES = 35
 ERR_MULTIPLE_SUBSCRIBERS = 39
 ERR_NOT_INITIALIZED = 15
 CBID_LAUNCH_KERNEL = 211
-OTHER_CLIENT_ENV = [var for var, _ in native._ENV_CLIENTS]
+OTHER_CLIENT_ENV = [var for var, _ in cupti._ENV_CLIENTS]
 
 
 @pytest.fixture(autouse=True)
@@ -40,8 +42,8 @@ def clean_cupti(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         monkeypatch.delenv(var, raising=False)
     T.reset_cupti()
     yield
-    if native._active is not None:
-        native._active.close()
+    if cupti._active is not None:
+        cupti._active.close()
     T.reset_cupti()
 
 
@@ -120,7 +122,7 @@ def test_every_enabled_kind_decodes_to_the_right_record(fake: None) -> None:
     assert (k1["stream"], k1["correlation_id"]) == (7, 11)
     assert (k1["grid_x"], k1["grid_y"], k1["grid_z"]) == (64, 2, 1)
     assert (k1["block_x"], k1["block_y"], k1["block_z"]) == (256, 4, 2)
-    assert native.resolve_names([k1["name_id"], k2["name_id"]]) == names
+    assert cupti.resolve_names([k1["name_id"], k2["name_id"]]) == names
     assert (k2["stream"], k2["correlation_id"], k2["block_x"]) == (9, 12, 32)
 
     assert (memcpy["bytes"], memcpy["subkind"], memcpy["stream"]) == (1 << 20, 1, 7)
@@ -247,7 +249,7 @@ def test_concurrent_buffer_callbacks_lose_nothing(fake: None) -> None:
 def test_start_enables_exactly_the_requested_kinds_and_stop_disables_them(fake: None) -> None:
     collector = small_collector()
     status = collector.start()
-    assert status == native.CuptiStatus(True, "ok", status.reason)
+    assert status == cupti.CuptiStatus(True, "ok", status.reason)
     assert sorted(T.fake_enabled_kinds()) == sorted(
         [KIND_MEMCPY, KIND_MEMSET, KIND_DRIVER, KIND_RUNTIME, KIND_CONCURRENT_KERNEL, KIND_EXTERNAL]
     )
@@ -280,8 +282,8 @@ def test_stop_without_flush_leaves_records_for_collect(fake: None) -> None:
     assert collector.stop(flush=False).available
     assert T.fake_enabled_kinds() == []
     assert collector.drain().size == 0  # still queued inside "CUPTI"
-    kernels, _, _ = collector.collect(clock_offset_ns=0)
-    assert [k.correlation_id for k in kernels] == [8]
+    records, _, _ = collector.collect()
+    assert records["correlation_id"].tolist() == [8]
 
 
 def test_only_one_collection_per_process(fake: None) -> None:
@@ -295,7 +297,7 @@ def test_only_one_collection_per_process(fake: None) -> None:
 
 
 def test_the_native_controller_refuses_a_second_start(fake: None) -> None:
-    ring = native.RingBuffer(16)
+    ring = cupti.RingBuffer(16)
     assert _C.cupti_start(ring, 1 << 16, 4, ["kernel"])[0] == "ok"
     assert _C.cupti_start(ring, 1 << 16, 4, ["kernel"])[0] == "already_active"
     _C.cupti_stop()
@@ -345,21 +347,21 @@ def _libcuda_loadable() -> bool:
 
 @pytest.mark.skipif(_libcuda_loadable(), reason="this machine has an NVIDIA driver")
 def test_no_driver_here_is_reported_not_raised() -> None:
-    status = native.cupti_status()
+    status = cupti.cupti_status()
     assert (status.available, status.code) == (False, "no_driver")
     assert "libcuda.so.1" in status.reason
     collector = small_collector()
     assert collector.start().code == "no_driver"
     assert not collector.active
-    assert native.cupti_timestamp_ns() is None
-    assert native.measure_clock_offset_ns() is None
-    assert native.push_external_id(1) is False
-    assert native.pop_external_id() is None
+    assert cupti.cupti_timestamp_ns() is None
+    assert cupti.measure_clock_offset_ns() is None
+    assert cupti.push_external_id(1) is False
+    assert cupti.pop_external_id() is None
 
 
 def test_missing_driver_library() -> None:
     T.set_loader_options(driver_library="libcuda-ets-hook-missing.so.1")
-    status = native.cupti_status()
+    status = cupti.cupti_status()
     assert (status.available, status.code) == (False, "no_driver")
     assert "libcuda-ets-hook-missing.so.1" in status.reason
 
@@ -371,8 +373,8 @@ def test_driver_present_but_libcupti_missing(
     T.set_loader_options(
         check_driver=False, use_loaded=False, use_sonames=False, extra_dirs=[str(tmp_path)]
     )
-    monkeypatch.setattr(native, "cupti_library_dirs", lambda: [str(tmp_path / "nvidia" / "lib")])
-    status = native.cupti_status()
+    monkeypatch.setattr(cupti, "cupti_library_dirs", lambda: [str(tmp_path / "nvidia" / "lib")])
+    status = cupti.cupti_status()
     assert (status.available, status.code) == (False, "no_libcupti")
     assert str(tmp_path) in status.reason
     assert small_collector().start().code == "no_libcupti"
@@ -386,7 +388,7 @@ def test_a_file_that_is_not_libcupti_is_not_loaded(
     T.set_loader_options(
         check_driver=False, use_loaded=False, use_sonames=False, extra_dirs=[str(tmp_path)]
     )
-    status = native.cupti_status()
+    status = cupti.cupti_status()
     assert status.code == "no_libcupti"
     assert "libcupti.so" in status.reason
 
@@ -409,12 +411,12 @@ def test_libcupti_is_found_under_cuda_home_without_the_soname() -> None:
     T.set_loader_options(
         check_driver=False, use_env_override=False, use_loaded=False, use_sonames=False
     )
-    status = native.cupti_status()
+    status = cupti.cupti_status()
     assert status.code not in {"no_libcupti", "no_headers"}
     info = _C.cupti_info()
     assert Path(str(info["library_path"])).parent.resolve() == _toolkit_libcupti_dir().resolve()
     assert int(info["runtime_version"]) > 0
-    assert native.cupti_timestamp_ns() is not None
+    assert cupti.cupti_timestamp_ns() is not None
 
 
 def test_version_mismatch_newer_major_than_the_headers() -> None:
@@ -424,7 +426,7 @@ def test_version_mismatch_newer_major_than_the_headers() -> None:
         else 130000
     )
     T.install_fake_cupti(version=newer)
-    status = native.cupti_status()
+    status = cupti.cupti_status()
     assert (status.available, status.code) == (False, "version_mismatch")
     assert "rebuild" in status.reason
     collector = small_collector()
@@ -434,7 +436,7 @@ def test_version_mismatch_newer_major_than_the_headers() -> None:
 
 def test_version_mismatch_too_old() -> None:
     T.install_fake_cupti(version=12)  # CUDA 10.x
-    assert native.cupti_status().code == "version_mismatch"
+    assert cupti.cupti_status().code == "version_mismatch"
 
 
 @pytest.mark.parametrize(
@@ -458,7 +460,7 @@ def test_version_policy(compiled: int, runtime: int, ok: bool) -> None:
 
 def test_multiple_subscribers_from_the_probe() -> None:
     T.install_fake_cupti(subscribe_result=ERR_MULTIPLE_SUBSCRIBERS)
-    status = native.cupti_status()
+    status = cupti.cupti_status()
     assert (status.available, status.code) == (False, "multiple_subscribers")
     assert "MULTIPLE_SUBSCRIBERS" in status.reason
     collector = small_collector()
@@ -470,7 +472,7 @@ def test_multiple_subscribers_from_the_probe() -> None:
 
 def test_insufficient_privileges_from_the_probe() -> None:
     T.install_fake_cupti(subscribe_result=ERR_INSUFFICIENT_PRIVILEGES)
-    status = native.cupti_status()
+    status = cupti.cupti_status()
     assert (status.available, status.code) == (False, "insufficient_privileges")
 
 
@@ -507,13 +509,13 @@ def test_nsight_environment_is_another_client(
     fake: None, monkeypatch: pytest.MonkeyPatch, var: str
 ) -> None:
     monkeypatch.setenv(var, "/opt/nsight/libToolsInjection64.so")
-    status = native.cupti_status()
+    status = cupti.cupti_status()
     assert (status.available, status.code) == (False, "other_client")
     assert var in status.reason
     collector = small_collector()
     assert collector.start().code == "other_client"
     assert T.fake_enabled_kinds() == []  # nothing was stolen
-    assert native.cupti_status(allow_other_client=True).available
+    assert cupti.cupti_status(allow_other_client=True).available
 
 
 def test_an_active_torch_profiler_is_another_client(fake: None) -> None:
@@ -529,19 +531,19 @@ def test_an_active_torch_profiler_is_another_client(fake: None) -> None:
 
 
 def test_external_correlation_push_pop(fake: None) -> None:
-    assert native.push_external_id(5)
-    assert native.push_external_id(2**63 + 1)
+    assert cupti.push_external_id(5)
+    assert cupti.push_external_id(2**63 + 1)
     assert T.fake_external_stack() == [5, 2**63 + 1]
-    assert native.pop_external_id() == 2**63 + 1
-    assert native.pop_external_id() == 5
-    assert native.pop_external_id() is None
+    assert cupti.pop_external_id() == 2**63 + 1
+    assert cupti.pop_external_id() == 5
+    assert cupti.pop_external_id() is None
     with pytest.raises(ValueError, match="-1"):
-        native.push_external_id(-1)
+        cupti.push_external_id(-1)
 
 
 def test_clock_offset_is_measured_against_time_time_ns(fake: None) -> None:
     T.install_fake_cupti(timestamp_offset_ns=-3_000_000_000)  # CUPTI clock 3 s behind
-    offset = native.measure_clock_offset_ns()
+    offset = cupti.measure_clock_offset_ns()
     assert offset is not None
     assert abs(offset - 3_000_000_000) < 5_000_000
     collector = small_collector()
@@ -552,11 +554,11 @@ def test_clock_offset_is_measured_against_time_time_ns(fake: None) -> None:
 
 
 def test_runtime_api_names(fake: None) -> None:
-    assert native.runtime_api_name(CBID_LAUNCH_KERNEL) == "cudaLaunchKernel"
-    assert native.runtime_api_name(99_999) == "cuda_runtime_api_99999"
+    assert cupti.runtime_api_name(CBID_LAUNCH_KERNEL) == "cudaLaunchKernel"
+    assert cupti.runtime_api_name(99_999) == "cuda_runtime_api_99999"
 
 
-def test_collect_returns_trace_objects_on_the_host_clock(fake: None) -> None:
+def test_collected_records_decode_to_trace_objects_on_the_host_clock(fake: None) -> None:
     collector = small_collector()
     collector.start()
     T.queue_activity_buffer(
@@ -574,7 +576,9 @@ def test_collect_returns_trace_objects_on_the_host_clock(fake: None) -> None:
             ]
         )
     )
-    kernels, launches, dropped = collector.collect(clock_offset_ns=10)
+    records, _, dropped = collector.collect()
+    activity = decode_activity(records, clock_offset_ns=10)
+    kernels, launches = activity.kernels, activity.launches
     assert [(k.name, k.start_ns, k.duration_ns, k.correlation_id) for k in kernels] == [
         ("gemm", 1_010, 1000, 1)
     ]

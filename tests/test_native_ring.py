@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ets_hook import _C
-from ets_hook.native import RECORD_DTYPE, RecordKind, RingBuffer
+from ets_hook.capture.cupti import RECORD_DTYPE, RecordKind, RingBuffer
 
 T = _C._testing
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from ets_hook import _C
-from ets_hook.native import StringTable, intern_name, name_table, resolve_names
+from ets_hook.capture.cupti import StringTable, intern_name, name_table, resolve_names
 
 
 def test_round_trip_and_stable_ids() -> None:

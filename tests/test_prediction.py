@@ -12,10 +12,12 @@ from datetime import datetime, timezone
 import numpy as np
 import pytest
 
-from ets_hook import estimators
-from ets_hook.estimators import TraceEstimate
-from ets_hook.jobmodel import JobModel
-from ets_hook.prediction import Forecaster, Prediction
+from ets_hook.forecast import stats as estimators
+from ets_hook.forecast.forecaster import Forecaster
+from ets_hook.forecast.job import JobModel
+from ets_hook.forecast.prediction import Prediction
+from ets_hook.forecast.stats import TraceEstimate
+from ets_hook.reporters.base import ReportDispatcher
 
 WALL_START = 1_700_000_000.0
 
@@ -194,7 +196,7 @@ def test_constructor_validates_early() -> None:
     with pytest.raises(ValueError, match="start_s must be finite"):
         Forecaster(start_s=math.nan)
     with pytest.raises(ValueError, match="reporters must be Reporter instances"):
-        Forecaster(start_s=0.0, reporters=[print])  # type: ignore[list-item]
+        Forecaster(start_s=0.0, reports=ReportDispatcher([print]))  # type: ignore[list-item]
     f = Forecaster(start_s=0.0)
     with pytest.raises(ValueError, match="TraceEstimate"):
         f.set_trace_estimate(0.3)  # type: ignore[arg-type]
@@ -203,15 +205,19 @@ def test_constructor_validates_early() -> None:
 def test_internal_failure_never_reaches_the_training_loop(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from ets_hook import prediction as prediction_module
-    from ets_hook.reporting import CallbackReporter
+    from ets_hook.forecast import forecaster as prediction_module
+    from ets_hook.reporters.callback import CallbackReporter
 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("boom")
 
     monkeypatch.setattr(prediction_module, "estimate_measured", broken)
     seen: list[Prediction] = []
-    f = Forecaster(JobModel(total_steps=10), start_s=0.0, reporters=[CallbackReporter(seen.append)])
+    f = Forecaster(
+        JobModel(total_steps=10),
+        start_s=0.0,
+        reports=ReportDispatcher([CallbackReporter(seen.append)]),
+    )
     with caplog.at_level(logging.WARNING, logger="ets_hook"):
         drive(f, noisy(5))
         assert f.prediction is None

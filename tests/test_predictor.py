@@ -9,25 +9,17 @@ import numpy as np
 import pytest
 import torch
 
-from ets_hook.encoder import (
+from ets_hook.errors import ModelFileError, SchemaVersionError
+from ets_hook.ets.features import (
     FEATURE_SCHEMA_VERSION,
-    EncodeContext,
     EncodedIteration,
     FeatureSchema,
-    SchemaVersionError,
     Standardizer,
-    TargetScaler,
 )
-from ets_hook.predictor import (
-    Evaluation,
-    ModelFileError,
-    Predictor,
-    evaluate,
-    mre,
-    rmse_ms,
-)
-from ets_hook.trace import IterationTrace, OpEvent, Phase, Trace
-from ets_hook.training import build_net, export_member
+from ets_hook.ets.regressors import Evaluation, Predictor, evaluate, mre, rmse_ms
+from ets_hook.ets.targets import TargetScaler
+from ets_hook.ets.training import build_net, export_member
+from ets_hook.trace.events import IterationTrace, OpEvent, Phase, Trace
 
 SCHEMA = FeatureSchema(vocabulary=("conv2d", "relu", "add_"))
 NF = SCHEMA.n_features
@@ -228,21 +220,6 @@ def _cpu_trace(n_ops: int) -> Trace:
         )
         t += 400 + k
     return Trace(iterations=[IterationTrace(0, 0, t, ops)], metadata={"model": "toy"})
-
-
-@pytest.mark.parametrize("kind", sorted(KINDS))
-def test_streaming_prediction_equals_batch(kind: str) -> None:
-    predictor, _ = _predictor(kind)
-    trace = _cpu_trace(50)
-    it = trace.iterations[0]
-    expected = predictor.predict_trace(trace)[0]
-    stream = predictor.streaming(EncodeContext.from_trace(trace))
-    seen = [stream.push(it.ops[a:b]) for a, b in ((0, 7), (7, 8), (8, 31), (31, 50))]
-    assert seen == sorted(seen)  # predictions exist as soon as windows complete
-    got = stream.finish()
-    np.testing.assert_allclose(got.duration_ns, expected.duration_ns, rtol=1e-5)
-    np.testing.assert_allclose(got.gap_ns, expected.gap_ns, rtol=1e-5)
-    assert got.op_indices.tolist() == expected.op_indices.tolist()
 
 
 def test_metrics() -> None:

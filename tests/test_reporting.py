@@ -20,26 +20,28 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ets_hook.jobmodel import JobModel
-from ets_hook.prediction import Forecaster, Prediction
-from ets_hook.reporting import (
-    CallbackReporter,
-    DeadlineExceededError,
+from ets_hook.errors import DeadlineExceededError
+from ets_hook.forecast.forecaster import Forecaster
+from ets_hook.forecast.job import JobModel
+from ets_hook.forecast.prediction import Prediction
+from ets_hook.reporters.base import ReportDispatcher, Reporter, ReportSchedule
+from ets_hook.reporters.builder import build_reporters
+from ets_hook.reporters.callback import CallbackReporter
+from ets_hook.reporters.deadline import (
     DeadlineGuard,
     DeadlineMiss,
-    LogReporter,
-    Reporter,
-    ReportSchedule,
-    StatusFileReporter,
-    TqdmReporter,
-    build_reporters,
+    parse_slurm_time,
+    slurm_deadline,
+)
+from ets_hook.reporters.format import (
     format_duration,
     format_prediction,
     format_relative,
     format_step_time,
-    parse_slurm_time,
-    slurm_deadline,
 )
+from ets_hook.reporters.log import LogReporter
+from ets_hook.reporters.status_file import StatusFileReporter
+from ets_hook.reporters.tqdm import TqdmReporter
 
 WALL_START = 1_700_000_000.0
 LINE = re.compile(
@@ -150,7 +152,9 @@ def test_log_line_format() -> None:
 def test_reporters_are_offered_predictions_only_when_due() -> None:
     by_step = Counting(ReportSchedule(first_steps=3, every_n_steps=10))
     by_time = Counting(ReportSchedule(first_steps=0, interval_s=2.0))
-    f = Forecaster(JobModel(total_steps=100), start_s=0.0, reporters=[by_step, by_time])
+    f = Forecaster(
+        JobModel(total_steps=100), start_s=0.0, reports=ReportDispatcher([by_step, by_time])
+    )
     run_job(f, 35, 0.5, cv=0.0)
     assert by_step.steps == [1, 2, 3, 10, 20, 30]
     # Everyone gets the first prediction; then every 2 s of 0.5 s steps = every 4 steps.
@@ -167,7 +171,11 @@ def test_a_failing_reporter_is_logged_once_and_disabled(caplog: pytest.LogCaptur
         raise OSError("disk full")
 
     good = Counting(ReportSchedule(first_steps=50))
-    f = Forecaster(JobModel(total_steps=100), start_s=0.0, reporters=[CallbackReporter(bad), good])
+    f = Forecaster(
+        JobModel(total_steps=100),
+        start_s=0.0,
+        reports=ReportDispatcher([CallbackReporter(bad), good]),
+    )
     with caplog.at_level(logging.WARNING, logger="ets_hook"):
         run_job(f, 50, 0.1)
         f.close()
@@ -190,7 +198,10 @@ def test_log_every_n_steps_with_slow_steps(caplog: pytest.LogCaptureFixture) -> 
     reporter = LogReporter(every_n_steps=10, move_threshold=10.0, min_interval_s=5.0)
     # converge_rel_ci=0.5: converged from the first prediction, so no separate convergence line.
     f = Forecaster(
-        JobModel(total_steps=100), start_s=0.0, converge_rel_ci=0.5, reporters=[reporter]
+        JobModel(total_steps=100),
+        start_s=0.0,
+        converge_rel_ci=0.5,
+        reports=ReportDispatcher([reporter]),
     )
     with caplog.at_level(logging.INFO, logger="ets_hook"):
         run_job(f, 45, 1.0, cv=0.0)
@@ -203,7 +214,7 @@ def test_log_every_n_steps_with_slow_steps(caplog: pytest.LogCaptureFixture) -> 
 
 def test_convergence_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
     reporter = LogReporter(every_n_steps=None, move_threshold=10.0)
-    f = Forecaster(JobModel(total_steps=1000), start_s=0.0, reporters=[reporter])
+    f = Forecaster(JobModel(total_steps=1000), start_s=0.0, reports=ReportDispatcher([reporter]))
     with caplog.at_level(logging.INFO, logger="ets_hook"):
         run_job(f, 300, 1.0, cv=0.05)
     converged = [r.ets_prediction.converged for r in caplog.records]
@@ -212,7 +223,7 @@ def test_convergence_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
 
 def test_log_lines_are_throttled_for_fast_steps(caplog: pytest.LogCaptureFixture) -> None:
     reporter = LogReporter(every_n_steps=10, move_threshold=10.0, min_interval_s=5.0)
-    f = Forecaster(JobModel(total_steps=10_000), start_s=0.0, reporters=[reporter])
+    f = Forecaster(JobModel(total_steps=10_000), start_s=0.0, reports=ReportDispatcher([reporter]))
     with caplog.at_level(logging.INFO, logger="ets_hook"):
         end = run_job(f, 3000, 0.01)  # 30 s of 10 ms steps: 300 multiples of 10
     lines = log_lines(caplog)
@@ -221,7 +232,7 @@ def test_log_lines_are_throttled_for_fast_steps(caplog: pytest.LogCaptureFixture
 
 def test_log_line_when_the_estimate_moves(caplog: pytest.LogCaptureFixture) -> None:
     reporter = LogReporter(every_n_steps=None, move_threshold=0.05, min_interval_s=0.0)
-    f = Forecaster(JobModel(total_steps=1000), start_s=0.0, reporters=[reporter])
+    f = Forecaster(JobModel(total_steps=1000), start_s=0.0, reports=ReportDispatcher([reporter]))
     times = np.where(np.arange(600) < 300, 0.5, 1.0)  # the job slows down at step 300
     with caplog.at_level(logging.INFO, logger="ets_hook"):
         run_job(f, 600, times)
@@ -241,7 +252,7 @@ def deadline_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 def test_deadline_guard_warns_early_and_exactly_once(caplog: pytest.LogCaptureFixture) -> None:
     # 1000 steps of 0.4 s = 400 s; the deadline is 300 s after start.
     guard = DeadlineGuard(300.0, "warn")
-    f = Forecaster(JobModel(total_steps=1000), start_s=0.0, reporters=[guard])
+    f = Forecaster(JobModel(total_steps=1000), start_s=0.0, reports=ReportDispatcher([guard]))
     with caplog.at_level(logging.WARNING, logger="ets_hook"):
         run_job(f, 1000, 0.4, cv=0.08)
     assert len(deadline_warnings(caplog)) == 1
@@ -254,7 +265,7 @@ def test_deadline_guard_warns_early_and_exactly_once(caplog: pytest.LogCaptureFi
 
 def test_deadline_raise_mode_raises_once_into_the_loop() -> None:
     guard = DeadlineGuard(300.0, "raise")
-    f = Forecaster(JobModel(total_steps=1000), start_s=0.0, reporters=[guard])
+    f = Forecaster(JobModel(total_steps=1000), start_s=0.0, reports=ReportDispatcher([guard]))
     raised: list[DeadlineExceededError] = []
     now = 0.0
     for i in range(200):
@@ -274,7 +285,9 @@ def test_deadline_callable_is_called_once_and_its_failure_is_isolated(
 ) -> None:
     seen: list[DeadlineMiss] = []
     f = Forecaster(
-        JobModel(total_steps=1000), start_s=0.0, reporters=[DeadlineGuard(300.0, seen.append)]
+        JobModel(total_steps=1000),
+        start_s=0.0,
+        reports=ReportDispatcher([DeadlineGuard(300.0, seen.append)]),
     )
     run_job(f, 300, 0.4)
     assert len(seen) == 1 and seen[0].policy == "confident"
@@ -283,7 +296,9 @@ def test_deadline_callable_is_called_once_and_its_failure_is_isolated(
         raise KeyError("user bug")
 
     g = Forecaster(
-        JobModel(total_steps=1000), start_s=0.0, reporters=[DeadlineGuard(300.0, explode)]
+        JobModel(total_steps=1000),
+        start_s=0.0,
+        reports=ReportDispatcher([DeadlineGuard(300.0, explode)]),
     )
     with caplog.at_level(logging.WARNING, logger="ets_hook"):
         run_job(g, 300, 0.4)  # must not raise
@@ -294,7 +309,7 @@ def test_deadline_guard_quiet_for_a_job_that_fits(caplog: pytest.LogCaptureFixtu
     # 400 s of work against a 440 s deadline.
     for policy in ("confident", "likely"):
         guard = DeadlineGuard(440.0, "warn", policy=policy)
-        f = Forecaster(JobModel(total_steps=1000), start_s=0.0, reporters=[guard])
+        f = Forecaster(JobModel(total_steps=1000), start_s=0.0, reports=ReportDispatcher([guard]))
         run_job(f, 1000, 0.4, cv=0.08, seed=11)
         assert guard.fired is None, policy
 
@@ -303,7 +318,7 @@ def test_deadline_policies_trade_earliness_for_certainty() -> None:
     fired = {}
     for policy in ("point", "likely", "confident"):
         guard = DeadlineGuard(380.0, "warn", policy=policy)  # 400 s job, 5% over
-        f = Forecaster(JobModel(total_steps=1000), start_s=0.0, reporters=[guard])
+        f = Forecaster(JobModel(total_steps=1000), start_s=0.0, reports=ReportDispatcher([guard]))
         run_job(f, 1000, 0.4, cv=0.08, seed=12)
         assert guard.fired is not None, policy
         fired[policy] = guard.fired.prediction.step
@@ -316,7 +331,10 @@ def test_deadline_margin_and_datetime_deadline() -> None:
     start = datetime.fromtimestamp(WALL_START, tz=timezone.utc)
     guard = DeadlineGuard(start + timedelta(seconds=500), "warn", margin_s=150.0)
     f = Forecaster(
-        JobModel(total_steps=1000), start_s=0.0, wall_start_s=WALL_START, reporters=[guard]
+        JobModel(total_steps=1000),
+        start_s=0.0,
+        wall_start_s=WALL_START,
+        reports=ReportDispatcher([guard]),
     )
     run_job(f, 1000, 0.4)
     assert guard.fired is not None  # 400 s of work does not fit in 500 s - 150 s
@@ -326,7 +344,7 @@ def test_deadline_margin_and_datetime_deadline() -> None:
 
 def test_deadline_already_passed_fires_whatever_the_policy() -> None:
     guard = DeadlineGuard(5.0, "warn", policy="likely")
-    f = Forecaster(JobModel(total_steps=1000), start_s=0.0, reporters=[guard])
+    f = Forecaster(JobModel(total_steps=1000), start_s=0.0, reports=ReportDispatcher([guard]))
     run_job(f, 20, 1.0, cv=0.5, seed=3)
     assert guard.fired is not None
     assert guard.fired.prediction.elapsed_s <= 7.0
@@ -397,7 +415,7 @@ def test_status_file_contents_and_throttling(tmp_path: Path) -> None:
             super().write(state, prediction)
 
     reporter = Recording(path, interval_s=5.0, extra={"job": "demo"})
-    f = Forecaster(JobModel(total_steps=400), start_s=0.0, reporters=[reporter])
+    f = Forecaster(JobModel(total_steps=400), start_s=0.0, reports=ReportDispatcher([reporter]))
     run_job(f, 200, 0.1)  # 20 s: the first prediction, then every 5 s
     assert 4 <= len(writes) <= 6
     doc = json.loads(path.read_text())
@@ -421,8 +439,8 @@ def test_status_file_validation(tmp_path: Path) -> None:
 WRITER = textwrap.dedent(
     """
     import sys
-    from ets_hook.prediction import Prediction
-    from ets_hook.reporting import StatusFileReporter
+    from ets_hook.forecast.prediction import Prediction
+    from ets_hook.reporters.status_file import StatusFileReporter
     reporter = StatusFileReporter(sys.argv[1], extra={"padding": "x" * 200_000})
     step = 0
     while True:
@@ -468,7 +486,9 @@ def test_status_file_is_always_valid_json_even_when_killed_mid_write(tmp_path: P
 def test_tqdm_on_a_user_bar() -> None:
     tqdm = pytest.importorskip("tqdm")
     bar = tqdm.tqdm(total=100, disable=True)
-    f = Forecaster(JobModel(total_steps=100), start_s=0.0, reporters=[TqdmReporter(bar)])
+    f = Forecaster(
+        JobModel(total_steps=100), start_s=0.0, reports=ReportDispatcher([TqdmReporter(bar)])
+    )
     run_job(f, 10, 0.2)
     assert "s/step" in bar.postfix and "ETA" in bar.postfix
     f.close()
@@ -478,7 +498,7 @@ def test_tqdm_on_a_user_bar() -> None:
 def test_tqdm_bar_of_our_own(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("tqdm")
     reporter = TqdmReporter(file=sys.stderr, mininterval=0)
-    f = Forecaster(JobModel(total_steps=50), start_s=0.0, reporters=[reporter])
+    f = Forecaster(JobModel(total_steps=50), start_s=0.0, reports=ReportDispatcher([reporter]))
     run_job(f, 50, 0.2)
     f.close()
     err = capsys.readouterr().err
@@ -497,7 +517,9 @@ def test_missing_tqdm_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_callbacks_get_predictions_and_the_final_one() -> None:
     seen: list[Prediction] = []
     f = Forecaster(
-        JobModel(total_steps=30), start_s=0.0, reporters=build_reporters(on_prediction=seen.append)
+        JobModel(total_steps=30),
+        start_s=0.0,
+        reports=ReportDispatcher(build_reporters(on_prediction=seen.append)),
     )
     run_job(f, 30, 0.1)
     f.close()

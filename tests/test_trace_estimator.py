@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ets_hook.trace import IterationTrace, OpEvent, Trace
-from ets_hook.trace_estimator import OpMedianEstimator, aligned_costs
+from ets_hook.forecast.trace_estimators import OpMedianEstimator, aligned_costs
+from ets_hook.trace.events import IterationTrace, OpEvent, Trace
 
 MS = 1_000_000
 
@@ -60,7 +60,7 @@ def test_partial_steps_are_left_out_and_missing_ops_aligned():
     assert estimate.iteration_s == pytest.approx((10.0 + 1.0) / 1e3)
 
     # Alignment by op names: the ops a step lacks are NaN (imputed later from the other steps).
-    matrix, _ = aligned_costs([complete[0], partial])
+    matrix, _ = aligned_costs(trace, [complete[0], partial])
     assert matrix.shape == (2, 4)
     assert np.isnan(matrix[1, :2]).all() and matrix[1, 2:].tolist() == pytest.approx([0.009] * 2)
 

@@ -8,7 +8,16 @@ import zlib
 import msgpack
 import pytest
 
-from ets_hook.trace import (
+import ets_hook
+from ets_hook.errors import (
+    CorruptTraceError,
+    NotATraceFileError,
+    TraceFileError,
+    TraceTooLargeError,
+    TruncatedTraceError,
+    UnsupportedTraceVersionError,
+)
+from ets_hook.trace.events import (
     CaptureInfo,
     DeviceInfo,
     IterationTrace,
@@ -18,20 +27,7 @@ from ets_hook.trace import (
     Phase,
     Trace,
 )
-from ets_hook.trace_io import (
-    HEADER_SIZE,
-    MAGIC,
-    CorruptTraceError,
-    NotATraceFileError,
-    TraceFileError,
-    TraceTooLargeError,
-    TruncatedTraceError,
-    UnsupportedTraceVersionError,
-    dumps,
-    load_trace,
-    loads,
-    save_trace,
-)
+from ets_hook.trace.io import HEADER_SIZE, MAGIC, dumps, load_trace, loads, save_trace
 
 
 def sample_trace() -> Trace:
@@ -131,13 +127,13 @@ def test_round_trip_preserves_every_field(tmp_path):
     trace = sample_trace()
     path = save_trace(trace, tmp_path / "t.ets")
     assert load_trace(path) == trace
-    assert Trace.load(path) == trace
+    assert ets_hook.load_trace(path) == trace  # the top-level export is the same function
 
 
-def test_trace_save_method_is_atomic_and_leaves_no_temp_files(tmp_path):
+def test_save_trace_is_atomic_and_leaves_no_temp_files(tmp_path):
     trace = sample_trace()
-    trace.save(tmp_path / "a.ets")
-    trace.save(tmp_path / "a.ets")  # overwrite
+    ets_hook.save_trace(trace, tmp_path / "a.ets")
+    ets_hook.save_trace(trace, tmp_path / "a.ets")  # overwrite
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.ets"]
 
 

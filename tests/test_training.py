@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from ets_hook.encoder import encode_trace, fit_schema
-from ets_hook.predictor import evaluate
-from ets_hook.trace import DeviceInfo, IterationTrace, OpEvent, Phase, Trace
-from ets_hook.training import TrainConfig, fit, fit_encoded
+from ets_hook.ets.features import encode_trace, fit_schema
+from ets_hook.ets.regressors import evaluate
+from ets_hook.ets.training import TrainConfig, fit, fit_encoded
+from ets_hook.trace.events import DeviceInfo, IterationTrace, OpEvent, Phase, Trace
 
 # Per op type: (kernel ns per MFLOP, launch overhead ns)
 _COST = {

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from ets_hook.zoo import DEMO_MODELS, workloads
+from ets_hook.cli.zoo import DEMO_MODELS, workloads
 
 ZOO = workloads()
 

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ets_hook import ETSHook
-from ets_hook.zoo import workloads
+from ets_hook.cli.zoo import workloads
 
 pytestmark = pytest.mark.requires_cuda
 

@@ -33,18 +33,6 @@ from typing import NamedTuple
 
 Shape = tuple[int, ...]
 
-__all__ = [
-    "OpCost",
-    "backward_factors",
-    "canonical_op_name",
-    "conv_output_size",
-    "dtype_size_bytes",
-    "einsum_cost",
-    "is_backward_name",
-    "is_tensor_dtype",
-    "op_cost",
-]
-
 
 class OpCost(NamedTuple):
     """Estimated work of one op. ``known`` is False when no specific rule applied."""

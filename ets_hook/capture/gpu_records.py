@@ -15,30 +15,19 @@ Input is a ``RECORD_DTYPE`` array from ``KernelCollector.drain()``; all interpre
 
 from __future__ import annotations
 
-import bisect
-import itertools
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
-from . import _C
-from .native import RECORD_DTYPE, RecordKind, resolve_names
-from .trace import KernelEvent, KernelKind
-
-__all__ = [
-    "EXTERNAL_DTYPE",
-    "LAUNCH_DTYPE",
-    "GpuActivity",
-    "decode_activity",
-    "external_correlation_table",
-    "is_communication_kernel",
-    "kernel_events",
-    "kernels_by_step",
-    "launch_table",
-    "memcpy_name",
-]
+from ..trace.events import KernelEvent, KernelKind
+from .cupti import (
+    EXTERNAL_CORRELATION_KIND,
+    MEMCPY_KIND_NAMES,
+    RECORD_DTYPE,
+    RecordKind,
+    demangle_names,
+    resolve_names,
+)
 
 #: One CUDA API call (runtime or driver) as needed to tie kernels to ops.
 LAUNCH_DTYPE = np.dtype(
@@ -86,12 +75,9 @@ def is_communication_kernel(name: str) -> bool:
     return "nccl" in name.lower()
 
 
-_MEMCPY_KINDS: dict[int, str] = dict(_C.memcpy_kind_names())
-
-
 def memcpy_name(copy_kind: int) -> str:
     """Display name of a memcpy record, e.g. ``"Memcpy HtoD"``."""
-    direction = _MEMCPY_KINDS.get(int(copy_kind))
+    direction = MEMCPY_KIND_NAMES.get(int(copy_kind))
     return f"Memcpy {direction}" if direction else "Memcpy"
 
 
@@ -119,7 +105,7 @@ def _kernel_events(
         unique, inverse = np.unique(name_ids[is_kernel], return_inverse=True)
         unique_names = resolve_names(unique)
         if demangle:
-            unique_names = _C.demangle(unique_names)
+            unique_names = demangle_names(unique_names)
         for position, index in zip(np.flatnonzero(is_kernel).tolist(), inverse.tolist()):
             names[position] = unique_names[index]
 
@@ -186,7 +172,7 @@ def external_correlation_table(
     ``external_kind`` filters by CUPTI external kind; default: the kind ``push_external_id`` uses.
     """
     records = _check(records)
-    kind = int(_C.EXTERNAL_CORRELATION_KIND) if external_kind is None else external_kind
+    kind = EXTERNAL_CORRELATION_KIND if external_kind is None else external_kind
     ext = records[records["kind"] == int(RecordKind.EXTERNAL_CORRELATION)]
     ext = ext[ext["subkind"] == kind]
     table = np.empty(ext.size, dtype=EXTERNAL_DTYPE)
@@ -208,49 +194,3 @@ def decode_activity(
         external_ids=external_correlation_table(records),
         invalid=invalid,
     )
-
-
-class _Bounds(Protocol):
-    start_ns: int
-    end_ns: int
-
-
-def kernels_by_step(
-    kernels: Sequence[KernelEvent],
-    step_bounds: Sequence[tuple[int, int] | _Bounds],
-    launches: np.ndarray | None = None,
-) -> list[list[KernelEvent]]:
-    """Kernels of each step, in the order of ``step_bounds`` (each list by start time).
-
-    A kernel belongs to the step whose host interval ``[start_ns, end_ns)`` contains its launch
-    call (found by correlation id in ``launches``), because GPU work runs late: a kernel launched
-    at the end of step k may execute during step k+1. Without a launch record the kernel's own
-    start is used. Kernels outside every step are left out. Bounds must not overlap.
-    """
-    bounds = [
-        (int(b[0]), int(b[1])) if isinstance(b, tuple) else (int(b.start_ns), int(b.end_ns))
-        for b in step_bounds
-    ]
-    for start, end in bounds:
-        if end < start:
-            raise ValueError(f"step bounds must have start_ns <= end_ns, got ({start}, {end})")
-    order = sorted(range(len(bounds)), key=lambda i: bounds[i][0])
-    starts = [bounds[i][0] for i in order]
-    for a, b in itertools.pairwise(order):
-        if bounds[b][0] < bounds[a][1]:
-            raise ValueError(f"step bounds overlap: {bounds[a]} and {bounds[b]}")
-    launch_start: dict[int, int] = {}
-    if launches is not None and launches.size:
-        launch_start = dict(zip(launches["correlation_id"].tolist(), launches["start_ns"].tolist()))
-    steps: list[list[KernelEvent]] = [[] for _ in bounds]
-    for kernel in kernels:
-        time_ns = launch_start.get(kernel.correlation_id, kernel.start_ns)
-        position = bisect.bisect_right(starts, time_ns) - 1
-        if position < 0:
-            continue
-        index = order[position]
-        if time_ns < bounds[index][1]:
-            steps[index].append(kernel)
-    for step in steps:
-        step.sort(key=lambda k: k.start_ns)
-    return steps

@@ -1,25 +1,26 @@
-"""Learned trace estimator: the hook's captured early steps → the steady-state step time.
+"""Trace-based step-time estimators: from captured iterations to a steady-state ``TraceEstimate``.
 
-The ETS model trained for the hook's own question (issue 3, estimator 1a). The rows are the
-ETS rows (encoder) of one captured step; their features are the encoder's static features plus
-each op's measured early time (median duration and gap over the captured steps); the model
-predicts each op's steady-state (duration, gap) as a ratio to its early time (the ``"measured"``
-target transform), so an untrained model (ratio 1) is exactly the per-op-median estimate. The
-step time is the sum over rows plus the lead-in (time before the first row op: data loading,
-Python), scaled by the rows' predicted ratio.
+Both read a step as its ETS rows (``ets.rows.ets_rows``) with a (duration, gap) per row and the
+lead-in before the first row (data loading, Python), built once here by ``_step_rows``.
 
-Training data (``benchmarks/collect.py``): one ``.ets`` per job with early steps and steady
-steps. Per-op targets are the steady steps' per-op medians, scaled so that rows + lead-in add
-up to the job's *unprofiled* steady step time: the steady window was itself captured, so the
-scaling takes the capture's own cost out of the targets (spread in proportion to op time).
+``OpMedianEstimator`` (no model): aligning the ops of the captured steps and taking each op's
+median removes noise that hits one op in one step (a preemption, a page fault), which whole-step
+wall times keep: five steps, each with one spike in a different op, have five spiky totals but
+spike-free per-op medians. The interval comes from a bootstrap over the captured steps.
+
+``LearnedTraceEstimator``: the shipped early -> steady-state ETS model (``ets.regressors``) fed
+with the per-op medians of the early steps as measured features (``early_summary``); its interval
+combines the op-median bootstrap with the model's held-out error.
+``default_trace_estimator`` picks one of the two for the hook.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 import warnings
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
@@ -27,35 +28,25 @@ from typing import Any
 
 import numpy as np
 
-from .encoder import (
+from ..errors import ModelFileError
+from ..ets.features import (
     EncodedIteration,
     FeatureSchema,
     encode_iteration,
-    ets_rows,
-    iteration_targets,
     project_features,
     with_measured,
 )
-from .encoder import fit_schema as _fit_schema
-from .estimators import TraceEstimate
-from .predictor import ModelFileError, Predictor
-from .trace import IterationTrace, Trace
-from .trace_estimator import OpMedianEstimator, align_by_name, captured_steps
+from ..ets.features import fit_schema as _fit_schema
+from ..ets.regressors import Predictor
+from ..ets.rows import ets_rows
+from ..ets.targets import host_targets, iteration_targets
+from ..trace.events import IterationTrace, Trace
+from .stats import TraceEstimate
 
-__all__ = [
-    "DEFAULT_MODEL_FILE",
-    "EarlyExample",
-    "EarlySummary",
-    "LearnedTraceEstimator",
-    "default_estimator",
-    "early_summary",
-    "fit_early_schema",
-    "load_default_model",
-    "predict_step_ns",
-    "training_example",
-]
+DEFAULT_BOOTSTRAP = 200
 
 DEFAULT_MODEL_FILE = "early_cpu.npz"
+
 # Used when a model file carries no held-out error: a deliberately wide 95% relative error.
 FALLBACK_REL_ERROR_95 = 0.25
 
@@ -76,7 +67,12 @@ class _StepRows:
         return len(self.rows)
 
 
-def _step_rows(trace: Trace, iteration: IterationTrace) -> _StepRows:
+def _step_rows(trace: Trace, iteration: IterationTrace, *, host_time: bool = False) -> _StepRows:
+    """The ETS rows of one step with their (duration, gap) targets and the lead-in before them.
+
+    ``host_time`` takes the ops' host times on every device (the op-median estimator times the
+    step as the host sees it); otherwise the ETS targets (kernel times on CUDA traces).
+    """
     rows = ets_rows(iteration)
     names = [iteration.ops[i].name for i in rows]
     if rows:
@@ -84,8 +80,40 @@ def _step_rows(trace: Trace, iteration: IterationTrace) -> _StepRows:
         lead_in = max(0, first_start - iteration.start_ns)
     else:
         lead_in = iteration.duration_ns
-    targets = iteration_targets(trace, iteration, rows)
+    if host_time:
+        targets = host_targets(iteration, rows)
+    else:
+        targets = iteration_targets(trace, iteration, rows)
     return _StepRows(iteration, rows, names, targets, float(lead_in))
+
+
+def align_by_name(
+    reference: Sequence[str], names: Sequence[str], values: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``values`` (one row per name) moved onto the reference's rows by op-name order
+    (``difflib``): NaN where a reference op has no match. Also returns which rows of ``values``
+    were matched."""
+    out = np.full((len(reference), *values.shape[1:]), np.nan)
+    matched = np.zeros(len(names), dtype=bool)
+    if list(names) == list(reference):  # the usual case: every step runs the same ops
+        out[:] = values
+        matched[:] = True
+        return out, matched
+    matcher = difflib.SequenceMatcher(None, list(reference), list(names), autojunk=False)
+    for block in matcher.get_matching_blocks():
+        out[block.a : block.a + block.size] = values[block.b : block.b + block.size]
+        matched[block.b : block.b + block.size] = True
+    return out, matched
+
+
+def captured_steps(trace: Trace, steps: Collection[int] | None = None) -> list[IterationTrace]:
+    """The iterations with ops (of ``steps`` when given), without those listed in
+    ``trace.metadata["partial_steps"]`` (op capture began inside them) while at least two
+    complete ones remain."""
+    partial = set(trace.metadata.get("partial_steps", ()))
+    iterations = [it for it in trace.iterations if it.ops and (steps is None or it.step in steps)]
+    complete = [it for it in iterations if it.step not in partial]
+    return complete if len(complete) >= 2 else iterations
 
 
 def _nanmedian_steps(stacked: np.ndarray) -> np.ndarray:
@@ -93,6 +121,79 @@ def _nanmedian_steps(stacked: np.ndarray) -> np.ndarray:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN rows
         return np.nanmedian(stacked, axis=0)
+
+
+def aligned_costs(
+    trace: Trace, iterations: Sequence[IterationTrace]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-op cost matrix (steps x ops of the reference step) and per-step lead-ins.
+
+    The reference is the iteration with the most ops; ops of other steps are matched by name
+    order (``difflib``); an op a step lacks is NaN there. Costs of ops a step has but the
+    reference lacks are added to that step's lead-in so the row still sums to the step time.
+    """
+    rows = [_step_rows(trace, it, host_time=True) for it in iterations]
+    reference = max(rows, key=lambda r: r.n_ops)
+    matrix = np.full((len(rows), reference.n_ops), np.nan)
+    lead_ins = np.zeros(len(rows))
+    for i, step in enumerate(rows):
+        costs_s = np.nansum(step.targets_ns, axis=1) / 1e9
+        matrix[i], matched = align_by_name(reference.names, step.names, costs_s)
+        lead_ins[i] = step.lead_in_ns / 1e9 + float(costs_s[~matched].sum())
+    return matrix, lead_ins
+
+
+def _impute_missing(matrix: np.ndarray) -> np.ndarray:
+    """Fill an op's missing steps (NaN) with its median over the steps that have it (0 if none)."""
+    if not np.isnan(matrix).any():
+        return matrix
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
+        fill = np.nan_to_num(np.nanmedian(matrix, axis=0))
+    return np.where(np.isnan(matrix), fill[None, :], matrix)
+
+
+def _robust_totals(matrix: np.ndarray, lead_ins: np.ndarray, picks: np.ndarray) -> np.ndarray:
+    """Sum of per-op medians plus the median lead-in, for each row of step indices in ``picks``.
+
+    ``matrix`` has no NaN (see ``_impute_missing``); ``picks`` is (resamples, steps). One
+    vectorised pass, so a bootstrap costs a few numpy calls.
+    """
+    per_op = np.median(matrix[picks], axis=1)  # (resamples, ops)
+    return per_op.sum(axis=1) + np.median(lead_ins[picks], axis=1)
+
+
+class OpMedianEstimator:
+    """Steady-state step time as the sum of per-op medians over the captured steps
+    (``captured_steps``: partial ones left out while two complete ones remain)."""
+
+    def __init__(self, bootstrap: int = DEFAULT_BOOTSTRAP, seed: int = 0) -> None:
+        if bootstrap < 10:
+            raise ValueError(f"bootstrap must be >= 10, got {bootstrap}")
+        self.bootstrap = bootstrap
+        self.seed = seed
+
+    def __call__(self, trace: Trace) -> TraceEstimate | None:
+        iterations = captured_steps(trace)
+        if not iterations:
+            return None
+        matrix, lead_ins = aligned_costs(trace, iterations)
+        matrix = _impute_missing(matrix)
+        steps = len(iterations)
+        estimate_s = float(_robust_totals(matrix, lead_ins, np.arange(steps)[None, :])[0])
+        if steps == 1:
+            # One step: no spread to bootstrap; a deliberately wide ±25% (the CPU prior's
+            # step-to-step spread) lets fusion weigh it against measured step times.
+            half_width_s = 0.25 * estimate_s
+        else:
+            rng = np.random.default_rng(self.seed)
+            picks = rng.integers(0, steps, size=(self.bootstrap, steps))
+            low, high = np.quantile(_robust_totals(matrix, lead_ins, picks), [0.025, 0.975])
+            half_width_s = max(float(high - low) / 2.0, 0.01 * estimate_s)
+        last_step = max(it.step for it in iterations)
+        return TraceEstimate(
+            iteration_s=estimate_s, ci_s=half_width_s, source="trace:op-median", step=last_step
+        )
 
 
 def _median_rows(steps: Sequence[_StepRows], reference: _StepRows) -> np.ndarray:
@@ -272,8 +373,9 @@ def load_default_model(device_type: str) -> Predictor | None:
             return None
 
 
-def default_estimator(device_type: str) -> Callable[[Trace], TraceEstimate | None]:
-    """The learned estimator when a shipped model exists for the device, else per-op medians."""
+def default_trace_estimator(device_type: str) -> Callable[[Trace], TraceEstimate | None] | None:
+    """The estimator the hook uses with ``trace_estimator="auto"``: the shipped early → steady
+    ETS model for the device type when there is one (CPU), else per-op medians."""
     model = load_default_model(device_type)
     return LearnedTraceEstimator(model) if model is not None else OpMedianEstimator()
 

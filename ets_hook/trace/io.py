@@ -29,8 +29,15 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from ..errors import (
+    CorruptTraceError,
+    NotATraceFileError,
+    TraceTooLargeError,
+    TruncatedTraceError,
+    UnsupportedTraceVersionError,
+)
 from .atomic import atomic_write_bytes
-from .trace import (
+from .events import (
     CaptureInfo,
     DeviceInfo,
     HostInfo,
@@ -84,30 +91,6 @@ _KERNEL_COLUMNS: dict[str, str] = {
     "communication": "<u1",
 }
 _TRIPLES = {"grid", "block"}
-
-
-class TraceFileError(ValueError):
-    """A trace file cannot be read. Subclasses say why; the message names the file."""
-
-
-class NotATraceFileError(TraceFileError):
-    """The file does not start with the ets-hook trace magic."""
-
-
-class TruncatedTraceError(TraceFileError):
-    """The file ends before the header or the payload it announces."""
-
-
-class CorruptTraceError(TraceFileError):
-    """Checksum mismatch, undecodable payload, or a payload that breaks the format's invariants."""
-
-
-class UnsupportedTraceVersionError(TraceFileError):
-    """The file was written in a format version this ets-hook cannot read."""
-
-
-class TraceTooLargeError(TraceFileError):
-    """The file is larger than the ``max_bytes`` the caller allows."""
 
 
 # ---------------------------------------------------------------------------------------------

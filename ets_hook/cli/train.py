@@ -19,19 +19,12 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from .encoder import DEFAULT_STRIDE, DEFAULT_VOCAB_SIZE, DEFAULT_WIDTH, TARGET_TRANSFORMS
-from .importers import read_ets_csv
-from .predictor import MODEL_KINDS, Evaluation, Predictor, evaluate
-from .trace import Trace
-
-__all__ = [
-    "add_evaluate_parser",
-    "add_train_parser",
-    "format_evaluation",
-    "load_traces",
-    "run_evaluate",
-    "run_train",
-]
+from ..ets.features import DEFAULT_VOCAB_SIZE
+from ..ets.regressors import MODEL_KINDS, Evaluation, Predictor, evaluate
+from ..ets.targets import TARGET_TRANSFORMS
+from ..ets.windows import DEFAULT_STRIDE, DEFAULT_WIDTH
+from ..trace.events import Trace
+from ..trace.importers import read_ets_csv
 
 _TRACE_SUFFIXES = (".ets",)
 
@@ -71,7 +64,7 @@ def load_traces(paths: Iterable[str | Path], *, device_name: str | None = None) 
         if path.suffix.lower() == ".csv":
             trace = read_ets_csv(path, device_name=device_name)
         else:
-            from .trace_io import load_trace  # lazily: the trace file format module
+            from ..trace.io import load_trace
 
             trace = load_trace(path)
         trace.metadata.setdefault("file", path.name)
@@ -140,7 +133,7 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_train(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Implement ``ets-hook train``; returns the exit code."""
-    from .training import TrainConfig, fit  # lazily: imports torch
+    from ..ets.training import TrainConfig, fit
 
     out = out or sys.stdout
     try:

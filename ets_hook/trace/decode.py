@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .trace import IterationTrace, KernelEvent, OpEvent, Phase
+from .events import IterationTrace, KernelEvent, OpEvent, Phase
 
 AUTOGRAD_NODE_PREFIX = "autograd::engine::evaluate_function:"
 OPTIMIZER_ANNOTATION_PREFIX = "Optimizer."

@@ -10,73 +10,16 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
-from . import __version__
-from .trace import IterationTrace, Trace
-
-
-@dataclass(frozen=True)
-class IterationSummary:
-    step: int
-    duration_ms: float
-    ops: int
-    top_level_ops: int
-    kernels: int
-    correlated_kernels: int
-    cpu_ms: float  # summed duration of outermost ops
-    gpu_ms: float  # summed kernel/memcpy/memset time
-    gaps_ms: float  # summed ETS gaps of outermost ops (host or device gaps)
-
-
-def summarize_iteration(iteration: IterationTrace) -> IterationSummary:
-    top = list(iteration.top_level_ops())
-    return IterationSummary(
-        step=iteration.step,
-        duration_ms=iteration.duration_ns / 1e6,
-        ops=len(iteration.ops),
-        top_level_ops=len(top),
-        kernels=len(iteration.kernels),
-        correlated_kernels=sum(1 for k in iteration.kernels if k.op_index >= 0),
-        cpu_ms=sum(op.duration_ns for op in top) / 1e6,
-        gpu_ms=sum(k.duration_ns for k in iteration.kernels) / 1e6,
-        gaps_ms=sum(op.gap_ns for op in top if op.gap_ns > 0) / 1e6,
-    )
-
-
-def format_info(trace: Trace, source: str) -> str:
-    device = trace.device.name or trace.device.kind
-    lines = [
-        f"trace    {source}",
-        f"device   {device} ({trace.device.kind})   host {trace.host.hostname}"
-        f"   torch {trace.torch_version}   ets-hook {trace.ets_hook_version}",
-        f"capture  steps [{trace.capture.skip_steps}, "
-        f"{trace.capture.skip_steps + trace.capture.capture_steps})"
-        f"   ops: {trace.capture.op_capture or '-'}"
-        f"   shapes: {trace.capture.shapes_recorded or '-'}",
-        f"kernels  {trace.capture.kernel_capture or '-'}"
-        f"   dropped records: {trace.capture.dropped_records}",
-        f"rank     {trace.rank}/{trace.world_size}",
-        "",
-        f"{'step':>5} {'time ms':>9} {'ops':>7} {'top':>6} {'kernels':>8} {'linked':>7}"
-        f" {'cpu ms':>9} {'gpu ms':>9} {'gaps ms':>9}",
-    ]
-    for iteration in trace.iterations:
-        s = summarize_iteration(iteration)
-        lines.append(
-            f"{s.step:>5} {s.duration_ms:>9.3f} {s.ops:>7} {s.top_level_ops:>6} {s.kernels:>8}"
-            f" {s.correlated_kernels:>7} {s.cpu_ms:>9.3f} {s.gpu_ms:>9.3f} {s.gaps_ms:>9.3f}"
-        )
-    if trace.step_times_s:
-        timed = ", ".join(f"{t * 1e3:.2f}" for t in trace.step_times_s[:12])
-        more = " ..." if len(trace.step_times_s) > 12 else ""
-        lines += ["", f"step times (ms) from step 0: {timed}{more}"]
-    return "\n".join(lines)
+from .. import __version__
+from ..trace.events import Trace
+from ..trace.summary import format_info, summarize_iteration
 
 
 def _load(path: str) -> Trace:
-    from .trace_io import load_trace
+    from ..trace.io import load_trace
 
     return load_trace(path)
 
@@ -99,7 +42,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from .chrome import export_chrome
+    from ..trace.chrome import export_chrome
 
     trace = _load(args.trace)
     target = export_chrome(trace, args.chrome)
@@ -141,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(handler=_cmd_demo)
 
     try:
-        from .model_cli import add_evaluate_parser, add_train_parser
+        from .train import add_evaluate_parser, add_train_parser
     except ImportError:  # pragma: no cover - the model CLI ships with the package
         pass
     else:
@@ -153,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from .trace_io import TraceFileError
+    from ..errors import TraceFileError
 
     try:
         return int(args.handler(args) or 0)

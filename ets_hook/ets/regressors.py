@@ -28,50 +28,29 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .encoder import (
-    EncodeContext,
+from ..errors import ModelFileError, SchemaVersionError
+from ..trace.events import Trace
+from .features import (
     EncodedIteration,
     FeatureSchema,
-    SchemaVersionError,
     Standardizer,
-    StreamingEncoder,
-    TargetScaler,
-    WindowBatch,
-    aggregate_windows,
-    build_windows,
     encode_trace,
     padding_row,
 )
-from .trace import OpEvent, Trace
-
-__all__ = [
-    "MODEL_FILE_FORMAT",
-    "MODEL_KINDS",
-    "Evaluation",
-    "IterationPrediction",
-    "ModelFileError",
-    "Predictor",
-    "StreamingPrediction",
-    "evaluate",
-    "mre",
-    "rmse_ms",
-]
+from .targets import TargetScaler
+from .windows import aggregate_windows, build_windows
 
 MODEL_FILE_FORMAT = "ets-hook-model"
 MODEL_FILE_FORMAT_VERSION = 1
 MODEL_KINDS = ("lstm", "mlp", "grouping")
 _METADATA_KEY = "__metadata__"
-
-
-class ModelFileError(ValueError):
-    """A weights file that is not an ets-hook model or is missing parts."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,10 +306,6 @@ class Predictor:
         """Predict every iteration of a captured or imported trace."""
         return self.predict_many(self.encode(trace))
 
-    def streaming(self, context: EncodeContext | None = None) -> StreamingPrediction:
-        """A streaming predictor fed with drained ops (see ``StreamingPrediction``)."""
-        return StreamingPrediction(self, context or EncodeContext())
-
     # -- persistence ----------------------------------------------------------------------------
     def metadata(self) -> dict[str, Any]:
         return {
@@ -381,7 +356,7 @@ class Predictor:
             )
         schema_meta = meta.get("schema", {})
         found = schema_meta.get("version")
-        from .encoder import FEATURE_SCHEMA_VERSION
+        from .features import FEATURE_SCHEMA_VERSION
 
         if found != FEATURE_SCHEMA_VERSION:
             raise SchemaVersionError(found, FEATURE_SCHEMA_VERSION, source=str(path))
@@ -405,59 +380,6 @@ class Predictor:
             training=dict(meta.get("training", {})),
             calibration=tuple(model.get("calibration", (1.0, 1.0))),
         )
-
-
-class StreamingPrediction:
-    """Predicts one iteration at a time from ops fed as they are drained.
-
-    ``push(ops)`` runs the model on the windows that became complete and returns the number of
-    ops with a prediction so far; ``finish()`` ends the iteration and returns its
-    ``IterationPrediction`` (identical to ``Predictor.predict_encoded`` on the whole iteration).
-    """
-
-    def __init__(self, predictor: Predictor, context: EncodeContext) -> None:
-        self.predictor = predictor
-        self._encoder = StreamingEncoder(
-            predictor.schema,
-            predictor.feature_scaler,
-            width=predictor.width,
-            stride=predictor.stride,
-            context=context,
-        )
-        self._reset()
-
-    def _reset(self) -> None:
-        self._sums = np.zeros((0, 2))
-        self._counts = np.zeros(0)
-
-    def _absorb(self, batch: WindowBatch, n_rows: int) -> None:
-        if not len(batch):
-            return
-        z = self.predictor.forward_windows(batch.windows)
-        index = batch.starts[:, None] + np.arange(self.predictor.width)[None, :]
-        real = index < n_rows
-        need = int(index[real].max()) + 1
-        if need > len(self._counts):
-            self._sums = np.concatenate([self._sums, np.zeros((need - len(self._counts), 2))])
-            self._counts = np.concatenate([self._counts, np.zeros(need - len(self._counts))])
-        np.add.at(self._sums, index[real], z[real])
-        np.add.at(self._counts, index[real], 1.0)
-
-    def push(self, ops: Iterable[OpEvent]) -> int:
-        batch = self._encoder.push(ops)
-        self._absorb(batch, self._encoder.n_rows)
-        return int((self._counts > 0).sum())
-
-    def finish(self) -> IterationPrediction:
-        batch = self._encoder.finish()
-        rows = self._encoder.finished_row_op_indices
-        n_rows = len(rows)
-        self._absorb(batch, n_rows)
-        z = self._sums[:n_rows] / np.maximum(self._counts[:n_rows], 1.0)[:, None]
-        features = self._encoder.finished_row_features
-        y = self.predictor.to_ns(z, features)
-        self._reset()
-        return IterationPrediction(y[:, 0], y[:, 1], np.asarray(rows, dtype=np.int64))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -34,44 +34,13 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import SchemaVersionError
+from ..trace.events import DeviceInfo, IterationTrace, OpEvent, Phase, Trace
 from .flops import OpCost, canonical_op_name, is_backward_name, is_tensor_dtype, op_cost
-from .trace import DeviceInfo, IterationTrace, OpEvent, Phase, Trace
-
-__all__ = [
-    "DEFAULT_STRIDE",
-    "DEFAULT_VOCAB_SIZE",
-    "DEFAULT_WIDTH",
-    "FEATURE_SCHEMA_VERSION",
-    "MEASURED_FEATURES",
-    "TARGET_TRANSFORMS",
-    "EncodeContext",
-    "EncodedIteration",
-    "FeatureSchema",
-    "SchemaVersionError",
-    "Standardizer",
-    "StreamingEncoder",
-    "StreamingWindows",
-    "TargetScaler",
-    "WindowBatch",
-    "aggregate_windows",
-    "build_windows",
-    "device_spec",
-    "encode_iteration",
-    "encode_trace",
-    "ets_rows",
-    "fit_schema",
-    "iteration_targets",
-    "op_direction",
-    "padding_row",
-    "project_features",
-    "window_index",
-    "window_starts",
-    "with_measured",
-]
+from .rows import ets_rows, op_direction
+from .targets import iteration_targets
 
 FEATURE_SCHEMA_VERSION = 1
-DEFAULT_WIDTH = 12
-DEFAULT_STRIDE = 3
 DEFAULT_VOCAB_SIZE = 25
 N_PARAMS = 30
 OTHER_OP = "<other>"
@@ -81,15 +50,6 @@ DEVICE_FEATURES = ("dev_log_fp32_tflops", "dev_log_mem_bw_gbs", "dev_log_sms", "
 # The op's own measured (duration, gap) in early captured steps, log1p(µs): the inputs of the
 # early → steady-state model (``early_model``), whose targets are ratios to them.
 MEASURED_FEATURES = ("log_early_duration_us", "log_early_gap_us")
-
-# Profiler annotations that may show up at depth 0 although they are not ops.
-_ANNOTATION_PREFIXES = (
-    "ProfilerStep#",
-    "Optimizer.step#",
-    "Optimizer.zero_grad#",
-    "enumerate(DataLoader)",
-    "## ",
-)
 
 # Published peak FP32 TFLOPS, memory bandwidth (GB/s) and SM count of common GPUs, keyed by a
 # normalised name fragment (lower case, no spaces). Used only for the optional device features.
@@ -118,21 +78,6 @@ _GPU_SPECS: dict[str, tuple[float, float, int]] = {
 }
 
 
-class SchemaVersionError(ValueError):
-    """A weights file or schema of another feature-schema version than this code's."""
-
-    def __init__(
-        self, found: Any, expected: int = FEATURE_SCHEMA_VERSION, source: str = ""
-    ) -> None:
-        self.found = found
-        self.expected = expected
-        where = f"{source}: " if source else ""
-        super().__init__(
-            f"{where}feature schema version {found} is not supported: this ets_hook reads "
-            f"version {expected}; retrain the model with this version (ets-hook train)"
-        )
-
-
 def device_spec(device: DeviceInfo) -> tuple[float, float, int] | None:
     """(peak FP32 TFLOPS, memory bandwidth GB/s, SMs) of a known GPU name, else None."""
     key = "".join(device.name.lower().split())
@@ -159,7 +104,7 @@ class FeatureSchema:
 
     def __post_init__(self) -> None:
         if self.version != FEATURE_SCHEMA_VERSION:
-            raise SchemaVersionError(self.version)
+            raise SchemaVersionError(self.version, FEATURE_SCHEMA_VERSION)
         if len(set(self.vocabulary)) != len(self.vocabulary) or OTHER_OP in self.vocabulary:
             raise ValueError(f"vocabulary must hold distinct op types, got {self.vocabulary!r}")
 
@@ -216,7 +161,7 @@ class FeatureSchema:
     def from_dict(cls, data: Mapping[str, Any], source: str = "") -> FeatureSchema:
         version = data.get("version")
         if version != FEATURE_SCHEMA_VERSION:
-            raise SchemaVersionError(version, source=source)
+            raise SchemaVersionError(version, FEATURE_SCHEMA_VERSION, source=source)
         schema = cls(
             vocabulary=tuple(data["vocabulary"]),
             device_features=bool(data["device_features"]),
@@ -226,53 +171,6 @@ class FeatureSchema:
         if names is not None and tuple(names) != schema.feature_names:
             raise ValueError(f"{source}: feature names do not match schema version {version}")
         return schema
-
-
-# ---------------------------------------------------------------------------------------------
-# rows, directions, context
-
-
-def _is_annotation(name: str) -> bool:
-    return name.startswith(_ANNOTATION_PREFIXES)
-
-
-class _RowFilter:
-    """Decides, op by op in start order, which ops are rows (local, so streaming can use it).
-
-    A row is a depth-0 op that is not a profiler annotation and either carries a training phase
-    (forward / backward / optimizer) or runs on a thread that has carried one earlier in the
-    iteration (work such as gradient clipping after backward on the training thread). Phase-less
-    ops on other threads (a pin-memory thread, a logger) are excluded, except before any phase
-    op was seen (traces without phases keep all depth-0 ops).
-    """
-
-    def __init__(self) -> None:
-        self.training_threads: set[int] = set()
-
-    def __call__(self, op: OpEvent) -> bool:
-        if op.depth != 0 or _is_annotation(op.name):
-            return False
-        if op.phase is not Phase.OTHER or is_backward_name(op.name):
-            self.training_threads.add(op.thread)
-            return True
-        return not self.training_threads or op.thread in self.training_threads
-
-
-def ets_rows(iteration: IterationTrace) -> list[int]:
-    """Indices (into ``iteration.ops``) of the ops forming the ETS sequence, in start order."""
-    is_row = _RowFilter()
-    return [i for i, op in enumerate(iteration.ops) if is_row(op)]
-
-
-def op_direction(op: OpEvent) -> str | None:
-    """ "forward", "backward", "optimizer", or None for an op outside the three phases."""
-    if op.phase is Phase.FORWARD:
-        return "forward"
-    if op.phase is Phase.BACKWARD or is_backward_name(op.name):
-        return "backward"
-    if op.phase is Phase.OPTIMIZER:
-        return "optimizer"
-    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -486,40 +384,6 @@ def _device_features(device: DeviceInfo) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
-# targets
-
-
-def iteration_targets(trace: Trace, iteration: IterationTrace, rows: Sequence[int]) -> np.ndarray:
-    """[len(rows), 2] float64 (duration_ns, gap_ns) per row; NaN where unknown (module docs)."""
-    ops = iteration.ops
-    out = np.full((len(rows), 2), np.nan)
-    if trace.device.kind == "cuda":
-        for k, i in enumerate(rows):
-            op = ops[i]
-            if op.kernel_duration_ns >= 0:
-                out[k, 0] = op.kernel_duration_ns
-                # an op that launched nothing adds no device time: its host time lies inside
-                # the previous launching op's gap
-                if op.gap_ns >= 0 or op.kernel_count == 0:
-                    out[k, 1] = max(op.gap_ns, 0)
-        return out
-    next_start: dict[int, int] = {}  # thread → start of the next row op on it (walking back)
-    for k in range(len(rows) - 1, -1, -1):
-        op = ops[rows[k]]
-        out[k, 0] = op.duration_ns
-        if op.gap_ns >= 0:
-            out[k, 1] = op.gap_ns
-        else:
-            following = next_start.get(op.thread)
-            if following is not None:
-                out[k, 1] = max(0, following - op.end_ns)
-            elif iteration.end_ns > 0:
-                out[k, 1] = max(0, iteration.end_ns - op.end_ns)
-        next_start[op.thread] = op.start_ns
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
 # encoded iterations
 
 
@@ -705,414 +569,6 @@ class Standardizer:
             np.asarray(data["std"], np.float32),
             bound("lo", -np.inf),
             bound("hi", np.inf),
-        )
-
-
-TARGET_TRANSFORMS = ("standard", "log", "roofline", "measured")
-Z_MARGIN = 1.0  # model outputs are clamped to the training targets' range ± this many stds
-
-
-@dataclass(frozen=True, slots=True)
-class TargetScaler:
-    """(duration, gap) ns ↔ model space, standardised with statistics of the training targets.
-
-    - ``"standard"`` (the paper): ``(y - mean) / std``.
-    - ``"log"``: ``log1p(y / 1 µs)``, then standardised.
-    - ``"roofline"``: the gap as in ``"log"``; the duration as the log ratio to an analytic prior
-      ``prior = max(flops / flops_per_ns, bytes / bytes_per_ns) + floor_ns`` computed from the
-      row's own FLOPs and bytes features: ``log((y + floor_ns) / prior)``, then standardised. The
-      throughputs are high percentiles of the training ops' FLOPs and bytes per ns, ``floor_ns``
-      a low percentile of their durations. The model then learns a bounded efficiency factor,
-      so an op far larger than any seen in training still scales with its work (an LSTM's
-      output is bounded; a raw-time target cannot extrapolate).
-    - ``"measured"``: both targets as log ratios to the op's own early measured time (the
-      schema's measured features): ``log((y + floor_ns) / (early + floor_ns))``, standardised.
-      The model learns how an op's time changes from the early steps to the steady state.
-
-    ``transform`` / ``inverse`` take the row's unscaled features (needed by ``"roofline"``).
-    ``inverse`` first clamps model outputs to the training targets' range widened by
-    ``Z_MARGIN`` standard deviations (a model far outside its training data must not predict
-    e^50), then clips at 0 ns.
-    """
-
-    transform_kind: str
-    mean: np.ndarray
-    std: np.ndarray
-    flops_per_ns: float = math.inf
-    bytes_per_ns: float = math.inf
-    floor_ns: float = 1000.0
-    flops_col: int = -1
-    bytes_col: int = -1
-    measured_cols: tuple[int, int] = (-1, -1)
-    z_min: tuple[float, float] = (-math.inf, -math.inf)
-    z_max: tuple[float, float] = (math.inf, math.inf)
-
-    def __post_init__(self) -> None:
-        if self.transform_kind not in TARGET_TRANSFORMS:
-            raise ValueError(
-                f"target transform must be one of {TARGET_TRANSFORMS}, got {self.transform_kind!r}"
-            )
-        if self.transform_kind == "roofline" and min(self.flops_col, self.bytes_col) < 0:
-            raise ValueError("a roofline target transform needs the FLOPs and bytes columns")
-        if self.transform_kind == "measured" and min(self.measured_cols) < 0:
-            raise ValueError("a measured target transform needs the measured-feature columns")
-
-    def prior_ns(self, features: np.ndarray) -> np.ndarray:
-        """The analytic duration prior of each unscaled feature row (``"roofline"`` only)."""
-        flops = np.expm1(features[:, self.flops_col].astype(np.float64))
-        moved = np.expm1(features[:, self.bytes_col].astype(np.float64))
-        return np.maximum(flops / self.flops_per_ns, moved / self.bytes_per_ns) + self.floor_ns
-
-    def early_ns(self, features: np.ndarray) -> np.ndarray:
-        """[n, 2] early (duration, gap) ns from unscaled feature rows (``"measured"`` only)."""
-        cols = list(self.measured_cols)
-        return np.expm1(features[:, cols].astype(np.float64)) * 1e3
-
-    def _pre(self, y_ns: np.ndarray, features: np.ndarray | None) -> np.ndarray:
-        if self.transform_kind == "standard":
-            return y_ns
-        if self.transform_kind == "measured":
-            if features is None:
-                raise ValueError("the measured target transform needs the feature rows")
-            base = self.early_ns(features) + self.floor_ns
-            return np.log((np.maximum(y_ns, 0.0) + self.floor_ns) / base)
-        u = np.log1p(np.maximum(y_ns, 0.0) / 1e3)
-        if self.transform_kind == "roofline":
-            if features is None:
-                raise ValueError("the roofline target transform needs the feature rows")
-            u = u.copy()
-            u[:, 0] = np.log(
-                (np.maximum(y_ns[:, 0], 0.0) + self.floor_ns) / self.prior_ns(features)
-            )
-        return u
-
-    @classmethod
-    def fit(
-        cls,
-        targets_ns: np.ndarray,
-        kind: str = "standard",
-        features: np.ndarray | None = None,
-        *,
-        flops_col: int = -1,
-        bytes_col: int = -1,
-        measured_cols: tuple[int, int] = (-1, -1),
-    ) -> TargetScaler:
-        """Fit on training rows with known targets (``features`` needed for ``"roofline"`` and
-        ``"measured"``)."""
-        if kind not in TARGET_TRANSFORMS:
-            raise ValueError(f"target transform must be one of {TARGET_TRANSFORMS}, got {kind!r}")
-        known = np.isfinite(targets_ns).all(axis=1)
-        extra: dict[str, Any] = {}
-        if kind == "measured":
-            if features is None or min(measured_cols) < 0:
-                raise ValueError("a measured target transform needs features and their columns")
-            extra = {"measured_cols": (int(measured_cols[0]), int(measured_cols[1]))}
-        if kind == "roofline":
-            if features is None or min(flops_col, bytes_col) < 0:
-                raise ValueError("a roofline target transform needs features and their columns")
-            y = targets_ns[known, 0]
-            flops = np.expm1(features[known, flops_col].astype(np.float64))
-            moved = np.expm1(features[known, bytes_col].astype(np.float64))
-
-            def rate(work: np.ndarray) -> float:
-                ok = (work > 0) & (y > 0)
-                return float(np.quantile(work[ok] / y[ok], 0.9)) if ok.any() else math.inf
-
-            positive = y[y > 0]
-            extra = {
-                "flops_per_ns": rate(flops),
-                "bytes_per_ns": rate(moved),
-                "floor_ns": float(max(np.quantile(positive, 0.1), 1.0)) if positive.size else 1e3,
-                "flops_col": flops_col,
-                "bytes_col": bytes_col,
-            }
-        probe = cls(kind, np.zeros(2), np.ones(2), **extra)
-        z = probe._pre(targets_ns[known], None if features is None else features[known])
-        mean = z.mean(axis=0) if len(z) else np.zeros(2)
-        std = np.where(z.std(axis=0) > 1e-12, z.std(axis=0), 1.0) if len(z) else np.ones(2)
-        if len(z):
-            lo = (z.min(axis=0) - mean) / std - Z_MARGIN
-            hi = (z.max(axis=0) - mean) / std + Z_MARGIN
-            extra["z_min"] = (float(lo[0]), float(lo[1]))
-            extra["z_max"] = (float(hi[0]), float(hi[1]))
-        return cls(kind, mean, std, **extra)
-
-    def transform(self, targets_ns: np.ndarray, features: np.ndarray | None = None) -> np.ndarray:
-        return ((self._pre(targets_ns, features) - self.mean) / self.std).astype(np.float32)
-
-    def inverse(self, z: np.ndarray, features: np.ndarray | None = None) -> np.ndarray:
-        z = np.clip(np.asarray(z, dtype=np.float64), self.z_min, self.z_max)
-        u = z * self.std + self.mean
-        if self.transform_kind == "standard":
-            return np.maximum(u, 0.0)
-        if self.transform_kind == "measured":
-            if features is None:
-                raise ValueError("the measured target transform needs the feature rows")
-            base = self.early_ns(features) + self.floor_ns
-            return np.maximum(np.exp(np.minimum(u, 50.0)) * base - self.floor_ns, 0.0)
-        y = np.expm1(np.minimum(u, 50.0)) * 1e3
-        if self.transform_kind == "roofline":
-            if features is None:
-                raise ValueError("the roofline target transform needs the feature rows")
-            y[:, 0] = np.exp(np.minimum(u[:, 0], 50.0)) * self.prior_ns(features) - self.floor_ns
-        return np.maximum(y, 0.0)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "transform": self.transform_kind,
-            "mean": self.mean.tolist(),
-            "std": self.std.tolist(),
-            "flops_per_ns": self.flops_per_ns if math.isfinite(self.flops_per_ns) else None,
-            "bytes_per_ns": self.bytes_per_ns if math.isfinite(self.bytes_per_ns) else None,
-            "floor_ns": self.floor_ns,
-            "flops_col": self.flops_col,
-            "bytes_col": self.bytes_col,
-            "measured_cols": list(self.measured_cols),
-            "z_min": [v if math.isfinite(v) else None for v in self.z_min],
-            "z_max": [v if math.isfinite(v) else None for v in self.z_max],
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> TargetScaler:
-        def rate(key: str) -> float:
-            value = data.get(key)
-            return math.inf if value is None else float(value)
-
-        return cls(
-            str(data["transform"]),
-            np.asarray(data["mean"], dtype=np.float64),
-            np.asarray(data["std"], dtype=np.float64),
-            flops_per_ns=rate("flops_per_ns"),
-            bytes_per_ns=rate("bytes_per_ns"),
-            floor_ns=float(data.get("floor_ns", 1000.0)),
-            flops_col=int(data.get("flops_col", -1)),
-            bytes_col=int(data.get("bytes_col", -1)),
-            measured_cols=_column_pair(data.get("measured_cols")),
-            z_min=_bounds(data.get("z_min"), -math.inf),
-            z_max=_bounds(data.get("z_max"), math.inf),
-        )
-
-
-def _column_pair(values: Sequence[int] | None) -> tuple[int, int]:
-    return (-1, -1) if not values else (int(values[0]), int(values[1]))
-
-
-def _bounds(values: Sequence[float | None] | None, default: float) -> tuple[float, float]:
-    if values is None:
-        return (default, default)
-    lo, hi = (default if v is None else float(v) for v in values)
-    return (lo, hi)
-
-
-# ---------------------------------------------------------------------------------------------
-# sliding windows
-
-
-def _check_window(width: int, stride: int) -> None:
-    if width < 1:
-        raise ValueError(f"width must be >= 1, got {width}")
-    if not 1 <= stride <= width:
-        raise ValueError(f"stride must be in [1, width={width}], got {stride}")
-
-
-def window_starts(n: int, width: int, stride: int) -> np.ndarray:
-    """Start rows of the windows over ``n`` rows: 0, stride, ... up to the first window that
-    reaches row n-1 (a sequence shorter than ``width`` gets one window). Empty for n = 0.
-    """
-    _check_window(width, stride)
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    count = 1 + -(-max(0, n - width) // stride)
-    return np.arange(count, dtype=np.int64) * stride
-
-
-def window_index(n: int, width: int, stride: int) -> np.ndarray:
-    """[n_windows, width] row index of every window slot; -1 marks padding."""
-    starts = window_starts(n, width, stride)
-    index = starts[:, None] + np.arange(width, dtype=np.int64)[None, :]
-    index[index >= n] = -1
-    return index
-
-
-def build_windows(
-    rows: np.ndarray, width: int, stride: int, pad_row: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Windows [n_windows, width, F] over ``rows`` [n, F] and their index (``window_index``);
-    padding slots hold ``pad_row``.
-    """
-    index = window_index(rows.shape[0], width, stride)
-    valid = index >= 0
-    windows = np.where(
-        valid[..., None], rows[np.where(valid, index, 0)] if rows.shape[0] else pad_row, pad_row
-    )
-    return windows.astype(rows.dtype, copy=False), index
-
-
-def aggregate_windows(preds: np.ndarray, index: np.ndarray, n: int) -> np.ndarray:
-    """Per-row mean over the windows containing the row: preds [n_windows, width, k] → [n, k].
-
-    Padding slots (index -1) are ignored. Rows in no window get NaN.
-    """
-    if preds.shape[:2] != index.shape:
-        raise ValueError(f"preds {preds.shape} do not match the window index {index.shape}")
-    k = preds.shape[2]
-    flat = index.ravel()
-    valid = flat >= 0
-    rows = flat[valid]
-    values = preds.reshape(-1, k)[valid]
-    counts = np.bincount(rows, minlength=n).astype(np.float64)
-    sums = np.stack([np.bincount(rows, weights=values[:, j], minlength=n) for j in range(k)], 1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return sums / counts[:, None]
-
-
-@dataclass(frozen=True, slots=True)
-class WindowBatch:
-    """Windows emitted by a streaming encoder: ``starts`` are row positions in the iteration."""
-
-    windows: np.ndarray  # [m, width, F]
-    starts: np.ndarray  # [m] int64
-
-    def __len__(self) -> int:
-        return int(self.starts.shape[0])
-
-
-class StreamingWindows:
-    """Sliding windows over rows that arrive in chunks; identical to ``build_windows``.
-
-    ``push`` returns the windows that became complete; ``finish`` returns the padded last window
-    (if the batch construction has one) and resets for the next sequence.
-    """
-
-    def __init__(self, width: int, stride: int, pad_row: np.ndarray) -> None:
-        _check_window(width, stride)
-        self.width = width
-        self.stride = stride
-        self.pad_row = np.asarray(pad_row)
-        self._reset()
-
-    def _reset(self) -> None:
-        self._buffer = np.zeros((0, self.pad_row.shape[0]), dtype=self.pad_row.dtype)
-        self._offset = 0  # row position of _buffer[0]
-        self._next_start = 0
-        self.n_rows = 0
-
-    def _emit(self, starts: list[int]) -> WindowBatch:
-        f = self.pad_row.shape[0]
-        out = np.empty((len(starts), self.width, f), dtype=self.pad_row.dtype)
-        for m, s in enumerate(starts):
-            local = self._buffer[s - self._offset : s - self._offset + self.width]
-            out[m, : len(local)] = local
-            out[m, len(local) :] = self.pad_row
-        return WindowBatch(out, np.asarray(starts, dtype=np.int64))
-
-    def push(self, rows: np.ndarray) -> WindowBatch:
-        rows = np.asarray(rows, dtype=self.pad_row.dtype).reshape(-1, self.pad_row.shape[0])
-        self._buffer = np.concatenate([self._buffer, rows])
-        self.n_rows += rows.shape[0]
-        starts: list[int] = []
-        while self._next_start + self.width <= self.n_rows:
-            starts.append(self._next_start)
-            self._next_start += self.stride
-        batch = self._emit(starts)
-        drop = self._next_start - self._offset
-        if drop > 0:
-            self._buffer = self._buffer[drop:]
-            self._offset = self._next_start
-        return batch
-
-    def finish(self) -> WindowBatch:
-        n = self.n_rows
-        starts: list[int] = []
-        if n:
-            last = window_starts(n, self.width, self.stride)[-1]
-            if self._next_start <= last:
-                starts.append(self._next_start)
-        batch = self._emit(starts)
-        self._reset()
-        return batch
-
-
-class StreamingEncoder:
-    """Encodes an iteration's ops as they are drained, emitting scaled windows when complete.
-
-    Feed every op of the iteration (any depth) in start order with ``push``; call ``finish`` at
-    the iteration's end. A row is featurised once an op starting after its end has arrived (all
-    its children are known by then), so the windows equal those of ``encode_iteration`` +
-    ``build_windows`` on the whole iteration. ``finish`` resets for the next iteration.
-    """
-
-    def __init__(
-        self,
-        schema: FeatureSchema,
-        scaler: Standardizer,
-        *,
-        width: int = DEFAULT_WIDTH,
-        stride: int = DEFAULT_STRIDE,
-        context: EncodeContext | None = None,
-    ) -> None:
-        self.schema = schema
-        self.scaler = scaler
-        self.context = context or EncodeContext()
-        self._windows = StreamingWindows(width, stride, padding_row(schema))
-        self.finished_row_op_indices: list[int] = []
-        self.finished_row_features = np.zeros((0, schema.n_features), dtype=np.float32)
-        self._reset()
-
-    def _reset(self) -> None:
-        self._index = _IterationIndex()
-        self._is_row = _RowFilter()
-        self._pending: list[int] = []
-        self.row_op_indices: list[int] = []  # ops featurised so far, one per row
-        self._row_features: list[np.ndarray] = []  # their unscaled features
-
-    @property
-    def n_rows(self) -> int:
-        """Rows featurised so far in the current iteration."""
-        return len(self.row_op_indices)
-
-    def _featurize(self, indices: list[int]) -> np.ndarray:
-        rows = np.zeros((len(indices), self.schema.n_features), dtype=np.float64)
-        for k, i in enumerate(indices):
-            _featurize_row(self._index, i, self.schema, self.context, rows[k])
-        self.row_op_indices.extend(indices)
-        unscaled = rows.astype(np.float32)
-        self._row_features.append(unscaled)
-        return self.scaler.transform(unscaled)
-
-    def push(self, ops: Iterable[OpEvent]) -> WindowBatch:
-        latest_start = None
-        for op in ops:
-            self._index.add(op)
-            latest_start = op.start_ns
-            if self._is_row(op):
-                self._pending.append(len(self._index.ops) - 1)
-        ready: list[int] = []
-        if latest_start is not None:
-            # ops arrive in start order: once one starts after a row's end, no child of it follows
-            while self._pending and self._index.ops[self._pending[0]].end_ns < latest_start:
-                ready.append(self._pending.pop(0))
-        return self._windows.push(self._featurize(ready))
-
-    def finish(self) -> WindowBatch:
-        """Featurise the remaining rows and return the remaining windows; resets.
-
-        ``finished_row_op_indices`` / ``finished_row_features`` then hold the finished
-        iteration's row op indices and unscaled feature rows.
-        """
-        rest = self._windows.push(self._featurize(self._pending))
-        last = self._windows.finish()
-        self.finished_row_op_indices = list(self.row_op_indices)
-        self.finished_row_features = np.concatenate(self._row_features)
-        self._reset()
-        if not len(rest):
-            return last
-        if not len(last):
-            return rest
-        return WindowBatch(
-            np.concatenate([rest.windows, last.windows]), np.concatenate([rest.starts, last.starts])
         )
 
 

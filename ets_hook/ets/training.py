@@ -35,35 +35,19 @@ import numpy as np
 import torch
 from torch import nn
 
-from .encoder import (
-    DEFAULT_STRIDE,
+from ..trace.events import Trace
+from .features import (
     DEFAULT_VOCAB_SIZE,
-    DEFAULT_WIDTH,
     EncodedIteration,
     FeatureSchema,
     Standardizer,
-    TargetScaler,
-    aggregate_windows,
-    build_windows,
     encode_trace,
     fit_schema,
     padding_row,
 )
-from .predictor import MODEL_KINDS, Predictor
-from .trace import Trace
-
-__all__ = [
-    "GroupingNet",
-    "LSTMNet",
-    "MLPNet",
-    "TrainConfig",
-    "TrainResult",
-    "build_net",
-    "calibration_factors",
-    "export_member",
-    "fit",
-    "fit_encoded",
-]
+from .regressors import MODEL_KINDS, Predictor
+from .targets import TargetScaler
+from .windows import DEFAULT_STRIDE, DEFAULT_WIDTH, aggregate_windows, build_windows
 
 log = logging.getLogger(__name__)
 

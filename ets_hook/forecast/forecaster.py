@@ -24,27 +24,28 @@ Call contract (the hook must follow it; all calls from the training thread unles
 - ``close()`` once, at the end: final prediction to every reporter (never raises).
 
 Cost: ``on_step_end`` appends one float and compares two numbers; everything else is lazy
-(on ``prediction`` access) or scheduled by the reporters (see ``reporting.ReportSchedule``).
+(on ``prediction`` access) or scheduled by the reporters (see ``reporters.base.ReportSchedule``).
 Failures inside the forecaster are logged once and never propagate, except
 ``DeadlineExceededError`` raised on purpose by a deadline guard with ``on_deadline="raise"``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
+import sys
 import threading
 import time
 from bisect import bisect_right
-from collections.abc import Sequence
-from dataclasses import dataclass, fields
-from datetime import datetime, timezone
-from typing import Any
+from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 
-from .estimators import (
+from ..errors import DeadlineExceededError
+from .job import JobModel, PhaseTracker, remaining_phase_time
+from .prediction import Prediction, utc_from_timestamp
+from .stats import (
     DEFAULT_LEVEL,
     Estimate,
     StepTimePrior,
@@ -54,8 +55,6 @@ from .estimators import (
     fuse,
     normal_quantile,
 )
-from .jobmodel import JobModel, PhaseForecast, PhaseTracker, remaining_phase_time
-from .reporting import DeadlineExceededError, ReportDispatcher, Reporter
 
 logger = logging.getLogger("ets_hook")
 
@@ -73,83 +72,45 @@ REFRESH_INTERVAL_S = 10.0
 FLUSH_EVERY_STEPS = 4096
 
 
-def _utc(ts: float) -> datetime:
-    return datetime.fromtimestamp(ts, tz=timezone.utc)
+class ReportSink(Protocol):
+    """What the forecaster hands predictions to (``reporters.base.ReportDispatcher``).
 
-
-@dataclass(frozen=True, slots=True)
-class Prediction:
-    """What ets-hook predicts, as of the last step (or phase) the forecaster was told about.
-
-    Times are seconds; ``*_ci_s`` are half-widths of ``level`` (95%) intervals. Fields that need
-    the job length (``total_steps``) are None while it is unknown.
+    ``next_count`` / ``next_s``: the earliest local step count / time at which a prediction is
+    due; the forecaster compares against them on its hot path and calls ``dispatch`` only then.
     """
 
-    # Completed training steps (global, including ``JobModel.initial_step``).
-    step: int
-    total_steps: int | None
-    remaining_steps: int | None
-    # Steady-state mean time of one training step (marked phases excluded).
-    iteration_s: float
-    iteration_ci_s: float
-    # Wall time from hook creation to the end of the last step, and what is left of it.
-    total_s: float | None
-    total_ci_s: float | None
-    eta_s: float | None
-    elapsed_s: float
-    finish_time: datetime | None
-    converged: bool
-    # "prior", "measured", "trace" (or the trace estimator's own label) or "fused".
-    source: str
-    level: float = DEFAULT_LEVEL
-    iteration_median_s: float | None = None
-    warmup_steps: int = 0
-    measured_steps: int = 0
-    measured_iteration_s: float | None = None
-    measured_ci_s: float | None = None
-    trace_iteration_s: float | None = None
-    trace_ci_s: float | None = None
-    # Per-step wall time the step durations do not cover (should be ~0), projected per step.
-    overhead_per_step_s: float = 0.0
-    # Projected time of the remaining non-training phases, and each phase.
-    remaining_phase_s: float = 0.0
-    # Cost still to come from ets-hook's own capture (window steps not yet run, the one-off
-    # profiler disable and decode after it); 0 once the step after the window has ended.
-    remaining_capture_s: float = 0.0
-    phases: tuple[PhaseForecast, ...] = ()
-    start_time: datetime | None = None
-    as_of: datetime | None = None
+    next_count: int
+    next_s: float
 
-    @property
-    def iteration_rel_ci(self) -> float:
-        """Relative half-width of the step-time interval (0.011 = ±1.1%)."""
-        return self.iteration_ci_s / self.iteration_s if self.iteration_s > 0 else math.inf
+    def dispatch(
+        self, count: int, step: int, now_s: float, get: Callable[[], Prediction | None]
+    ) -> None:
+        """Offer the prediction (built by ``get`` only if needed) at step count ``count``."""
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-safe dict: datetimes as ISO 8601 with offset, non-finite floats as None."""
-        out: dict[str, Any] = {f.name: _json_safe(getattr(self, f.name)) for f in fields(self)}
-        out["iteration_rel_ci"] = _json_safe(self.iteration_rel_ci)
-        return out
-
-    def to_json(self, **kwargs: Any) -> str:
-        """``to_dict()`` as strict JSON (no NaN/Infinity); kwargs go to ``json.dumps``."""
-        return json.dumps(self.to_dict(), allow_nan=False, **kwargs)
+    def close(self, prediction: Prediction | None) -> None:
+        """Hand over the final prediction; nothing is dispatched afterwards."""
 
 
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, PhaseForecast):
-        return {f.name: _json_safe(getattr(value, f.name)) for f in fields(value)}
-    if isinstance(value, (tuple, list)):
-        return [_json_safe(v) for v in value]
-    return value
+class _NoReports:
+    """The sink of a forecaster without reporters: never due."""
+
+    next_count = sys.maxsize
+    next_s = math.inf
+
+    def dispatch(
+        self, count: int, step: int, now_s: float, get: Callable[[], Prediction | None]
+    ) -> None:
+        return None
+
+    def close(self, prediction: Prediction | None) -> None:
+        return None
 
 
 class Forecaster:
     """Turns step and phase events into predictions; drives the reporters. See module docstring.
+
+    ``reports``: where predictions go (``reporters.base.ReportDispatcher`` in the hook); the
+    forecaster only asks it when it is due next and hands it predictions.
 
     ``converge_rel_ci``: ``converged`` once the step-time interval's relative half-width is at
     most this. ``min_warmup_steps``: leading steps always treated as warm-up (MSER may drop
@@ -166,7 +127,7 @@ class Forecaster:
         level: float = DEFAULT_LEVEL,
         converge_rel_ci: float = 0.02,
         min_warmup_steps: int = 1,
-        reporters: Sequence[Reporter] = (),
+        reports: ReportSink | None = None,
         series_capacity: int = 1 << 16,
     ) -> None:
         if not 0.0 < level < 1.0:
@@ -216,7 +177,7 @@ class Forecaster:
         self._cached: Prediction | None = None
         self._cached_key: tuple[int, int, int] | None = None
 
-        self._dispatch = ReportDispatcher(reporters)
+        self._dispatch: ReportSink = reports if reports is not None else _NoReports()
         self._failed = False
         self._closed = False
         # Next step index / time at which the slow path runs (reporters due, flush).
@@ -419,7 +380,7 @@ class Forecaster:
                 + phase_ci_s**2
                 + capture_ci_s**2
             )
-            finish_time = _utc(self.wall_start_s + total_s)
+            finish_time = utc_from_timestamp(self.wall_start_s + total_s)
         converged = est.rel_ci <= self.converge_rel_ci
         return Prediction(
             step=step,
@@ -446,8 +407,8 @@ class Forecaster:
             remaining_phase_s=phase_s,
             remaining_capture_s=capture_s,
             phases=phases,
-            start_time=_utc(self.wall_start_s),
-            as_of=_utc(self.wall_start_s + elapsed_s),
+            start_time=utc_from_timestamp(self.wall_start_s),
+            as_of=utc_from_timestamp(self.wall_start_s + elapsed_s),
         )
 
     # ------------------------------------------------------------------------------------------

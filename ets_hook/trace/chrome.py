@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .atomic import atomic_write_bytes
-from .trace import Trace
+from .events import Trace
 
 HOST_PID = 0
 STEPS_TID = -1

@@ -24,7 +24,7 @@ from statistics import median
 from types import MappingProxyType
 from typing import Any
 
-from .estimators import student_t_quantile
+from .stats import student_t_quantile
 
 EVAL = "eval"
 CHECKPOINT = "checkpoint"

@@ -36,34 +36,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _C
+from .. import _C
 
 if TYPE_CHECKING:
-    from .trace import KernelEvent
-
-__all__ = [
-    "DEFAULT_ACTIVITIES",
-    "RECORD_DTYPE",
-    "STATUS_CODES",
-    "CollectorStats",
-    "CuptiStatus",
-    "KernelCollector",
-    "RecordKind",
-    "RingBuffer",
-    "StringTable",
-    "cupti_library_dirs",
-    "cupti_status",
-    "cupti_timestamp_ns",
-    "intern_name",
-    "measure_clock_offset_ns",
-    "name_table",
-    "other_cupti_client",
-    "pop_external_id",
-    "push_external_id",
-    "record_dtype_from_fields",
-    "resolve_names",
-    "runtime_api_name",
-]
+    pass
 
 
 def record_dtype_from_fields(fields: Iterable[tuple[str, str, int]], itemsize: int) -> np.dtype:
@@ -290,6 +266,25 @@ def measure_clock_offset_ns(samples: int = 9) -> int | None:
     return min(measured)[1] if measured else None
 
 
+#: The external-correlation kind ets-hook pushes its op ids under (``push_external_id``).
+EXTERNAL_CORRELATION_KIND: int = int(_C.EXTERNAL_CORRELATION_KIND)
+
+
+def demangle_names(names: Sequence[str]) -> list[str]:
+    """C++ kernel names demangled (``_Z...`` -> ``void foo<float>(...)``); others unchanged.
+
+    Args:
+        names: kernel names as CUPTI reports them.
+
+    Returns:
+        One display name per input name, in order.
+    """
+    return list(_C.demangle(list(names)))
+
+
+#: CUPTI memcpy kind -> direction ("HtoD", ...), for display names of memcpy records.
+MEMCPY_KIND_NAMES: dict[int, str] = dict(_C.memcpy_kind_names())
+
 _api_names: dict[tuple[int, bool], str] = {}
 
 
@@ -484,21 +479,18 @@ class KernelCollector:
             return np.empty(0, dtype=RECORD_DTYPE)
         return self._ring.drain(-1 if max_records is None else max_records)
 
-    def collect(
-        self, *, clock_offset_ns: int | None = None
-    ) -> tuple[list[KernelEvent], np.ndarray, int]:
-        """Flush, drain and decode: ``(kernel events, launch table, dropped records)``.
+    def collect(self) -> tuple[np.ndarray, int, int]:
+        """Flush and drain everything collected.
 
-        Timestamps are shifted onto the ``time.time_ns()`` clock by ``clock_offset_ns`` (default:
-        the offset this collector measured). See ``ets_hook.gpu_activity.decode_activity``.
+        Returns:
+            ``(records, clock_offset_ns, dropped)``: the ``RECORD_DTYPE`` records, oldest first
+            (``capture.gpu_records.decode_activity`` interprets them); the offset
+            ``time.time_ns() - CUPTI clock`` this collector measured (0 when it measured none);
+            the records lost so far.
         """
-        from .gpu_activity import decode_activity
-
         self.flush()
         records = self.drain()
-        offset = self.clock_offset_ns if clock_offset_ns is None else clock_offset_ns
-        activity = decode_activity(records, clock_offset_ns=offset or 0)
-        return activity.kernels, activity.launches, self.dropped
+        return records, self.clock_offset_ns or 0, self.dropped
 
     @property
     def status(self) -> CuptiStatus:

@@ -31,18 +31,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .trace import DeviceInfo, IterationTrace, OpEvent, Phase, Trace
-
-__all__ = [
-    "ETS_CSV_COLUMNS",
-    "ETSCSVError",
-    "ETSFileName",
-    "find_op_codes",
-    "import_ets_paths",
-    "load_op_codes",
-    "parse_ets_file_name",
-    "read_ets_csv",
-]
+from ..errors import ETSCSVError
+from .events import DeviceInfo, IterationTrace, OpEvent, Phase, Trace
 
 log = logging.getLogger(__name__)
 
@@ -74,17 +64,6 @@ ETS_PARAM_COUNT = 30
 _DIR_PHASE = {1: Phase.FORWARD, 2: Phase.BACKWARD, 3: Phase.OPTIMIZER}
 _INPUT_TYPE_DTYPE = {1: "float", 2: "half"}
 OP_CODES_FILE = "opCodes.dict"
-
-
-class ETSCSVError(ValueError):
-    """A malformed ETS CSV file; ``path`` and ``line`` (1-based, 0 = whole file) locate it."""
-
-    def __init__(self, path: Path | str, line: int, message: str) -> None:
-        self.path = Path(path)
-        self.line = line
-        self.reason = message
-        where = f"{self.path}:{line}" if line > 0 else str(self.path)
-        super().__init__(f"{where}: {message}")
 
 
 @dataclass(frozen=True, slots=True)

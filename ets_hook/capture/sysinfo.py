@@ -13,7 +13,7 @@ import platform
 import socket
 from typing import Any
 
-from .trace import DeviceInfo, HostInfo
+from ..trace.events import DeviceInfo, HostInfo
 
 
 def _cpu_model() -> str:

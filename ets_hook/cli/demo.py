@@ -47,8 +47,8 @@ def _pct(predicted: float, actual: float) -> str:
 def run_demo(args: argparse.Namespace) -> int:
     import torch
 
-    from .hook import ETSHook
-    from .reporting import format_duration
+    from ..hook import ETSHook
+    from ..reporters.format import format_duration
     from .zoo import DEMO_MODELS, workloads
 
     if args.steps < 10:
@@ -117,7 +117,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def _print_capture_summary(hook: object) -> None:
-    from .cli import summarize_iteration
+    from ..trace.summary import summarize_iteration
 
     trace = getattr(hook, "trace", None)
     print(f"\ncapture: {hook.capture_status}; kernels: {hook.kernel_capture_status}")  # type: ignore[attr-defined]

@@ -15,10 +15,8 @@ Contracts shared by every stage:
 from __future__ import annotations
 
 import enum
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 Shape = tuple[int, ...]
@@ -165,16 +163,3 @@ class Trace:
 
     def __len__(self) -> int:
         return len(self.iterations)
-
-    def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write this trace as an ``.ets`` file, atomically (see ``ets_hook.trace_io``)."""
-        from .trace_io import save_trace
-
-        return save_trace(self, path)
-
-    @staticmethod
-    def load(path: str | os.PathLike[str]) -> Trace:
-        """Read an ``.ets`` file; malformed files raise ``ets_hook.trace_io.TraceFileError``."""
-        from .trace_io import load_trace
-
-        return load_trace(path)

@@ -1,0 +1,6 @@
+"""What runs inside the training process during the capture window.
+
+``steps`` finds step boundaries, ``ops`` records operator events, ``cupti`` (the only importer of
+the native ``_C``) collects GPU activity that ``gpu_records`` decodes, ``device_timer`` times steps
+on the GPU, ``sysinfo`` describes the host and device.
+"""

@@ -1,0 +1,83 @@
+"""Every public exception of ets-hook, in one place that imports nothing from the package.
+
+Each stage raises its errors from here without climbing the pipeline: the trace file format
+(``TraceFileError`` and its subclasses), the paper-CSV importer (``ETSCSVError``), the model files
+(``ModelFileError``, ``SchemaVersionError``) and the deadline guard (``DeadlineExceededError``).
+All but the last are ``ValueError`` subclasses: they describe bad input.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .reporters.deadline import DeadlineMiss
+
+
+class TraceFileError(ValueError):
+    """A trace file cannot be read. Subclasses say why; the message names the file."""
+
+
+class NotATraceFileError(TraceFileError):
+    """The file does not start with the ets-hook trace magic."""
+
+
+class TruncatedTraceError(TraceFileError):
+    """The file ends before the header or the payload it announces."""
+
+
+class CorruptTraceError(TraceFileError):
+    """Checksum mismatch, undecodable payload, or a payload that breaks the format's invariants."""
+
+
+class UnsupportedTraceVersionError(TraceFileError):
+    """The file was written in a format version this ets-hook cannot read."""
+
+
+class TraceTooLargeError(TraceFileError):
+    """The file is larger than the ``max_bytes`` the caller allows."""
+
+
+class ETSCSVError(ValueError):
+    """A malformed ETS CSV file; ``path`` and ``line`` (1-based, 0 = whole file) locate it."""
+
+    def __init__(self, path: Path | str, line: int, message: str) -> None:
+        self.path = Path(path)
+        self.line = line
+        self.reason = message
+        where = f"{self.path}:{line}" if line > 0 else str(self.path)
+        super().__init__(f"{where}: {message}")
+
+
+class SchemaVersionError(ValueError):
+    """A weights file or schema of another feature-schema version than this code's."""
+
+    def __init__(self, found: Any, expected: int, source: str = "") -> None:
+        """Args:
+        found: the version the file or schema declares (any value, as read).
+        expected: the version this code reads (``ets.features.FEATURE_SCHEMA_VERSION``).
+        source: where the version was read (a path), for the message; "" when unknown.
+        """
+        self.found = found
+        self.expected = expected
+        where = f"{source}: " if source else ""
+        super().__init__(
+            f"{where}feature schema version {found} is not supported: this ets_hook reads "
+            f"version {expected}; retrain the model with this version (ets-hook train)"
+        )
+
+
+class ModelFileError(ValueError):
+    """A weights file that is not an ets-hook model or is missing parts."""
+
+
+class DeadlineExceededError(RuntimeError):
+    """The job is predicted to miss its deadline (``on_deadline="raise"``).
+
+    Raised into the training loop on purpose, once; ``miss`` holds the details.
+    """
+
+    def __init__(self, miss: DeadlineMiss) -> None:
+        super().__init__(miss.message)
+        self.miss = miss

@@ -1,0 +1,67 @@
+"""Step-row selection: which ops of an iteration form its ETS sequence, and their direction.
+
+The ETS sequence (``ets_rows``) is an iteration's depth-0 ops in start order: forward ATen ops,
+backward autograd nodes, optimizer ops, other work on the training threads; profiler annotations
+(``trace.names``) and phase-less ops of non-training threads are excluded (``_RowFilter``).
+"""
+
+from __future__ import annotations
+
+from ..trace.events import IterationTrace, OpEvent, Phase
+from .flops import is_backward_name
+
+# Profiler annotations that may show up at depth 0 although they are not ops.
+_ANNOTATION_PREFIXES = (
+    "ProfilerStep#",
+    "Optimizer.step#",
+    "Optimizer.zero_grad#",
+    "enumerate(DataLoader)",
+    "## ",
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# rows, directions, context
+
+
+def _is_annotation(name: str) -> bool:
+    return name.startswith(_ANNOTATION_PREFIXES)
+
+
+class _RowFilter:
+    """Decides, op by op in start order, which ops are rows (local, so streaming can use it).
+
+    A row is a depth-0 op that is not a profiler annotation and either carries a training phase
+    (forward / backward / optimizer) or runs on a thread that has carried one earlier in the
+    iteration (work such as gradient clipping after backward on the training thread). Phase-less
+    ops on other threads (a pin-memory thread, a logger) are excluded, except before any phase
+    op was seen (traces without phases keep all depth-0 ops).
+    """
+
+    def __init__(self) -> None:
+        self.training_threads: set[int] = set()
+
+    def __call__(self, op: OpEvent) -> bool:
+        if op.depth != 0 or _is_annotation(op.name):
+            return False
+        if op.phase is not Phase.OTHER or is_backward_name(op.name):
+            self.training_threads.add(op.thread)
+            return True
+        return not self.training_threads or op.thread in self.training_threads
+
+
+def ets_rows(iteration: IterationTrace) -> list[int]:
+    """Indices (into ``iteration.ops``) of the ops forming the ETS sequence, in start order."""
+    is_row = _RowFilter()
+    return [i for i, op in enumerate(iteration.ops) if is_row(op)]
+
+
+def op_direction(op: OpEvent) -> str | None:
+    """ "forward", "backward", "optimizer", or None for an op outside the three phases."""
+    if op.phase is Phase.FORWARD:
+        return "forward"
+    if op.phase is Phase.BACKWARD or is_backward_name(op.name):
+        return "backward"
+    if op.phase is Phase.OPTIMIZER:
+        return "optimizer"
+    return None

@@ -1,0 +1,166 @@
+"""Reporters: what happens with a prediction once the forecaster has one.
+
+- ``LogReporter``: a line on ``logging.getLogger("ets_hook")`` every N steps and whenever the
+  estimate moves materially: ``step 30/2000 · 0.412 s/step ±1.1% · ETA 13m32s · total 13m45s``.
+- ``TqdmReporter``: our ETA on a user's tqdm bar (postfix) or on a bar of our own (tqdm is an
+  optional extra, imported when this reporter is created).
+- ``StatusFileReporter``: a JSON status file for schedulers, rewritten atomically, throttled.
+- ``CallbackReporter``: the user's ``on_prediction`` callable.
+- ``DeadlineGuard``: fires once when the prediction says the job will not finish before a
+  deadline (explicit, or the Slurm job's end time): warn, raise ``DeadlineExceededError`` into the
+  training loop, or call the user's function.
+
+Scheduling: each reporter has a ``ReportSchedule``; ``ReportDispatcher`` offers it a prediction
+only when due, so the per-step cost of all reporters together is one comparison on the hot path
+(the forecaster's). Every reporter is offered the first prediction.
+
+Failure isolation: an exception in a reporter is logged once and disables that reporter only.
+``DeadlineExceededError`` is the one exception that propagates, on purpose.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import DeadlineExceededError
+
+if TYPE_CHECKING:
+    from ..forecast.prediction import Prediction
+
+
+logger = logging.getLogger("ets_hook")
+
+_NEVER = sys.maxsize
+
+
+# --------------------------------------------------------------------------------------------
+# Base class and dispatch
+# --------------------------------------------------------------------------------------------
+
+
+# Early checkpoints (local step counts) at which the default reporters look at the prediction:
+# dense enough to show the early answer, sparse enough that building predictions (tens to
+# hundreds of µs each) never weighs on millisecond steps.
+EARLY_STEPS = (1, 2, 3, 5, 10, 20, 50)
+
+
+@dataclass(frozen=True, slots=True)
+class ReportSchedule:
+    """When a reporter wants a prediction: after each of the ``first_steps`` first steps, after
+    each step count in ``early_steps``, at global steps that are multiples of ``every_n_steps``,
+    and whenever ``interval_s`` seconds (the forecaster's clock) have passed since it was last
+    offered one. Checked at step ends only."""
+
+    first_steps: int = 1
+    every_n_steps: int | None = None
+    interval_s: float | None = None
+    early_steps: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.first_steps, bool) or self.first_steps < 0:
+            raise ValueError(f"first_steps must be >= 0, got {self.first_steps!r}")
+        if any(not isinstance(k, int) or k < 1 for k in self.early_steps):
+            raise ValueError(f"early_steps must be ints >= 1, got {self.early_steps!r}")
+        if self.every_n_steps is not None and self.every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be >= 1 or None, got {self.every_n_steps}")
+        if self.interval_s is not None and not self.interval_s > 0:
+            raise ValueError(f"interval_s must be > 0 or None, got {self.interval_s}")
+
+
+class Reporter:
+    """Base class of reporters: no-op hooks; override what you need."""
+
+    schedule: ReportSchedule = ReportSchedule()
+
+    def on_prediction(self, prediction: Prediction) -> None:
+        """A prediction is due by ``schedule``."""
+
+    def on_close(self, prediction: Prediction | None) -> None:
+        """The job ended (the hook closed); ``prediction`` is the final one."""
+
+
+@dataclass(slots=True)
+class _Slot:
+    reporter: Reporter
+    next_count: int = 1
+    next_s: float = -math.inf
+    active: bool = True
+
+    def reschedule(self, count: int, step: int, now_s: float) -> None:
+        schedule = self.reporter.schedule
+        nxt = count + 1 if count < schedule.first_steps else _NEVER
+        nxt = min(nxt, min((k for k in schedule.early_steps if k > count), default=_NEVER))
+        if schedule.every_n_steps:
+            n = schedule.every_n_steps
+            nxt = min(nxt, count + (step // n + 1) * n - step)
+        self.next_count = nxt
+        self.next_s = now_s + schedule.interval_s if schedule.interval_s else math.inf
+
+
+class ReportDispatcher:
+    """Offers predictions to reporters when due; isolates their failures.
+
+    ``next_count`` / ``next_s``: the earliest local step count / time at which any reporter is
+    due (the forecaster compares against them on its hot path).
+    """
+
+    def __init__(self, reporters: Sequence[Reporter]) -> None:
+        for r in reporters:
+            if not isinstance(r, Reporter):
+                raise ValueError(f"reporters must be Reporter instances, got {r!r}")
+        self._slots = [_Slot(r) for r in reporters]
+        self.next_count = 1 if self._slots else _NEVER
+        self.next_s = -math.inf if self._slots else math.inf
+
+    @property
+    def reporters(self) -> list[Reporter]:
+        """The reporters still active (a failing one is dropped)."""
+        return [s.reporter for s in self._slots if s.active]
+
+    def dispatch(
+        self, count: int, step: int, now_s: float, get: Callable[[], Prediction | None]
+    ) -> None:
+        """Offer the prediction (built once, by ``get``, only if someone is due) at local step
+        count ``count`` (global ``step``). Re-raises ``DeadlineExceededError`` after
+        rescheduling."""
+        prediction: Prediction | None = None
+        fetched = False
+        try:
+            for slot in self._slots:
+                if not slot.active or (count < slot.next_count and now_s < slot.next_s):
+                    continue
+                slot.reschedule(count, step, now_s)
+                if not fetched:
+                    prediction, fetched = get(), True
+                if prediction is not None:
+                    self._call(slot, slot.reporter.on_prediction, prediction)
+        finally:
+            active = [s for s in self._slots if s.active]
+            self.next_count = min((s.next_count for s in active), default=_NEVER)
+            self.next_s = min((s.next_s for s in active), default=math.inf)
+
+    def close(self, prediction: Prediction | None) -> None:
+        for slot in self._slots:
+            if slot.active:
+                self._call(slot, slot.reporter.on_close, prediction)
+                slot.active = False
+
+    @staticmethod
+    def _call(slot: _Slot, method: Callable[[Any], None], prediction: Prediction | None) -> None:
+        try:
+            method(prediction)
+        except DeadlineExceededError:
+            raise
+        except Exception as exc:
+            slot.active = False
+            logger.warning(
+                "ets-hook: reporter %s failed and is disabled: %r",
+                type(slot.reporter).__name__,
+                exc,
+                exc_info=True,
+            )

@@ -1,0 +1,76 @@
+"""``build_reporters``: the reporters an ``ETSHook``'s arguments ask for, in dispatch order."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+from .base import Reporter
+from .callback import CallbackReporter
+from .deadline import (
+    DEADLINE_ACTIONS,
+    DeadlineGuard,
+    DeadlineMiss,
+    slurm_deadline,
+)
+from .log import LogReporter
+from .status_file import StatusFileReporter
+from .tqdm import TqdmReporter
+
+if TYPE_CHECKING:
+    from ..forecast.prediction import Prediction
+
+
+# --------------------------------------------------------------------------------------------
+# Factory
+# --------------------------------------------------------------------------------------------
+
+
+def build_reporters(
+    *,
+    log_every_n_steps: int | None = 100,
+    progress: Any = False,
+    status_path: str | os.PathLike[str] | None = None,
+    status_interval_s: float = 5.0,
+    on_prediction: Callable[[Prediction], Any] | None = None,
+    deadline: float | datetime | Literal[False] | None = None,
+    on_deadline: str | Callable[[DeadlineMiss], Any] = "warn",
+    deadline_policy: str = "confident",
+    deadline_margin_s: float = 0.0,
+    environ: Mapping[str, str] | None = None,
+) -> list[Reporter]:
+    """The reporters for the hook's keyword arguments, validated now (bad values: ValueError;
+    ``progress=True`` without tqdm: ImportError).
+
+    ``log_every_n_steps``: None or 0 turns logging off. ``progress``: False, True (our own bar)
+    or a user's tqdm bar. ``deadline``: seconds from hook creation or a datetime; None means the
+    Slurm job's end time when running under Slurm (``slurm_deadline``), False means no guard.
+    The deadline guard comes last, so the log line and status file are written before it can
+    raise.
+    """
+    reporters: list[Reporter] = []
+    if log_every_n_steps:
+        reporters.append(LogReporter(every_n_steps=log_every_n_steps))
+    if progress is True:
+        reporters.append(TqdmReporter())
+    elif progress is not False and progress is not None:
+        reporters.append(TqdmReporter(progress))
+    if status_path is not None:
+        reporters.append(StatusFileReporter(status_path, interval_s=status_interval_s))
+    if on_prediction is not None:
+        reporters.append(CallbackReporter(on_prediction))
+    if deadline is None:
+        resolved: float | datetime | None = slurm_deadline(environ)
+    elif deadline is False:
+        resolved = None
+    else:
+        resolved = deadline
+    if resolved is not None:
+        reporters.append(
+            DeadlineGuard(resolved, on_deadline, policy=deadline_policy, margin_s=deadline_margin_s)
+        )
+    elif not callable(on_deadline) and on_deadline not in DEADLINE_ACTIONS:
+        raise ValueError(f"on_deadline must be 'warn', 'raise' or a callable, got {on_deadline!r}")
+    return reporters

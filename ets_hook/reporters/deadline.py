@@ -1,0 +1,222 @@
+"""``DeadlineGuard``: fires once when the prediction says the job will not finish before a deadline.
+
+The deadline is explicit or the Slurm job's end time (``slurm_deadline``); the guard warns,
+raises ``errors.DeadlineExceededError`` into the training loop, or calls the user's function.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from ..errors import DeadlineExceededError
+from .base import EARLY_STEPS, Reporter, ReportSchedule
+from .format import format_duration
+
+if TYPE_CHECKING:
+    from ..forecast.prediction import Prediction
+
+DEADLINE_POLICIES: tuple[str, ...] = ("confident", "likely", "point")
+DEADLINE_ACTIONS: tuple[str, ...] = ("warn", "raise")
+
+
+# --------------------------------------------------------------------------------------------
+# Deadline guard
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DeadlineMiss:
+    """Why the guard fired. Times are seconds from hook creation."""
+
+    deadline_s: float
+    margin_s: float
+    predicted_total_s: float
+    optimistic_total_s: float
+    # How far the predicted end lies past (deadline - margin).
+    shortfall_s: float
+    policy: str
+    prediction: Prediction
+    message: str
+
+
+class DeadlineGuard(Reporter):
+    """Fires once when the prediction says the job will end after ``deadline - margin_s``.
+
+    ``deadline``: seconds from hook creation, or a datetime (naive = local time).
+    ``on_deadline``: ``"warn"`` (log a warning), ``"raise"`` (raise ``DeadlineExceededError`` into
+    the training loop; the one exception the hook lets through), or a callable taking a
+    ``DeadlineMiss`` (an exception from it disables the guard, except ``DeadlineExceededError``,
+    which propagates).
+    ``policy`` (the job must have a known ``total_steps``):
+    - ``"confident"`` (default): even the optimistic end of the 95% interval of the total,
+      ``total_s - total_ci_s``, misses: >= 97.5% sure of a miss. Early intervals are wide, so it
+      fires at step 1 only for gross misses, and later as soon as the data are clear; it does not
+      cry wolf on a job that lands near the deadline.
+    - ``"likely"``: the point estimate misses and the estimate has converged.
+    - ``"point"``: the point estimate misses (earliest; may fire on noise).
+    Whatever the policy, it fires if the deadline has already passed with steps left.
+    """
+
+    def __init__(
+        self,
+        deadline: float | datetime,
+        on_deadline: str | Callable[[DeadlineMiss], Any] = "warn",
+        *,
+        policy: str = "confident",
+        margin_s: float = 0.0,
+        interval_s: float = 1.0,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        if isinstance(deadline, datetime):
+            pass
+        elif isinstance(deadline, bool) or not isinstance(deadline, (int, float)):
+            raise ValueError(f"deadline must be seconds (> 0) or a datetime, got {deadline!r}")
+        elif not (math.isfinite(deadline) and deadline > 0):
+            raise ValueError(f"deadline must be seconds > 0, got {deadline!r}")
+        if not callable(on_deadline) and on_deadline not in DEADLINE_ACTIONS:
+            raise ValueError(
+                f"on_deadline must be 'warn', 'raise' or a callable, got {on_deadline!r}"
+            )
+        if policy not in DEADLINE_POLICIES:
+            raise ValueError(f"policy must be one of {DEADLINE_POLICIES}, got {policy!r}")
+        if not (math.isfinite(margin_s) and margin_s >= 0):
+            raise ValueError(f"margin_s must be >= 0, got {margin_s!r}")
+        self.deadline = deadline
+        self.on_deadline = on_deadline
+        self.policy = policy
+        self.margin_s = margin_s
+        self.schedule = ReportSchedule(
+            first_steps=0, interval_s=interval_s, early_steps=EARLY_STEPS
+        )
+        self.logger = logger or logging.getLogger("ets_hook")
+        self.fired: DeadlineMiss | None = None
+
+    def deadline_s(self, p: Prediction) -> float:
+        """The deadline in seconds from hook creation."""
+        if isinstance(self.deadline, datetime):
+            start = p.start_time.timestamp() if p.start_time is not None else 0.0
+            return self.deadline.timestamp() - start
+        return float(self.deadline)
+
+    def check(self, p: Prediction) -> DeadlineMiss | None:
+        """The miss this prediction shows under ``policy``, or None. Pure."""
+        if p.total_s is None or not p.remaining_steps:
+            return None
+        deadline_s = self.deadline_s(p)
+        limit_s = deadline_s - self.margin_s
+        ci = p.total_ci_s or 0.0
+        optimistic = p.total_s - ci
+        if p.elapsed_s > limit_s:
+            fire = True
+        elif self.policy == "confident":
+            fire = optimistic > limit_s
+        elif self.policy == "likely":
+            fire = p.converged and p.total_s > limit_s
+        else:
+            fire = p.total_s > limit_s
+        if not fire:
+            return None
+        margin = f" (margin {format_duration(self.margin_s)})" if self.margin_s else ""
+        message = (
+            f"ets-hook: predicted to miss the deadline at step {p.step}/{p.total_steps}: "
+            f"total {format_duration(p.total_s)} (optimistic {format_duration(optimistic)}) > "
+            f"deadline {format_duration(deadline_s)}{margin} after start, "
+            f"short by {format_duration(p.total_s - limit_s)}"
+        )
+        return DeadlineMiss(
+            deadline_s=deadline_s,
+            margin_s=self.margin_s,
+            predicted_total_s=p.total_s,
+            optimistic_total_s=optimistic,
+            shortfall_s=p.total_s - limit_s,
+            policy=self.policy,
+            prediction=p,
+            message=message,
+        )
+
+    def on_prediction(self, prediction: Prediction) -> None:
+        if self.fired is not None:
+            return
+        miss = self.check(prediction)
+        if miss is None:
+            return
+        self.fired = miss
+        # Stop being scheduled: fired once, never again.
+        self.schedule = ReportSchedule(first_steps=0)
+        self.logger.warning("%s", miss.message)
+        if self.on_deadline == "raise":
+            raise DeadlineExceededError(miss)
+        if callable(self.on_deadline):
+            self.on_deadline(miss)
+
+
+# --------------------------------------------------------------------------------------------
+# Slurm
+# --------------------------------------------------------------------------------------------
+
+
+def parse_slurm_time(text: str) -> float | None:
+    """Seconds in a Slurm time limit (``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``, ``D-H:M:S``);
+    None for ``UNLIMITED`` / ``INFINITE`` / ``0`` (no limit). ValueError if malformed."""
+    s = text.strip()
+    if s.upper() in ("UNLIMITED", "INFINITE", "NOT_SET", ""):
+        return None
+    days = 0
+    if "-" in s:
+        day_text, s = s.split("-", 1)
+        days = int(day_text)
+        parts = [int(p) for p in s.split(":")]
+        if len(parts) > 3:
+            raise ValueError(f"bad Slurm time {text!r}")
+        h, m, sec = [*parts, 0, 0][:3]
+    else:
+        parts = [int(p) for p in s.split(":")]
+        if len(parts) == 1:
+            h, m, sec = 0, parts[0], 0
+        elif len(parts) == 2:
+            h, m, sec = 0, parts[0], parts[1]
+        elif len(parts) == 3:
+            h, m, sec = parts
+        else:
+            raise ValueError(f"bad Slurm time {text!r}")
+    if min(days, h, m, sec) < 0:
+        raise ValueError(f"bad Slurm time {text!r}")
+    total = ((days * 24 + h) * 60 + m) * 60 + sec
+    return float(total) if total > 0 else None
+
+
+def slurm_deadline(environ: Mapping[str, str] | None = None) -> datetime | None:
+    """The Slurm job's end time from the environment, or None outside Slurm / without a limit.
+
+    ``SLURM_JOB_END_TIME`` (Unix seconds; set in the job environment by Slurm >= 20.11) if set;
+    else ``SLURM_JOB_START_TIME`` + the time limit in ``SBATCH_TIMELIMIT`` or ``SLURM_TIMELIMIT``
+    (the submission-side variables, present when the job was submitted with them). Nothing else
+    is consulted: no ``squeue``/``scontrol`` subprocess, no network. Malformed values count as
+    absent.
+    """
+    env = os.environ if environ is None else environ
+    end = env.get("SLURM_JOB_END_TIME", "").strip()
+    try:
+        end_ts = float(end) if end else 0.0
+    except ValueError:
+        end_ts = 0.0
+    if end_ts > 0:
+        return datetime.fromtimestamp(end_ts, tz=timezone.utc)
+    start = env.get("SLURM_JOB_START_TIME", "").strip()
+    limit = env.get("SBATCH_TIMELIMIT") or env.get("SLURM_TIMELIMIT")
+    if not start or not limit:
+        return None
+    try:
+        start_ts = float(start)
+        limit_s = parse_slurm_time(limit)
+    except ValueError:
+        return None
+    if start_ts <= 0 or limit_s is None:
+        return None
+    return datetime.fromtimestamp(start_ts + limit_s, tz=timezone.utc)

@@ -1,0 +1,76 @@
+"""Human-readable durations, step times, relative intervals and one-line predictions."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..forecast.prediction import Prediction
+
+
+# --------------------------------------------------------------------------------------------
+# Formatting
+# --------------------------------------------------------------------------------------------
+
+
+def format_duration(seconds: float | None) -> str:
+    """Compact duration: ``4.2s``, ``42s``, ``13m32s``, ``2h05m``, ``3d04h``; ``?`` if unknown."""
+    if seconds is None or math.isnan(seconds):
+        return "?"
+    if seconds < 0:
+        return "-" + format_duration(-seconds)
+    if math.isinf(seconds):
+        return "∞"
+    if seconds < 9.95:
+        return f"{seconds:.1f}s"
+    whole = round(seconds)
+    if whole < 3600:
+        minutes, secs = divmod(whole, 60)
+        return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+    total_minutes = round(seconds / 60)
+    if total_minutes < 24 * 60:
+        hours, minutes = divmod(total_minutes, 60)
+        return f"{hours}h{minutes:02d}m"
+    total_hours = round(seconds / 3600)
+    days, hours = divmod(total_hours, 24)
+    return f"{days}d{hours:02d}h"
+
+
+def format_step_time(seconds: float) -> str:
+    """Step time with 3 significant digits: ``0.412 s/step``, ``12.3 ms/step``, ``812 µs/step``."""
+    if not math.isfinite(seconds):
+        return "? s/step"
+    if seconds >= 0.0995:
+        return f"{_sig3(seconds)} s/step"
+    if seconds >= 0.0009995:
+        return f"{_sig3(seconds * 1e3)} ms/step"
+    return f"{_sig3(seconds * 1e6)} µs/step"
+
+
+def _sig3(value: float) -> str:
+    if value >= 99.95:
+        return f"{value:.0f}"
+    if value >= 9.995:
+        return f"{value:.1f}"
+    if value >= 0.9995:
+        return f"{value:.2f}"
+    return f"{value:.3f}"
+
+
+def format_relative(rel: float) -> str:
+    """Relative half-width: ``±1.1%``, ``±12%``."""
+    if not math.isfinite(rel):
+        return "±?"
+    pct = 100.0 * rel
+    return f"±{pct:.1f}%" if pct < 9.95 else f"±{pct:.0f}%"
+
+
+def format_prediction(p: Prediction) -> str:
+    """``step 30/2000 · 0.412 s/step ±1.1% · ETA 13m32s · total 13m45s`` (ETA parts only when the
+    total step count is known)."""
+    steps = f"step {p.step}/{p.total_steps}" if p.total_steps is not None else f"step {p.step}"
+    text = f"{steps} · {format_step_time(p.iteration_s)} {format_relative(p.iteration_rel_ci)}"
+    if p.eta_s is not None:
+        text += f" · ETA {format_duration(p.eta_s)} · total {format_duration(p.total_s)}"
+    return text

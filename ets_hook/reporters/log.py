@@ -1,0 +1,95 @@
+"""``LogReporter``: a line on ``logging.getLogger("ets_hook")`` every N steps and whenever the
+estimate moves materially: ``step 30/2000 · 0.412 s/step ±1.1% · ETA 13m32s · total 13m45s``."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING
+
+from .base import EARLY_STEPS, Reporter, ReportSchedule
+from .format import format_duration, format_prediction
+
+if TYPE_CHECKING:
+    from ..forecast.prediction import Prediction
+
+
+# --------------------------------------------------------------------------------------------
+# Reporters
+# --------------------------------------------------------------------------------------------
+
+
+class LogReporter(Reporter):
+    """Logs ``format_prediction`` lines on ``logging.getLogger("ets_hook")``.
+
+    A line is written for the first prediction, when the estimate first converges, at global steps
+    that are multiples of ``every_n_steps``, and whenever the predicted total (the step time if the
+    total is unknown) moved by ``move_threshold`` (relative) since the last line; the last two
+    kinds at most once per ``min_interval_s`` of job time. The prediction rides along on the log
+    record as ``record.ets_prediction`` for structured handlers.
+    """
+
+    def __init__(
+        self,
+        every_n_steps: int | None = 100,
+        *,
+        move_threshold: float = 0.05,
+        min_interval_s: float = 5.0,
+        check_interval_s: float = 1.0,
+        first_steps: int = 0,
+        logger: logging.Logger | None = None,
+        level: int = logging.INFO,
+    ) -> None:
+        if not move_threshold > 0.0:
+            raise ValueError(f"move_threshold must be > 0, got {move_threshold}")
+        if min_interval_s < 0:
+            raise ValueError(f"min_interval_s must be >= 0, got {min_interval_s}")
+        self.schedule = ReportSchedule(
+            first_steps=first_steps,
+            every_n_steps=every_n_steps,
+            interval_s=check_interval_s,
+            early_steps=EARLY_STEPS,
+        )
+        self.every_n_steps = every_n_steps
+        self.move_threshold = move_threshold
+        self.min_interval_s = min_interval_s
+        self.logger = logger or logging.getLogger("ets_hook")
+        self.level = level
+        self._last_value: float | None = None
+        self._last_elapsed_s = -math.inf
+        self._converged = False
+
+    @staticmethod
+    def _value(p: Prediction) -> float:
+        return p.total_s if p.total_s is not None else p.iteration_s
+
+    def on_prediction(self, prediction: Prediction) -> None:
+        p = prediction
+        value = self._value(p)
+        newly_converged = p.converged and not self._converged
+        self._converged = self._converged or p.converged
+        if self._last_value is None or newly_converged:
+            self._emit(p, value)
+            return
+        if p.elapsed_s - self._last_elapsed_s < self.min_interval_s:
+            return
+        periodic = bool(self.every_n_steps) and p.step % self.every_n_steps == 0
+        moved = abs(value - self._last_value) >= self.move_threshold * abs(self._last_value)
+        if periodic or moved:
+            self._emit(p, value)
+
+    def on_close(self, prediction: Prediction | None) -> None:
+        if prediction is not None and self.logger.isEnabledFor(self.level):
+            self.logger.log(
+                self.level,
+                "finished at step %d after %s",
+                prediction.step,
+                format_duration(prediction.elapsed_s),
+                extra={"ets_prediction": prediction},
+            )
+
+    def _emit(self, p: Prediction, value: float) -> None:
+        self._last_value = value
+        self._last_elapsed_s = p.elapsed_s
+        if self.logger.isEnabledFor(self.level):
+            self.logger.log(self.level, "%s", format_prediction(p), extra={"ets_prediction": p})

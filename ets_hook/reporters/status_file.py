@@ -1,0 +1,71 @@
+"""``StatusFileReporter``: a JSON status file for schedulers, rewritten atomically, throttled."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..trace.atomic import atomic_write_bytes
+from .base import Reporter, ReportSchedule
+
+if TYPE_CHECKING:
+    from ..forecast.prediction import Prediction
+
+
+STATUS_FORMAT = "ets-hook-status"
+STATUS_VERSION = 1
+
+
+class StatusFileReporter(Reporter):
+    """Rewrites a JSON status file atomically (temp file in the same directory, fsync,
+    ``os.replace``): a reader always sees a complete, valid document, even if the process is
+    killed mid-write. Written for the first prediction, then at most every ``interval_s``, and at
+    close (``"state": "closed"``). Document::
+
+        {"format": "ets-hook-status", "version": 1, "state": "running" | "closed",
+         "pid": ..., "host": ..., "updated_at": ISO 8601, "prediction": Prediction.to_dict()}
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        interval_s: float = 5.0,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.path = Path(path)
+        if not self.path.parent.is_dir():
+            raise ValueError(f"status_path's directory does not exist: {self.path.parent}")
+        if self.path.is_dir():
+            raise ValueError(f"status_path is a directory: {self.path}")
+        self.schedule = ReportSchedule(first_steps=1, interval_s=interval_s)
+        self.extra = dict(extra or {})
+        json.dumps(self.extra)  # fail early on non-JSON extras
+        self._host = socket.gethostname()
+
+    def document(self, state: str, prediction: Prediction | None) -> dict[str, Any]:
+        return {
+            "format": STATUS_FORMAT,
+            "version": STATUS_VERSION,
+            "state": state,
+            "pid": os.getpid(),
+            "host": self._host,
+            "updated_at": datetime.now(timezone.utc).isoformat(),
+            **self.extra,
+            "prediction": prediction.to_dict() if prediction is not None else None,
+        }
+
+    def write(self, state: str, prediction: Prediction | None) -> None:
+        data = json.dumps(self.document(state, prediction), allow_nan=False, indent=1)
+        atomic_write_bytes(self.path, data.encode())
+
+    def on_prediction(self, prediction: Prediction) -> None:
+        self.write("running", prediction)
+
+    def on_close(self, prediction: Prediction | None) -> None:
+        self.write("closed", prediction)

@@ -1,0 +1,77 @@
+"""``TqdmReporter``: our ETA on a user's tqdm bar (postfix) or on a bar of our own.
+
+tqdm is an optional extra, imported when this reporter is created.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .base import EARLY_STEPS, Reporter, ReportSchedule
+from .format import format_duration, format_relative, format_step_time
+
+if TYPE_CHECKING:
+    from ..forecast.prediction import Prediction
+
+
+class TqdmReporter(Reporter):
+    """Shows our prediction on a tqdm bar.
+
+    ``bar=None``: a bar of our own (total = the job's steps), advanced to the current step and
+    closed at the end; its right side shows our ETA instead of tqdm's. A user's bar: only its
+    postfix is set (``refresh=False``: it redraws on its own schedule). Needs the ``tqdm`` extra
+    for a bar of our own: ``pip install 'ets-hook[tqdm]'``.
+    """
+
+    BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
+
+    def __init__(
+        self, bar: Any = None, *, interval_s: float = 0.5, desc: str = "train", **tqdm_kwargs: Any
+    ) -> None:
+        self.schedule = ReportSchedule(
+            first_steps=0, interval_s=interval_s, early_steps=EARLY_STEPS
+        )
+        self._own = bar is None
+        self._bar = bar
+        self._desc = desc
+        self._kwargs = tqdm_kwargs
+        if self._own:
+            try:
+                from tqdm import tqdm
+            except ImportError as exc:
+                raise ImportError(
+                    "ets-hook's progress bar needs tqdm: pip install 'ets-hook[tqdm]'"
+                ) from exc
+            self._factory: Any = tqdm
+        elif not callable(getattr(bar, "set_postfix_str", None)):
+            raise ValueError(f"progress bar must be a tqdm instance, got {type(bar).__name__}")
+
+    @staticmethod
+    def postfix(p: Prediction) -> str:
+        text = f"{format_step_time(p.iteration_s)} {format_relative(p.iteration_rel_ci)}"
+        if p.eta_s is not None:
+            text += f" · ETA {format_duration(p.eta_s)}"
+        return text
+
+    def on_prediction(self, prediction: Prediction) -> None:
+        text = self.postfix(prediction)
+        if not self._own:
+            self._bar.set_postfix_str(text, refresh=False)
+            return
+        if self._bar is None:
+            self._bar = self._factory(
+                total=prediction.total_steps,
+                initial=prediction.step,
+                desc=self._desc,
+                unit="step",
+                bar_format=self.BAR_FORMAT,
+                **self._kwargs,
+            )
+        self._bar.set_postfix_str(text, refresh=False)
+        self._bar.update(prediction.step - self._bar.n)
+
+    def on_close(self, prediction: Prediction | None) -> None:
+        if self._own and self._bar is not None:
+            if prediction is not None:
+                self._bar.update(prediction.step - self._bar.n)
+            self._bar.close()
