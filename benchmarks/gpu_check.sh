@@ -83,7 +83,7 @@ from ets_hook.capture import cupti
 status = cupti.cupti_status()
 result = {
     "status": {"available": status.available, "code": status.code, "reason": status.reason},
-    "info": _C.cupti_info(),
+    "info": _C._testing.cupti_info(),
     "clock_offset_ns": cupti.measure_clock_offset_ns(),
     "loaded_libcupti": _C.loaded_libraries("libcupti"),
 }

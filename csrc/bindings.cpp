@@ -141,13 +141,6 @@ PYBIND11_MODULE(_C, m) {
     for (const auto& f : ets::kRecordFields) out.append(py::make_tuple(f.name, f.format, f.offset));
     return out;
   });
-  m.def("record_dtype", &record_dtype);
-  m.def("record_kinds", [] {
-    py::dict d;
-    for (const auto& k : ets::kRecordKindNames) d[k.name] = static_cast<int>(k.kind);
-    return d;
-  });
-  m.attr("NO_DEVICE") = ets::kNoDevice;
 
   py::class_<RingBuffer, std::shared_ptr<RingBuffer>>(m, "RingBuffer")
       .def(py::init([](long long capacity) {
@@ -160,32 +153,14 @@ PYBIND11_MODULE(_C, m) {
            "capacity"_a)
       .def_property_readonly("capacity", &RingBuffer::capacity)
       .def_property_readonly("dropped", &RingBuffer::dropped)
-      .def_property_readonly("published", &RingBuffer::published)
-      .def_property_readonly("consumed", &RingBuffer::consumed)
       .def("__len__", &RingBuffer::size)
-      .def("drain", &drain, "max_records"_a = -1)
-      .def("drain_into", &drain_into, "out"_a)
-      .def("push", &push, "records"_a);
+      .def("drain", &drain, "max_records"_a = -1);
 
   py::class_<StringTable>(m, "StringTable")
       .def(py::init<>())
       .def("intern", [](StringTable& t, std::string_view s) { return t.intern(s); }, "name"_a)
-      .def("intern_many", [](StringTable& t, const std::vector<std::string>& names) {
-        py::array_t<uint32_t> ids(static_cast<py::ssize_t>(names.size()));
-        auto* p = ids.mutable_data();
-        for (std::size_t i = 0; i < names.size(); ++i) p[i] = t.intern(names[i]);
-        return ids;
-      }, "names"_a)
-      .def("resolve", [](const StringTable& t, long long id) {
-        std::string_view s;
-        if (id < 0 || id > UINT32_MAX || !t.lookup(static_cast<uint32_t>(id), &s)) {
-          throw py::value_error("unknown name id " + std::to_string(id));
-        }
-        return decode_name(s);
-      }, "name_id"_a)
       .def("resolve_many", &resolve_many, "name_ids"_a)
-      .def("__len__", &StringTable::size)
-      .def_property_readonly("failures", &StringTable::failures);
+      .def("__len__", &StringTable::size);
   m.def("names", &StringTable::global, py::return_value_policy::reference,
         "The process-wide table the CUPTI collector interns kernel names into.");
   m.def("demangle", [](const std::vector<std::string>& names) {
@@ -198,12 +173,8 @@ PYBIND11_MODULE(_C, m) {
   // ---- CUPTI ----
   auto& ctl = ets::CuptiController::instance();
 #ifdef ETS_HAVE_CUPTI
-  m.attr("CUPTI_COMPILED") = true;
-  m.attr("COMPILED_CUPTI_VERSION") = ets::kCompiledCuptiVersion;
   m.attr("EXTERNAL_CORRELATION_KIND") = static_cast<int>(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM2);
 #else
-  m.attr("CUPTI_COMPILED") = false;
-  m.attr("COMPILED_CUPTI_VERSION") = 0;
   m.attr("EXTERNAL_CORRELATION_KIND") = -1;
 #endif
   m.def("activity_names", &ets::activity_names);
@@ -228,8 +199,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("cupti_stop", [&ctl](bool flush) { return status_nogil([&] { return ctl.stop(flush); }); },
         "flush"_a = true);
   m.def("cupti_detach", [&ctl](const RingBuffer& ring) { ctl.detach(&ring); }, "ring"_a);
-  m.def("cupti_active", [&ctl] { return ctl.active(); });
-  m.def("cupti_last_error", [&ctl] { return ctl.last_error(); });
   m.def("cupti_stats", [&ctl] {
     const ets::CollectorStats s = ctl.stats();
     return py::dict("buffers_requested"_a = s.buffers_requested, "buffers_completed"_a = s.buffers_completed,
@@ -239,27 +208,58 @@ PYBIND11_MODULE(_C, m) {
                     "cupti_dropped"_a = s.cupti_dropped, "decode_errors"_a = s.decode_errors,
                     "buffers_outstanding"_a = s.buffers_outstanding);
   });
-  m.def("cupti_info", [&ctl] {
+  m.def("push_external_id", [&ctl](uint64_t id) { return ctl.push_external_id(id); }, "external_id"_a);
+  m.def("pop_external_id", [&ctl] { return ctl.pop_external_id(); });
+  m.def("cupti_timestamp_ns", [&ctl] { return ctl.timestamp_ns(); });
+  m.def("cupti_callback_name", [&ctl](uint32_t cbid, bool driver) { return ctl.callback_name(driver, cbid); },
+        "cbid"_a, "driver"_a = false);
+  m.def("loaded_libraries", &ets::loaded_library_paths, "needle"_a);
+
+  // ---- test and benchmark entry points ----
+  namespace t = ets::testing;
+  auto tm = m.def_submodule("_testing", "Test/benchmark entry points; not a public API.");
+  // Introspection the product never needs: build facts, record layout, controller state.
+#ifdef ETS_HAVE_CUPTI
+  tm.attr("CUPTI_COMPILED") = true;
+  tm.attr("COMPILED_CUPTI_VERSION") = ets::kCompiledCuptiVersion;
+#else
+  tm.attr("CUPTI_COMPILED") = false;
+  tm.attr("COMPILED_CUPTI_VERSION") = 0;
+#endif
+  tm.attr("NO_DEVICE") = ets::kNoDevice;
+  tm.def("record_dtype", &record_dtype);
+  tm.def("record_kinds", [] {
+    py::dict d;
+    for (const auto& k : ets::kRecordKindNames) d[k.name] = static_cast<int>(k.kind);
+    return d;
+  });
+  tm.def("cupti_active", [&ctl] { return ctl.active(); });
+  tm.def("cupti_last_error", [&ctl] { return ctl.last_error(); });
+  tm.def("cupti_info", [&ctl] {
     const ets::CuptiInfo i = ctl.info();
     return py::dict("compiled"_a = i.compiled, "compiled_version"_a = i.compiled_version,
                     "runtime_version"_a = i.runtime_version, "library_path"_a = i.library_path,
                     "kernel_struct"_a = i.kernel_struct, "memcpy_struct"_a = i.memcpy_struct,
                     "memset_struct"_a = i.memset_struct, "fake"_a = i.fake);
   });
-  m.def("push_external_id", [&ctl](uint64_t id) { return ctl.push_external_id(id); }, "external_id"_a);
-  m.def("pop_external_id", [&ctl] { return ctl.pop_external_id(); });
-  m.def("cupti_timestamp_ns", [&ctl] { return ctl.timestamp_ns(); });
-  m.def("cupti_callback_name", [&ctl](uint32_t cbid, bool driver) { return ctl.callback_name(driver, cbid); },
-        "cbid"_a, "driver"_a = false);
-  m.def("cupti_version_check", [](uint32_t compiled, uint32_t runtime) {
+  tm.def("cupti_version_check", [](uint32_t compiled, uint32_t runtime) {
     auto s = ets::check_cupti_version(compiled, runtime);
     return py::make_tuple(s.ok(), s.reason);
   }, "compiled"_a, "runtime"_a);
-  m.def("loaded_libraries", &ets::loaded_library_paths, "needle"_a);
-
-  // ---- test and benchmark entry points ----
-  namespace t = ets::testing;
-  auto tm = m.def_submodule("_testing", "Test/benchmark entry points; not a public API.");
+  // Ring and string-table operations only tests and benchmarks drive.
+  tm.def("ring_push", [](RingBuffer& ring, const py::array& records) { return push(ring, records); },
+         "ring"_a, "records"_a);
+  tm.def("ring_drain_into", [](RingBuffer& ring, py::array& out) { return drain_into(ring, out); },
+         "ring"_a, "out"_a);
+  tm.def("ring_counters", [](const RingBuffer& ring) {
+    return py::make_tuple(ring.published(), ring.consumed());
+  }, "ring"_a);
+  tm.def("intern_many", [](StringTable& t, const std::vector<std::string>& names) {
+    py::array_t<uint32_t> ids(static_cast<py::ssize_t>(names.size()));
+    auto* p = ids.mutable_data();
+    for (std::size_t i = 0; i < names.size(); ++i) p[i] = t.intern(names[i]);
+    return ids;
+  }, "table"_a, "names"_a);
   tm.def("push_sequence", [](RingBuffer& ring, uint64_t first, uint64_t count, uint32_t publish_every) {
     py::gil_scoped_release nogil;
     return t::push_sequence(ring, first, count, publish_every);

@@ -6,8 +6,7 @@ import itertools
 
 import numpy as np
 
-from ets_hook.capture.ops import RawOp
-from ets_hook.trace.decode import StepBounds, attach_kernels, build_iterations
+from ets_hook.trace.decode import RawOp, StepBounds, attach_kernels, build_iterations
 from ets_hook.trace.events import KernelEvent, Phase
 
 USER = 7

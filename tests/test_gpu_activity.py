@@ -50,7 +50,7 @@ def launch_row(corr: int, start: int, end: int, thread: int = 1, cbid: int = 211
         "end_ns": end,
         "thread_id": thread,
         "cbid": cbid,
-        "device": _C.NO_DEVICE,
+        "device": _C._testing.NO_DEVICE,
     }
 
 
@@ -91,7 +91,7 @@ def test_kernel_events_carry_every_field_sorted_by_start_and_shifted() -> None:
 
 
 def test_memcpy_directions_come_from_the_cupti_headers() -> None:
-    if not _C.CUPTI_COMPILED:
+    if not _C._testing.CUPTI_COMPILED:
         assert memcpy_name(1) == "Memcpy"
         return
     assert memcpy_name(1) == "Memcpy HtoD"

@@ -19,7 +19,7 @@ from ets_hook import _C, ETSHook
 from ets_hook.capture import cupti
 
 T = _C._testing
-pytestmark = pytest.mark.skipif(not _C.CUPTI_COMPILED, reason="built without CUPTI headers")
+pytestmark = pytest.mark.skipif(not T.CUPTI_COMPILED, reason="built without CUPTI headers")
 CBID_LAUNCH_KERNEL = 211
 _correlation = iter(range(1, 10**6))
 

@@ -28,7 +28,7 @@ CHECK = textwrap.dedent(
     pushed = C._testing.push_sequence(ring, 0, 10)
     out = ring.drain()
     print(json.dumps({
-        "compiled": C.CUPTI_COMPILED,
+        "compiled": C._testing.CUPTI_COMPILED,
         "probe": C.cupti_probe([]),
         "start": C.cupti_start(C.RingBuffer(4), 1 << 16, 4, ["kernel"]),
         "stop": C.cupti_stop(),

@@ -23,7 +23,7 @@ from ets_hook.capture.gpu_records import decode_activity
 
 T = _C._testing
 pytestmark = pytest.mark.skipif(
-    not _C.CUPTI_COMPILED, reason="this build has no CUPTI headers (see test_native_build.py)"
+    not T.CUPTI_COMPILED, reason="this build has no CUPTI headers (see test_native_build.py)"
 )
 
 # CUPTI constants from the headers this build used (cupti_activity.h / cupti_result.h).
@@ -115,7 +115,7 @@ def test_every_enabled_kind_decodes_to_the_right_record(fake: None) -> None:
     assert (runtime["start_ns"], runtime["end_ns"], runtime["device"]) == (
         1_000,
         1_500,
-        _C.NO_DEVICE,
+        T.NO_DEVICE,
     )
 
     assert (k1["start_ns"], k1["end_ns"], k1["device"], k1["context_id"]) == (2_000, 2_600, 1, 3)
@@ -147,7 +147,7 @@ def test_synthetic_buffers_use_the_compiled_struct_versions() -> None:
     assert kernel_struct.startswith("CUpti_ActivityKernel")
     assert memcpy_struct.startswith("CUpti_ActivityMemcpy")
     assert memset_struct.startswith("CUpti_ActivityMemset")
-    info = _C.cupti_info()
+    info = T.cupti_info()
     assert (info["kernel_struct"], info["memcpy_struct"], info["memset_struct"]) == (
         kernel_struct, memcpy_struct, memset_struct,
     )  # fmt: skip
@@ -216,7 +216,7 @@ def test_buffers_of_another_client_are_left_alone(fake: None) -> None:
     stats = collector.stats()
     assert stats.foreign_buffers == 1
     assert stats.records_decoded == 0
-    assert "another CUPTI client" in _C.cupti_last_error()
+    assert "another CUPTI client" in T.cupti_last_error()
 
 
 def test_concurrent_buffer_callbacks_lose_nothing(fake: None) -> None:
@@ -254,10 +254,10 @@ def test_start_enables_exactly_the_requested_kinds_and_stop_disables_them(fake: 
         [KIND_MEMCPY, KIND_MEMSET, KIND_DRIVER, KIND_RUNTIME, KIND_CONCURRENT_KERNEL, KIND_EXTERNAL]
     )
     assert T.fake_subscriber_count() == 0  # the subscriber probe unsubscribed
-    assert collector.active and _C.cupti_active()
+    assert collector.active and T.cupti_active()
     assert collector.stop().available
     assert T.fake_enabled_kinds() == []
-    assert not collector.active and not _C.cupti_active()
+    assert not collector.active and not T.cupti_active()
     assert collector.stop().available  # idempotent
 
 
@@ -413,7 +413,7 @@ def test_libcupti_is_found_under_cuda_home_without_the_soname() -> None:
     )
     status = cupti.cupti_status()
     assert status.code not in {"no_libcupti", "no_headers"}
-    info = _C.cupti_info()
+    info = T.cupti_info()
     assert Path(str(info["library_path"])).parent.resolve() == _toolkit_libcupti_dir().resolve()
     assert int(info["runtime_version"]) > 0
     assert cupti.cupti_timestamp_ns() is not None
@@ -421,8 +421,8 @@ def test_libcupti_is_found_under_cuda_home_without_the_soname() -> None:
 
 def test_version_mismatch_newer_major_than_the_headers() -> None:
     newer = (
-        (_C.COMPILED_CUPTI_VERSION // 10000 + 1) * 10000
-        if _C.COMPILED_CUPTI_VERSION >= 10000
+        (T.COMPILED_CUPTI_VERSION // 10000 + 1) * 10000
+        if T.COMPILED_CUPTI_VERSION >= 10000
         else 130000
     )
     T.install_fake_cupti(version=newer)
@@ -453,7 +453,7 @@ def test_version_mismatch_too_old() -> None:
     ],
 )
 def test_version_policy(compiled: int, runtime: int, ok: bool) -> None:
-    result, reason = _C.cupti_version_check(compiled, runtime)
+    result, reason = T.cupti_version_check(compiled, runtime)
     assert result is ok
     assert str(runtime) in reason
 
@@ -482,7 +482,7 @@ def test_insufficient_privileges_when_enabling_rolls_back_enabled_kinds() -> Non
     status = collector.start()
     assert (status.available, status.code) == (False, "insufficient_privileges")
     assert T.fake_enabled_kinds() == []  # kernel/memcpy/memset were enabled, then disabled again
-    assert not collector.active and not _C.cupti_active()
+    assert not collector.active and not T.cupti_active()
 
 
 def test_other_cupti_errors_are_reported_with_the_cupti_name() -> None:

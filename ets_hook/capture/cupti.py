@@ -14,7 +14,7 @@ record's ``start_ns``/``end_ns`` to put it on the ``time.time_ns()`` clock.
 Finding libcupti: see ``csrc/cupti_api.h`` for the search order (a libcupti already loaded in the
 process first); ``ETS_HOOK_CUPTI_LIBRARY=/path/to/libcupti.so`` overrides it.
 
-Failure policy (DESIGN.md §2): nothing here raises into the training loop for CUPTI trouble; every
+Failure policy: nothing here raises into the training loop for CUPTI trouble; every
 CUPTI problem becomes a ``CuptiStatus`` with a machine code and a human reason. Bad arguments are
 programming errors and raise ``ValueError``.
 """

@@ -20,30 +20,13 @@ anywhere; the hook restarts at the next root-module forward. Reading events back
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.autograd as autograd
 from torch._C import _profiler
 
-# RecordScope.USER_SCOPE: ``record_function`` annotations (e.g. "Optimizer.step#SGD.step").
-USER_SCOPE = int(_profiler.RecordScope.USER_SCOPE)
-BACKWARD_SCOPE = int(_profiler.RecordScope.BACKWARD_FUNCTION)
-
-
-@dataclass(slots=True)
-class RawOp:
-    """One profiler event as read back from Kineto, before any interpretation."""
-
-    name: str
-    start_ns: int
-    duration_ns: int
-    thread: int
-    sequence_nr: int
-    scope: int
-    input_shapes: tuple[tuple[int, ...], ...]
-    input_dtypes: tuple[str, ...]
+from ..trace.decode import RawOp
 
 
 def other_profiler_active() -> str | None:

@@ -1,27 +1,15 @@
-"""ETS encoder: a trace → per-op feature rows and targets → sliding windows (DESIGN.md §3).
+"""ETS per-op features: a trace's ETS rows -> standardised feature vectors (``EncodedIteration``).
 
 Contracts:
 - Pure functions over the trace model; no global state. Arrays are numpy, features ``float32``,
   targets ``float64`` nanoseconds.
-- The ETS sequence of an iteration (``ets_rows``) is its depth-0 ops in start order: forward ATen
-  ops, backward autograd nodes, optimizer ops, other work on the training threads; profiler
-  annotations and phase-less ops of non-training threads are excluded (``_RowFilter``).
-- Targets per row: on CUDA traces the op's summed kernel time ``kernel_duration_ns`` and the gap
-  to the next op's first kernel ``gap_ns`` (filled by the decoder or an importer; unknown → NaN;
-  an op that launched no kernel has duration 0 and gap 0);
-  on CPU traces the op's own ``duration_ns`` and ``gap_ns``, or when that is -1 the time to the
-  next depth-0 op on the same thread (the last op on a thread: to the iteration's end), clipped
-  at 0. The measured iteration time is the sum over rows of duration + gap.
+- Rows are ``ets.rows.ets_rows`` of each iteration; their (duration, gap) targets come from
+  ``ets.targets.iteration_targets``; ``ets.windows`` cuts the rows into sliding windows.
 - Features (``FeatureSchema``, versioned by ``FEATURE_SCHEMA_VERSION``): op-type one-hot over a
   vocabulary fitted on training data plus "other"; direction one-hot; dtype one-hot; log1p batch
   size and input height/width; log1p FLOPs and bytes; 30 log1p shape/parameter ints (an
   importer's ``params`` when given, else derived from input shapes: 3 tensors × [ndim, 9 dims]);
   optional device features; a padding flag (1 only on padding rows of windows).
-- Sliding windows of ``width`` rows every ``stride`` rows, starting at 0, until a window reaches
-  the last row; that last window is padded. Every row lies in at least one window. A row's
-  prediction is the mean over the windows containing it; padding rows are never counted.
-- ``StreamingEncoder`` yields exactly the windows of the batch construction, each as soon as it
-  is complete.
 """
 
 from __future__ import annotations

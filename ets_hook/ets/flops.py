@@ -31,6 +31,8 @@ import re
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from ..trace.names import AUTOGRAD_NODE_PREFIX
+
 Shape = tuple[int, ...]
 
 
@@ -102,7 +104,6 @@ def dtype_size_bytes(dtype: str, default: int = 4) -> int:
 # ---------------------------------------------------------------------------------------------
 # op names
 
-_BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
 _NAMESPACES = ("aten::", "torch::autograd::", "prim::", "c10d::", "torchvision::", "autograd::")
 _BACKWARD_RE = re.compile(r"^([A-Za-z0-9_]+?)Backward\d*$")
 
@@ -116,7 +117,7 @@ def _camel_to_snake(name: str) -> str:
 def is_backward_name(name: str) -> bool:
     """True for an autograd node (``AddmmBackward0``) or its engine wrapper event."""
     stripped = name.strip()
-    if stripped.startswith(_BACKWARD_PREFIX):
+    if stripped.startswith(AUTOGRAD_NODE_PREFIX):
         return True
     for ns in _NAMESPACES:
         if stripped.startswith(ns):
@@ -134,8 +135,8 @@ def canonical_op_name(name: str) -> str:
     (the ETS artifact's ``"conv2d"``) are returned unchanged.
     """
     n = name.strip()
-    if n.startswith(_BACKWARD_PREFIX):
-        n = n[len(_BACKWARD_PREFIX) :].strip()
+    if n.startswith(AUTOGRAD_NODE_PREFIX):
+        n = n[len(AUTOGRAD_NODE_PREFIX) :].strip()
     for ns in _NAMESPACES:
         if n.startswith(ns):
             n = n[len(ns) :]

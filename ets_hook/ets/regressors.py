@@ -2,7 +2,7 @@
 
 Model kinds (all predict per-op (duration, gap) in target space; an iteration is the sum over its
 real ops, padding never counted):
-- ``"lstm"``: ETS (DESIGN.md §3). Windows of ``width`` ops every ``stride`` ops; a bidirectional
+- ``"lstm"``: ETS (HPDC'24). Windows of ``width`` ops every ``stride`` ops; a bidirectional
   LSTM (``layers`` layers, ``hidden`` units per direction) and a per-step linear head with 2
   outputs; an op's prediction is the mean over the windows containing it.
 - ``"mlp"``: the op-based baseline ("PerfNet"): each op alone (windows of width 1) through an MLP

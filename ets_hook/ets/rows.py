@@ -8,24 +8,8 @@ backward autograd nodes, optimizer ops, other work on the training threads; prof
 from __future__ import annotations
 
 from ..trace.events import IterationTrace, OpEvent, Phase
+from ..trace.names import NON_ROW_PREFIXES
 from .flops import is_backward_name
-
-# Profiler annotations that may show up at depth 0 although they are not ops.
-_ANNOTATION_PREFIXES = (
-    "ProfilerStep#",
-    "Optimizer.step#",
-    "Optimizer.zero_grad#",
-    "enumerate(DataLoader)",
-    "## ",
-)
-
-
-# ---------------------------------------------------------------------------------------------
-# rows, directions, context
-
-
-def _is_annotation(name: str) -> bool:
-    return name.startswith(_ANNOTATION_PREFIXES)
 
 
 class _RowFilter:
@@ -42,7 +26,7 @@ class _RowFilter:
         self.training_threads: set[int] = set()
 
     def __call__(self, op: OpEvent) -> bool:
-        if op.depth != 0 or _is_annotation(op.name):
+        if op.depth != 0 or op.name.startswith(NON_ROW_PREFIXES):
             return False
         if op.phase is not Phase.OTHER or is_backward_name(op.name):
             self.training_threads.add(op.thread)

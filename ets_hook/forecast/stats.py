@@ -159,7 +159,7 @@ class StepTimePrior:
     """What is believed about warm-up and noise before the data say otherwise.
 
     Ranges are ~95% ranges of (step time / steady-state mean). The defaults were measured on a
-    2-core CPU machine (issue 3). A step covered by a range says the steady state lies in
+    2-core CPU machine. A step covered by a range says the steady state lies in
     ``[observed / hi, observed / lo]``: the midpoint of that interval is the bias-corrected value,
     its half-width a systematic uncertainty.
 

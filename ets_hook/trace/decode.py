@@ -26,15 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .events import IterationTrace, KernelEvent, OpEvent, Phase
-
-AUTOGRAD_NODE_PREFIX = "autograd::engine::evaluate_function:"
-OPTIMIZER_ANNOTATION_PREFIX = "Optimizer."
-_ANNOTATION_PREFIXES = ("Optimizer.step#", "Optimizer.zero_grad#", "ProfilerStep#")
-
-# Matches op_capture.USER_SCOPE / BACKWARD_SCOPE (torch RecordScope values), kept here so decoding
-# does not import torch.
-USER_SCOPE = 7
-BACKWARD_SCOPE = 1
+from .names import OPTIMIZER_ANNOTATION_PREFIX, is_annotation, is_autograd_node
 
 
 @dataclass(slots=True)
@@ -46,7 +38,14 @@ class StepBounds:
     end_ns: int
 
 
-class _RawLike:  # the attributes decode needs from op_capture.RawOp
+@dataclass(slots=True)
+class RawOp:
+    """One operator event as the op capture reads it back, before any interpretation.
+
+    Times are int ns on the trace clock; ``scope`` is the ``RecordScope`` value
+    (``trace.names``); shapes and dtypes are empty when they were not recorded.
+    """
+
     name: str
     start_ns: int
     duration_ns: int
@@ -57,15 +56,15 @@ class _RawLike:  # the attributes decode needs from op_capture.RawOp
     input_dtypes: tuple[str, ...]
 
 
-def _is_annotation(raw: _RawLike) -> bool:
-    return raw.scope == USER_SCOPE or raw.name.startswith(_ANNOTATION_PREFIXES)
+def _is_annotation(raw: RawOp) -> bool:
+    return is_annotation(raw.name, raw.scope)
 
 
-def _is_autograd_node(raw: _RawLike) -> bool:
-    return raw.name.startswith(AUTOGRAD_NODE_PREFIX) or raw.scope == BACKWARD_SCOPE
+def _is_autograd_node(raw: RawOp) -> bool:
+    return is_autograd_node(raw.name, raw.scope)
 
 
-def _nest(raws: Sequence[_RawLike]) -> list[int]:
+def _nest(raws: Sequence[RawOp]) -> list[int]:
     """Parent index (into ``raws``) of each event on its own thread, -1 for outermost."""
     parents = [-1] * len(raws)
     by_thread: dict[int, list[int]] = defaultdict(list)
@@ -83,7 +82,7 @@ def _nest(raws: Sequence[_RawLike]) -> list[int]:
     return parents
 
 
-def _training_thread(raws: Sequence[_RawLike], parents: list[int]) -> int:
+def _training_thread(raws: Sequence[RawOp], parents: list[int]) -> int:
     """The thread that runs the forward: most outermost non-autograd, non-annotation events."""
     counts: Counter[int] = Counter(
         raw.thread
@@ -113,7 +112,7 @@ def _fill_shapes(target: list[OpEvent], source: list[OpEvent]) -> None:
 
 
 def build_iterations(
-    raws: Sequence[_RawLike], bounds: Sequence[StepBounds], *, shapes_source_step: int | None = None
+    raws: Sequence[RawOp], bounds: Sequence[StepBounds], *, shapes_source_step: int | None = None
 ) -> list[IterationTrace]:
     """Split raw profiler events into iterations of ``OpEvent``s with phase, depth and parent.
 

@@ -8,7 +8,7 @@ Contracts shared by every stage:
   thread: forward ATen ops, backward autograd nodes, optimizer ops. Profiler annotations such as
   ``Optimizer.step#SGD.step`` are not ops; they only decide ``phase``.
 - ``KernelEvent.op_index`` indexes into the ops of the same iteration (or -1: not correlated).
-- ``kernel_duration_ns`` / ``gap_ns`` on an op are derived values (the ETS targets, DESIGN.md §3),
+- ``kernel_duration_ns`` / ``gap_ns`` on an op are derived values (the ETS targets, see ``ets.targets``),
   filled by the decoder or an importer: -1 means "not known", never 0.
 """
 
@@ -82,7 +82,7 @@ class KernelEvent:
     grid: tuple[int, int, int] = (0, 0, 0)
     block: tuple[int, int, int] = (0, 0, 0)
     bytes: int = 0
-    # NCCL kernels: their duration includes waiting for other ranks (DESIGN.md §4).
+    # NCCL kernels: their duration includes waiting for other ranks.
     communication: bool = False
 
     @property

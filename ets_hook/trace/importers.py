@@ -1,6 +1,6 @@
 """Importers: foreign trace formats → the trace model (``ets_hook.trace``).
 
-The ETS paper artifact's raw per-op CSV (DESIGN.md §3) holds one profiled steady-state iteration
+The ETS paper artifact's raw per-op CSV holds one profiled steady-state iteration
 per file, one row per autograd op (forward, then backward, then optimizer rows), header::
 
     op,dir,params,grid,block,flops,bytes,rStartTime,rEndTime,kStartTime,kEndTime,
