@@ -46,8 +46,8 @@ sys.path.insert(0, str(REPO))
 from ets_hook.ets.features import EncodedIteration, encode_trace, fit_schema  # noqa: E402
 from ets_hook.ets.regressors import Predictor, evaluate, mre, rmse_ms  # noqa: E402
 from ets_hook.ets.training import TrainConfig, fit_encoded  # noqa: E402
+from ets_hook.trace.discovery import load_traces  # noqa: E402
 from ets_hook.trace.events import Trace  # noqa: E402
-from ets_hook.trace.importers import import_ets_paths  # noqa: E402
 
 KINDS = ("lstm", "mlp", "grouping")
 KIND_LABEL = {
@@ -415,7 +415,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     gpus = sorted(p.name for p in args.data.iterdir() if p.is_dir() and any(p.glob("*.csv")))
     if args.gpus:
         gpus = [g for g in gpus if g in args.gpus.split(",")]
-    traces = {gpu: import_ets_paths([args.data / gpu]) for gpu in gpus}
+    traces = {gpu: load_traces([args.data / gpu]) for gpu in gpus}
     kinds = tuple(k for k in args.kinds.split(",") if k) if args.kinds else KINDS
     kinds += ("lstm-paper",) if args.paper_lstm and "lstm-paper" not in kinds else ()
     unknown = [k for k in kinds if k not in KIND_LABEL]

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import pytest
-
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 @functools.cache

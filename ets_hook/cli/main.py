@@ -16,6 +16,8 @@ from typing import Any
 from .. import __version__
 from ..trace.events import Trace
 from ..trace.summary import format_info, summarize_iteration
+from .demo import add_demo_arguments
+from .train import add_evaluate_parser, add_train_parser
 
 
 def _load(path: str) -> Trace:
@@ -78,18 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo", help="train a small model with the hook: predicted vs actual"
     )
-    from .demo import add_demo_arguments
-
     add_demo_arguments(demo)
     demo.set_defaults(handler=_cmd_demo)
 
-    try:
-        from .train import add_evaluate_parser, add_train_parser
-    except ImportError:  # pragma: no cover - the model CLI ships with the package
-        pass
-    else:
-        add_train_parser(commands)
-        add_evaluate_parser(commands)
+    add_train_parser(commands)
+    add_evaluate_parser(commands)
     return parser
 
 

@@ -15,62 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any, TextIO
 
 from ..ets.features import DEFAULT_VOCAB_SIZE
 from ..ets.regressors import MODEL_KINDS, Evaluation, Predictor, evaluate
 from ..ets.targets import TARGET_TRANSFORMS
 from ..ets.windows import DEFAULT_STRIDE, DEFAULT_WIDTH
-from ..trace.events import Trace
-from ..trace.importers import read_ets_csv
-
-_TRACE_SUFFIXES = (".ets",)
-
-
-def _trace_files(paths: Iterable[str | Path]) -> list[Path]:
-    files: list[Path] = []
-    for raw in paths:
-        p = Path(raw)
-        if p.is_dir():
-            found = sorted(
-                q
-                for q in p.rglob("*")
-                if q.is_file()
-                and (
-                    (q.suffix.lower() == ".csv" and q.name != "MANIFEST.csv")
-                    or q.suffix.lower() in _TRACE_SUFFIXES
-                )
-            )
-            if not found:
-                raise FileNotFoundError(f"no .csv or .ets trace files under {p}")
-            files.extend(found)
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise FileNotFoundError(f"no such file or directory: {p}")
-    return files
-
-
-def load_traces(paths: Iterable[str | Path], *, device_name: str | None = None) -> list[Trace]:
-    """Load ETS CSV files and ets-hook trace files (or directories of them), in order.
-
-    ``device_name`` overrides the GPU name of CSV traces (default: the CSV's folder name).
-    Every trace gets ``metadata["file"]`` (the file name) when it has none.
-    """
-    traces: list[Trace] = []
-    for path in _trace_files(paths):
-        if path.suffix.lower() == ".csv":
-            trace = read_ets_csv(path, device_name=device_name)
-        else:
-            from ..trace.io import load_trace
-
-            trace = load_trace(path)
-        trace.metadata.setdefault("file", path.name)
-        traces.append(trace)
-    return traces
-
+from ..trace.discovery import load_traces
 
 # ---------------------------------------------------------------------------------------------
 # train
@@ -127,7 +78,7 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--device", default=None, help="GPU name for CSV traces (default: folder)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=run_train)
+    p.set_defaults(handler=run_train)
     return p
 
 
@@ -207,7 +158,7 @@ def add_evaluate_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("traces", nargs="+", metavar="TRACES", help="trace files or directories")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--device", default=None, help="GPU name for CSV traces (default: folder)")
-    p.set_defaults(func=run_evaluate)
+    p.set_defaults(handler=run_evaluate)
     return p
 
 
@@ -257,17 +208,3 @@ def run_evaluate(args: argparse.Namespace, out: TextIO | None = None) -> int:
     else:
         print(format_evaluation(evaluation, predictor, str(args.model)), file=out)
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Stand-alone entry (``python -m ets_hook.model_cli``) until ``ets_hook.cli`` wires these."""
-    parser = argparse.ArgumentParser(prog="ets-hook")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_train_parser(sub)
-    add_evaluate_parser(sub)
-    args = parser.parse_args(argv)
-    return int(args.func(args))
-
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())

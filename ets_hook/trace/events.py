@@ -8,8 +8,8 @@ Contracts shared by every stage:
   thread: forward ATen ops, backward autograd nodes, optimizer ops. Profiler annotations such as
   ``Optimizer.step#SGD.step`` are not ops; they only decide ``phase``.
 - ``KernelEvent.op_index`` indexes into the ops of the same iteration (or -1: not correlated).
-- ``kernel_duration_ns`` / ``gap_ns`` on an op are derived values (the ETS targets, see ``ets.targets``),
-  filled by the decoder or an importer: -1 means "not known", never 0.
+- ``kernel_duration_ns`` / ``gap_ns`` on an op are derived values (the ETS targets), filled by
+  the decoder or an importer: -1 means "not known", never 0.
 """
 
 from __future__ import annotations

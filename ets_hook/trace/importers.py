@@ -27,7 +27,7 @@ import ast
 import csv
 import logging
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -260,28 +260,3 @@ def read_ets_csv(
             "half_rows": half_rows,
         },
     )
-
-
-def _csv_files(paths: Iterable[Path | str]) -> list[Path]:
-    files: list[Path] = []
-    for raw in paths:
-        p = Path(raw)
-        if p.is_dir():
-            files.extend(sorted(q for q in p.rglob("*.csv") if q.name != "MANIFEST.csv"))
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise FileNotFoundError(f"no such file or directory: {p}")
-    return files
-
-
-def import_ets_paths(
-    paths: Iterable[Path | str],
-    *,
-    op_codes: Mapping[int, str] | None = None,
-    device_name: str | None = None,
-) -> list[Trace]:
-    """Import ETS CSV files, or every ``*.csv`` under given directories (``MANIFEST.csv`` skipped),
-    in sorted order per directory. Each file's device defaults to its folder name.
-    """
-    return [read_ets_csv(f, op_codes=op_codes, device_name=device_name) for f in _csv_files(paths)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from test_trace_io import sample_trace
+from support import sample_trace
 
 from ets_hook.cli.main import main
 from ets_hook.trace.chrome import chrome_events, export_chrome

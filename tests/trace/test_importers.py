@@ -6,13 +6,13 @@ import csv
 from pathlib import Path
 
 import pytest
-from conftest import SHARED_DATA
+from support import SHARED_DATA
 
 from ets_hook.errors import ETSCSVError
+from ets_hook.trace.discovery import load_traces
 from ets_hook.trace.events import Phase
 from ets_hook.trace.importers import (
     ETS_CSV_COLUMNS,
-    import_ets_paths,
     load_op_codes,
     parse_ets_file_name,
     read_ets_csv,
@@ -181,17 +181,17 @@ def test_directories_files_and_op_code_table(tmp_path: Path) -> None:
     _write(tmp_path / "T4" / "b.2_7.csv", _sample_rows())
     _write(tmp_path / "2080Ti" / "a.3_7.csv", _sample_rows())
     (tmp_path / "MANIFEST.csv").write_text("gpu,file\n")
-    traces = import_ets_paths([tmp_path])
+    traces = load_traces([tmp_path])
     assert [(t.device.name, t.metadata["file"]) for t in traces] == [
         ("2080Ti", "a.3_7.csv"),
         ("T4", "a.1_7.csv"),
         ("T4", "b.2_7.csv"),
     ]
-    single = import_ets_paths([tmp_path / "T4" / "b.2_7.csv"], device_name="T4-override")
+    single = load_traces([tmp_path / "T4" / "b.2_7.csv"], device_name="T4-override")
     assert single[0].device.name == "T4-override"
     assert single[0].iterations[0].ops[0].name == "conv2d"
     with pytest.raises(FileNotFoundError):
-        import_ets_paths([tmp_path / "missing.csv"])
+        load_traces([tmp_path / "missing.csv"])
     assert load_op_codes(tmp_path / "opCodes.dict")[203] == "conv2d"
     (tmp_path / "bad.dict").write_text("[1, 2]")
     with pytest.raises(ETSCSVError, match="dict"):
@@ -212,7 +212,7 @@ def test_shared_sample_imports_as_the_manifest_says() -> None:
     manifest = {
         (row["gpu"], row["file"]): row for row in csv.DictReader((SAMPLE / "MANIFEST.csv").open())
     }
-    traces = import_ets_paths([SAMPLE])
+    traces = load_traces([SAMPLE])
     assert len(traces) == len(manifest)
     for trace in traces:
         row = manifest[(trace.device.name, trace.metadata["file"])]

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from ets_hook.cli.train import add_evaluate_parser, add_train_parser, load_traces
+from ets_hook.cli.train import add_evaluate_parser, add_train_parser
 from ets_hook.ets.regressors import Predictor
+from ets_hook.trace.discovery import load_traces
 from ets_hook.trace.events import IterationTrace, OpEvent, Phase, Trace
 from ets_hook.trace.importers import ETS_CSV_COLUMNS
 
@@ -96,7 +97,7 @@ def test_train_then_evaluate(data_dir: Path, tmp_path: Path) -> None:
         ]
     )
     out = io.StringIO()
-    assert args.func(args, out=out) == 0
+    assert args.handler(args, out=out) == 0
     assert "wrote" in out.getvalue() and model.is_file()
     predictor = Predictor.load(model)
     assert predictor.kind == "mlp" and predictor.hidden == 16
@@ -104,7 +105,7 @@ def test_train_then_evaluate(data_dir: Path, tmp_path: Path) -> None:
 
     args = _parser().parse_args(["evaluate", str(model), str(data_dir)])
     out = io.StringIO()
-    assert args.func(args, out=out) == 0
+    assert args.handler(args, out=out) == 0
     text = out.getvalue()
     assert "MRE:" in text and "RMSE:" in text
     for name in ("net_a", "net_b", "net_c"):
@@ -114,7 +115,7 @@ def test_train_then_evaluate(data_dir: Path, tmp_path: Path) -> None:
         ["evaluate", str(model), str(data_dir / "T4" / "net_a.2_7.csv"), "--json"]
     )
     out = io.StringIO()
-    assert args.func(args, out=out) == 0
+    assert args.handler(args, out=out) == 0
     doc = json.loads(out.getvalue())
     assert doc["iterations"] == 1 and set(doc["by_model"]) == {"net_a"}
     row = doc["per_iteration"][0]
@@ -153,7 +154,7 @@ def test_defaults_and_lstm_options(data_dir: Path, tmp_path: Path) -> None:
             "2",
         ]
     )
-    assert args.func(args, out=io.StringIO()) == 0
+    assert args.handler(args, out=io.StringIO()) == 0
     predictor = Predictor.load(tmp_path / "m.npz")
     assert (predictor.width, predictor.stride, predictor.layers) == (6, 2, 1)
     assert len(predictor.members) == 2
@@ -161,18 +162,18 @@ def test_defaults_and_lstm_options(data_dir: Path, tmp_path: Path) -> None:
 
 def test_bad_inputs_exit_with_2(data_dir: Path, tmp_path: Path, capsys) -> None:
     args = _parser().parse_args(["train", str(tmp_path / "nope"), "-o", str(tmp_path / "m.npz")])
-    assert args.func(args) == 2
+    assert args.handler(args) == 2
     assert "no such file" in capsys.readouterr().err
     args = _parser().parse_args(
         ["train", str(data_dir), "-o", str(tmp_path / "m.npz"), "--width", "2", "--stride", "3"]
     )
-    assert args.func(args) == 2
+    assert args.handler(args) == 2
     assert "stride" in capsys.readouterr().err
     bad = tmp_path / "bad" / "x.1_7.csv"
     bad.parent.mkdir()
     bad.write_text(",".join(ETS_CSV_COLUMNS) + "\n1,2\n")
     args = _parser().parse_args(["evaluate", str(tmp_path / "m.npz"), str(bad)])
-    assert args.func(args) == 2  # the model file does not exist
+    assert args.handler(args) == 2  # the model file does not exist
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match=r"no \.csv or \.ets"):
         load_traces([tmp_path / "empty"])

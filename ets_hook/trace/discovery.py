@@ -1,0 +1,85 @@
+"""Trace discovery: the trace files named by paths (files or folders), and loading them.
+
+One place decides what counts as a trace file: an ets-hook ``.ets`` file (``trace.io``) or an ETS
+paper-artifact CSV (``trace.importers``), found recursively under folders in sorted order, the
+artifact's ``MANIFEST.csv`` left out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from .events import Trace
+from .importers import read_ets_csv
+from .io import load_trace
+
+#: File suffixes (lower case) that hold traces.
+TRACE_SUFFIXES = (".ets", ".csv")
+_NOT_TRACES = {"MANIFEST.csv"}
+
+
+def trace_files(paths: Iterable[str | Path]) -> list[Path]:
+    """The trace files the given paths name, in order; folders expand to the trace files under
+    them (recursively, sorted).
+
+    Args:
+        paths: files (taken as they are, whatever their suffix) and folders.
+
+    Returns:
+        The files, in the order of ``paths``.
+
+    Raises:
+        FileNotFoundError: a path does not exist, or a folder holds no trace file.
+    """
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found = sorted(
+                q
+                for q in path.rglob("*")
+                if q.is_file() and q.suffix.lower() in TRACE_SUFFIXES and q.name not in _NOT_TRACES
+            )
+            if not found:
+                raise FileNotFoundError(f"no .csv or .ets trace files under {path}")
+            files.extend(found)
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise FileNotFoundError(f"no such file or directory: {path}")
+    return files
+
+
+def load_traces(
+    paths: Iterable[str | Path],
+    *,
+    device_name: str | None = None,
+    op_codes: Mapping[int, str] | None = None,
+) -> list[Trace]:
+    """Load every trace file the paths name (``trace_files``), in order.
+
+    Args:
+        paths: ``.ets`` files, ETS CSV files, or folders of them.
+        device_name: overrides the GPU name of CSV traces (default: the CSV's folder name).
+        op_codes: the artifact's op-code table for CSV traces (default: an ``opCodes.dict``
+            found near each file).
+
+    Returns:
+        One ``Trace`` per file; each carries ``metadata["file"]`` (its file name) unless the
+        file set one.
+
+    Raises:
+        FileNotFoundError: as ``trace_files``.
+        TraceFileError: an ``.ets`` file cannot be read.
+        ETSCSVError: a CSV file is malformed.
+    """
+    traces: list[Trace] = []
+    for path in trace_files(paths):
+        if path.suffix.lower() == ".csv":
+            trace = read_ets_csv(path, op_codes=op_codes, device_name=device_name)
+        else:
+            trace = load_trace(path)
+        trace.metadata.setdefault("file", path.name)
+        traces.append(trace)
+    return traces
