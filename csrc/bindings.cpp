@@ -37,7 +37,7 @@ py::dtype record_dtype() {
 // A C-contiguous array of records with exactly the record dtype, or ValueError.
 ets::Record* record_data(py::array& a, bool writable) {
   if (!a.dtype().attr("__eq__")(record_dtype()).cast<bool>()) {
-    throw py::value_error("expected an array with the record dtype (ets_hook.native.RECORD_DTYPE), got " +
+    throw py::value_error("expected an array with the record dtype (ets_hook.capture.cupti.RECORD_DTYPE), got " +
                           py::str(a.dtype()).cast<std::string>());
   }
   if (a.ndim() != 1 || !(a.flags() & py::array::c_style)) {
@@ -211,8 +211,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("push_external_id", [&ctl](uint64_t id) { return ctl.push_external_id(id); }, "external_id"_a);
   m.def("pop_external_id", [&ctl] { return ctl.pop_external_id(); });
   m.def("cupti_timestamp_ns", [&ctl] { return ctl.timestamp_ns(); });
-  m.def("cupti_callback_name", [&ctl](uint32_t cbid, bool driver) { return ctl.callback_name(driver, cbid); },
-        "cbid"_a, "driver"_a = false);
   m.def("loaded_libraries", &ets::loaded_library_paths, "needle"_a);
 
   // ---- test and benchmark entry points ----
@@ -242,6 +240,8 @@ PYBIND11_MODULE(_C, m) {
                     "kernel_struct"_a = i.kernel_struct, "memcpy_struct"_a = i.memcpy_struct,
                     "memset_struct"_a = i.memset_struct, "fake"_a = i.fake);
   });
+  tm.def("cupti_callback_name", [&ctl](uint32_t cbid, bool driver) { return ctl.callback_name(driver, cbid); },
+         "cbid"_a, "driver"_a = false);
   tm.def("cupti_version_check", [](uint32_t compiled, uint32_t runtime) {
     auto s = ets::check_cupti_version(compiled, runtime);
     return py::make_tuple(s.ok(), s.reason);

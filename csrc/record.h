@@ -5,14 +5,14 @@
 //   fill it field by field *in place* in the ring slot; nothing builds a Record on the stack and
 //   copies it in (that was measured 6x slower).
 // - `kRecordFields` is the single source of truth for the Python twin of this layout: the binding
-//   exports it and `ets_hook.native.RECORD_DTYPE` is generated from it (names, numpy formats,
+//   exports it and `ets_hook.capture.cupti.RECORD_DTYPE` is generated from it (names, numpy formats,
 //   offsets, itemsize). Add a field here and it appears in Python.
 // - A common header is followed by a small per-kind payload whose fields share bytes (a tagged
 //   union): a field is meaningful only for the kinds listed below and reads as garbage for the
 //   others. Python code selects rows by `kind` before reading payload fields.
 // - Times are int nanoseconds on the producer's clock (CUPTI records: CUPTI's timestamp, which is
 //   CLOCK_REALTIME / Unix-epoch ns on Linux unless a tool registered its own timestamp source;
-//   ets_hook.native.measure_clock_offset_ns() measures the offset to time.time_ns()).
+//   ets_hook.capture.cupti.measure_clock_offset_ns() measures the offset to time.time_ns()).
 #pragma once
 
 #include <cstddef>

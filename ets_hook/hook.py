@@ -514,7 +514,7 @@ class ETSHook:
         self, results: list[Any], bounds: list[StepBounds], window_end_event: Any = None
     ) -> None:
         # One BLAS thread: numpy's OpenBLAS workers would otherwise spin on the training
-        # loop's cores for ~0.1 s after the trace model's products (ets_hook.blas). The
+        # loop's cores for ~0.1 s after the trace model's products (ets_hook.ets.blas). The
         # interpreter's switch interval is left alone: shortening it (0.2 ms) made the training
         # thread pay a GIL hand-off per op and the decode cost it 1.5-2x more in total.
         with single_threaded_blas():

@@ -3,7 +3,7 @@
 What lives here: the record dtype (generated from the C++ field table, never written by hand), the
 CUPTI availability status, the ``KernelCollector`` lifecycle wrapper, external-correlation push/pop,
 clock alignment and bulk name resolution. Interpreting records (kernels, launches, steps) is
-``ets_hook.gpu_activity``'s job.
+``ets_hook.capture.gpu_records``'s job.
 
 Clocks: every CUPTI record carries CUPTI timestamps. On Linux CUPTI uses ``CLOCK_REALTIME`` (the
 ``time.time_ns()`` clock) unless a tool registered its own timestamp source, so the offset to the
@@ -202,11 +202,6 @@ def name_table() -> StringTable:
     return _C.names()
 
 
-def intern_name(name: str) -> int:
-    """Id of ``name`` in the process-wide table (adds it if new)."""
-    return name_table().intern(name)
-
-
 def resolve_names(
     name_ids: Sequence[int] | np.ndarray, *, table: StringTable | None = None
 ) -> list[str]:
@@ -285,23 +280,6 @@ def demangle_names(names: Sequence[str]) -> list[str]:
 #: CUPTI memcpy kind -> direction ("HtoD", ...), for display names of memcpy records.
 MEMCPY_KIND_NAMES: dict[int, str] = dict(_C.memcpy_kind_names())
 
-_api_names: dict[tuple[int, bool], str] = {}
-
-
-def runtime_api_name(cbid: int, *, driver: bool = False) -> str:
-    """Name of a CUDA runtime (or driver) API callback id, e.g. 211 -> "cudaLaunchKernel".
-
-    Uses ``cuptiGetCallbackName`` once libcupti is loaded; ``"cuda_api_<cbid>"`` otherwise.
-    """
-    key = (int(cbid), driver)
-    name = _api_names.get(key)
-    if name is None:
-        name = _C.cupti_callback_name(key[0], driver)
-        if not name:
-            return f"cuda_{'driver' if driver else 'runtime'}_api_{key[0]}"
-        _api_names[key] = name
-    return name
-
 
 # ------------------------------------------------------------------------------------------------
 # Collector
@@ -341,7 +319,7 @@ class KernelCollector:
     returns the status ``already_active``. ``start``/``flush``/``stop`` never raise for CUPTI
     trouble; they return a ``CuptiStatus``. Call ``torch.cuda.synchronize()`` before the final
     ``flush()``/``stop()`` so every kernel record is complete (incomplete ones carry 0 timestamps
-    and are skipped by ``gpu_activity``).
+    and are skipped by ``capture.gpu_records``).
     """
 
     def __init__(

@@ -4,12 +4,12 @@ Input is a ``RECORD_DTYPE`` array from ``KernelCollector.drain()``; all interpre
 (the C++ side only collects). Contracts:
 
 - Timestamps are shifted by ``clock_offset_ns`` (``time.time_ns() - CUPTI clock``, see
-  ``ets_hook.native.measure_clock_offset_ns``) so results are on the trace clock.
+  ``capture.cupti.measure_clock_offset_ns``) so results are on the trace clock.
 - GPU records without valid timestamps (0, or end before start: CUPTI could not time them) are
   skipped and counted in ``GpuActivity.invalid``.
 - ``KernelEvent.correlation_id`` ties a kernel to the runtime API call that launched it; the launch
   table holds those calls (CPU thread id = ``threading.get_native_id()`` of the launching thread,
-  call start/end on the trace clock) for the op <-> kernel join in ``ets_hook.decode``.
+  call start/end on the trace clock) for the op <-> kernel join in ``ets_hook.trace.decode``.
 - NCCL kernels are marked ``communication=True``: their duration includes waiting for other ranks.
 """
 
@@ -41,7 +41,7 @@ LAUNCH_DTYPE = np.dtype(
     ]
 )
 
-#: CUPTI correlation id -> id pushed with ``native.push_external_id``.
+#: CUPTI correlation id -> id pushed with ``capture.cupti.push_external_id``.
 EXTERNAL_DTYPE = np.dtype(
     [("correlation_id", "<u4"), ("external_id", "<u8"), ("external_kind", "u1")]
 )
@@ -66,7 +66,7 @@ class GpuActivity:
 def _check(records: np.ndarray) -> np.ndarray:
     if not isinstance(records, np.ndarray) or records.dtype != RECORD_DTYPE:
         got = getattr(records, "dtype", type(records).__name__)
-        raise ValueError(f"expected records with ets_hook.native.RECORD_DTYPE, got {got}")
+        raise ValueError(f"expected records with ets_hook.capture.cupti.RECORD_DTYPE, got {got}")
     return records.ravel()
 
 
@@ -149,7 +149,7 @@ def _kernel_events(
 def launch_table(records: np.ndarray, *, clock_offset_ns: int = 0) -> np.ndarray:
     """Runtime/driver API records as a ``LAUNCH_DTYPE`` table, by start time.
 
-    Names of the calls: ``ets_hook.native.runtime_api_name(cbid)``.
+    Names of the calls: ````_C._testing.cupti_callback_name(cbid)`` in tests``.
     """
     records = _check(records)
     api = records[np.isin(records["kind"], [int(RecordKind.RUNTIME), int(RecordKind.DRIVER)])]

@@ -1,13 +1,13 @@
 """``ets-hook train`` and ``ets-hook evaluate``: argparse wiring for the ETS model pipeline.
 
-``ets_hook.cli`` adds these with ``add_train_parser(subparsers)`` / ``add_evaluate_parser(
-subparsers)``; each sets ``func`` on the parsed namespace, a callable taking the namespace and
+``cli.main`` adds these with ``add_train_parser(subparsers)`` / ``add_evaluate_parser(
+subparsers)``; each sets ``handler`` on the parsed namespace, a callable taking the namespace and
 returning the process exit code (0 ok, 2 bad input: missing files, malformed traces, a model of
 another feature-schema version).
 
-TRACES are files or directories: ``.csv`` files are ETS-artifact per-op CSVs
-(``importers.read_ets_csv``), any other file is an ets-hook trace (``trace_io.load_trace``);
-a directory contributes every ``*.csv`` (except ``MANIFEST.csv``) and ``*.ets`` below it.
+TRACES are files or directories, found and loaded by ``trace.discovery.load_traces``: ``.csv``
+files are ETS-artifact per-op CSVs, any other file is an ets-hook trace; a directory contributes
+every ``*.csv`` (except ``MANIFEST.csv``) and ``*.ets`` below it.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ DIRECTIONS = ("forward", "backward", "optimizer")
 DTYPE_CLASSES = ("float32", "float16", "bfloat16", "other")
 DEVICE_FEATURES = ("dev_log_fp32_tflops", "dev_log_mem_bw_gbs", "dev_log_sms", "dev_is_cuda")
 # The op's own measured (duration, gap) in early captured steps, log1p(µs): the inputs of the
-# early → steady-state model (``early_model``), whose targets are ratios to them.
+# early → steady-state model (``forecast.trace_estimators``), whose targets are ratios to them.
 MEASURED_FEATURES = ("log_early_duration_us", "log_early_gap_us")
 
 # Published peak FP32 TFLOPS, memory bandwidth (GB/s) and SM count of common GPUs, keyed by a

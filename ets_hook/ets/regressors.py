@@ -302,10 +302,6 @@ class Predictor:
     def encode(self, trace: Trace) -> list[EncodedIteration]:
         return encode_trace(trace, self.schema)
 
-    def predict_trace(self, trace: Trace) -> list[IterationPrediction]:
-        """Predict every iteration of a captured or imported trace."""
-        return self.predict_many(self.encode(trace))
-
     # -- persistence ----------------------------------------------------------------------------
     def metadata(self) -> dict[str, Any]:
         return {

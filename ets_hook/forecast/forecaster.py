@@ -163,7 +163,7 @@ class Forecaster:
         self._phase_ends_s: list[float] = []
         self._phase_cum_s: list[float] = []
         self._trace: TraceEstimate | None = None
-        self._version = 0  # bumped by set_trace_estimate / set_job / set_perturbed_steps
+        self._version = 0  # bumped by set_trace_estimate / set_perturbed_steps
         # Steps [0, _perturbed_end) include the capture's own cost (see set_perturbed_steps);
         # [_capture[0], _capture[1]) ran inside the capture window.
         self._perturbed_end = 0
@@ -246,13 +246,6 @@ class Forecaster:
     @property
     def job(self) -> JobModel:
         return self._job
-
-    def set_job(self, job: JobModel) -> None:
-        """Replace the job model (e.g. once the total step count is known). Phases are kept."""
-        with self._lock:
-            self._job = job
-            self._phases.job = job
-            self._version += 1
 
     @property
     def steps_done(self) -> int:

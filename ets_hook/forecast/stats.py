@@ -292,10 +292,30 @@ class TraceEstimate:
 # --------------------------------------------------------------------------------------------
 
 
-def _mser(
-    y: np.ndarray, batch_size: int, max_fraction: float, tolerance: float
+def mser_truncation(
+    y: np.ndarray, batch_size: int = 5, max_fraction: float = 0.5, tolerance: float = 0.5
 ) -> tuple[int, bool]:
-    # (truncation in raw samples, whether the minimum sits at the edge of the search range)
+    """MSER-m truncation point: how many leading raw samples to drop as warm-up.
+
+    White's Marginal Standard Error Rule on batch means of ``batch_size`` samples: the batch count
+    ``d`` minimising ``sum_{j>d} (z_j - mean_{j>d})^2 / (k - d)^2``, i.e. the squared standard
+    error of the kept mean, searched over the first ``max_fraction`` of the batches only (near
+    the end the statistic is noise-dominated: the standard safeguard). Then, as in the
+    one-standard-error rule of model selection, the smallest ``d`` whose statistic is within
+    ``tolerance`` of its own standard errors of the minimum: plain MSER often cuts 10-20 extra
+    steps of pure noise, which costs data and makes the estimate jump between refreshes
+    (``tolerance=0`` is plain MSER). Trailing samples that do not fill a batch are ignored. O(n).
+
+    Args:
+        y: raw per-step times, first step first.
+        batch_size: samples per batch mean (MSER-5: 5; MSER-1: 1).
+        max_fraction: the share of the batches the search covers.
+        tolerance: the parsimony tolerance in standard errors of the statistic.
+
+    Returns:
+        ``(samples to drop, at_edge)``: ``at_edge`` is true when the minimum sits at the end of
+        the search range (the warm-up may still be going on). ``(0, False)`` below 3 batches.
+    """
     n = len(y)
     k = n // batch_size
     if k < 3:
@@ -314,23 +334,6 @@ def _mser(
     limit = stat[best] * (1.0 + tolerance * math.sqrt(2.0 / (k - best)))
     d = int(np.argmax(stat <= limit))
     return d * batch_size, best == d_max and d_max < k - 1
-
-
-def mser_truncation(
-    y: np.ndarray, batch_size: int = 5, max_fraction: float = 0.5, tolerance: float = 0.5
-) -> int:
-    """MSER-m truncation point: the number of leading raw samples to drop as warm-up.
-
-    White's Marginal Standard Error Rule on batch means of ``batch_size`` samples: the batch count
-    ``d`` minimising ``sum_{j>d} (z_j - mean_{j>d})^2 / (k - d)^2``, i.e. the squared standard
-    error of the kept mean, searched over the first ``max_fraction`` of the batches only (near
-    the end the statistic is noise-dominated: the standard safeguard). Then, as in the
-    one-standard-error rule of model selection, the smallest ``d`` whose statistic is within
-    ``tolerance`` of its own standard errors of the minimum: plain MSER often cuts 10-20 extra
-    steps of pure noise, which costs data and makes the estimate jump between refreshes
-    (``tolerance=0`` is plain MSER). Trailing samples that do not fill a batch are ignored. O(n).
-    """
-    return _mser(y, batch_size, max_fraction, tolerance)[0]
 
 
 # --------------------------------------------------------------------------------------------
@@ -440,23 +443,26 @@ def _first_step_estimate(first_s: float, prior: StepTimePrior, level: float) -> 
     )
 
 
-def truncation_point(y: np.ndarray, min_warmup: int = 1) -> int:
+def truncation_point(y: np.ndarray, min_warmup: int = 1) -> tuple[int, bool]:
     """Warm-up steps to drop from ``y`` (raw per-step times, first step first).
 
     At least ``min_warmup`` (the first step is warm-up by the prior's own account); beyond that
     MSER-5 (with the parsimony tolerance) once there are >= 50 samples, MSER-1 on raw samples
     below: with fewer than 10 batches, MSER-5's 5-step resolution is coarser than the 1-3-step
     warm-ups seen on CPU. Always keeps at least one sample.
+
+    Args:
+        y: raw per-step times, first step first.
+        min_warmup: leading steps always dropped.
+
+    Returns:
+        ``(steps to drop, at_edge)`` as ``mser_truncation`` says; ``(0, False)`` for <= 1 step.
     """
-    return _truncate(y, min_warmup)[0]
-
-
-def _truncate(y: np.ndarray, min_warmup: int) -> tuple[int, bool]:
     n = len(y)
     if n <= 1:
         return 0, False
     batch = 5 if n >= _MSER5_MIN_SAMPLES else 1
-    d, at_edge = _mser(y, batch, 0.5, _MSER_TOLERANCE) if n >= 4 else (0, False)
+    d, at_edge = mser_truncation(y, batch, 0.5, _MSER_TOLERANCE) if n >= 4 else (0, False)
     return min(max(d, min_warmup), n - 1), at_edge
 
 
@@ -499,7 +505,7 @@ def estimate_measured(
     raw = stride == 1
     if raw and n == 1:
         return _first_step_estimate(float(y[0]), prior, level)
-    d, warmup_ongoing = _truncate(y, min_warmup if raw else 1)
+    d, warmup_ongoing = truncation_point(y, min_warmup if raw else 1)
     x = y[d:]
     if raw and _SMALL_SAMPLE_MIN <= len(x) <= _SMALL_SAMPLE_MAX:
         # A handful of steps: one far above the others is far more often a one-off (collector

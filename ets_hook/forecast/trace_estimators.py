@@ -24,7 +24,6 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -378,15 +377,3 @@ def default_trace_estimator(device_type: str) -> Callable[[Trace], TraceEstimate
     ETS model for the device type when there is one (CPU), else per-op medians."""
     model = load_default_model(device_type)
     return LearnedTraceEstimator(model) if model is not None else OpMedianEstimator()
-
-
-def describe(predictor: Predictor) -> dict[str, Any]:
-    """The facts of a model worth showing (``ets-hook info`` style)."""
-    info = predictor.training
-    return {
-        "kind": predictor.kind,
-        "device_kind": info.get("device_kind"),
-        "train_jobs": info.get("train_jobs"),
-        "holdout_rel_error_95": info.get("holdout_rel_error_95"),
-        "rebuild": info.get("rebuild_command"),
-    }

@@ -554,8 +554,8 @@ def test_clock_offset_is_measured_against_time_time_ns(fake: None) -> None:
 
 
 def test_runtime_api_names(fake: None) -> None:
-    assert cupti.runtime_api_name(CBID_LAUNCH_KERNEL) == "cudaLaunchKernel"
-    assert cupti.runtime_api_name(99_999) == "cuda_runtime_api_99999"
+    assert T.cupti_callback_name(CBID_LAUNCH_KERNEL) == "cudaLaunchKernel"
+    assert T.cupti_callback_name(99_999) == ""
 
 
 def test_collected_records_decode_to_trace_objects_on_the_host_clock(fake: None) -> None:

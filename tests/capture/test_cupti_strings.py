@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from ets_hook import _C
-from ets_hook.capture.cupti import StringTable, intern_name, name_table, resolve_names
+from ets_hook.capture.cupti import StringTable, name_table, resolve_names
 
 
 def test_round_trip_and_stable_ids() -> None:
@@ -62,7 +62,7 @@ def test_unknown_ids_are_value_errors(bad: int) -> None:
 
 
 def test_process_table_is_shared_with_the_module_helpers() -> None:
-    name_id = intern_name("ets_hook_test_kernel_name")
+    name_id = name_table().intern("ets_hook_test_kernel_name")
     assert _C.names() is not None
     assert name_table().resolve_many([name_id])[0] == "ets_hook_test_kernel_name"
     assert resolve_names([name_id, 0, name_id]) == [

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ets_hook import _C
-from ets_hook.capture.cupti import RECORD_DTYPE, RecordKind, intern_name
+from ets_hook.capture.cupti import RECORD_DTYPE, RecordKind, name_table
 from ets_hook.capture.gpu_records import (
     EXTERNAL_DTYPE,
     LAUNCH_DTYPE,
@@ -33,7 +33,7 @@ def records(*rows: dict[str, int]) -> np.ndarray:
 def kernel_row(name: str, corr: int, start: int, end: int, **extra: int) -> dict[str, int]:
     row = {
         "kind": RecordKind.KERNEL,
-        "name_id": intern_name(name),
+        "name_id": name_table().intern(name),
         "correlation_id": corr,
         "start_ns": start,
         "end_ns": end,

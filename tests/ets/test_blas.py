@@ -1,4 +1,4 @@
-"""ets_hook.blas: numpy's BLAS runs on one thread while the hook decodes, then is restored."""
+"""ets_hook.ets.blas: numpy's BLAS runs on one thread while the hook decodes, then is restored."""
 
 from __future__ import annotations
 

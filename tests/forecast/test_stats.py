@@ -87,7 +87,7 @@ def test_mser_finds_a_step_transient() -> None:
     for _ in range(50):
         y = MU * (1.0 + 0.05 * rng.standard_normal(200))
         y[:20] *= 1.5  # 20 slow warm-up steps
-        found.append(truncation_point(y))
+        found.append(truncation_point(y)[0])
     # Never leaves a slow step in (that would bias the mean); usually cuts exactly there
     # (MSER-5 resolves the boundary to 5-step batches); over-cutting only costs data.
     assert min(found) >= 20, found
@@ -100,7 +100,7 @@ def test_mser_finds_a_decaying_transient() -> None:
     idx = np.arange(300)
     for _ in range(30):
         y = MU * (1.0 + 1.0 * np.exp(-idx / 10.0)) * (1.0 + 0.05 * rng.standard_normal(300))
-        d = truncation_point(y)
+        d = truncation_point(y)[0]
         # Bias left after truncation is below the noise level of one step.
         assert 15 <= d <= 150
         assert np.exp(-d / 10.0) < 0.15
@@ -110,16 +110,16 @@ def test_mser_on_stationary_data_never_drops_more_than_half() -> None:
     rng = np.random.default_rng(3)
     for n in (10, 49, 50, 51, 200, 1000):
         y = MU * (1.0 + 0.1 * rng.standard_normal(n))
-        assert mser_truncation(y, batch_size=5) <= n // 2
-        assert mser_truncation(y, batch_size=1) <= n // 2 + 1
-        assert 1 <= truncation_point(y) <= n // 2 + 1
+        assert mser_truncation(y, batch_size=5)[0] <= n // 2
+        assert mser_truncation(y, batch_size=1)[0] <= n // 2 + 1
+        assert 1 <= truncation_point(y)[0] <= n // 2 + 1
 
 
 def test_truncation_point_respects_min_warmup_and_keeps_a_sample() -> None:
     y = np.array([1.0, 0.4, 0.4])
-    assert truncation_point(y, min_warmup=1) >= 1
-    assert truncation_point(np.array([1.0, 0.4]), min_warmup=5) == 1
-    assert truncation_point(np.array([0.4, 0.4, 0.4, 0.4]), min_warmup=0) == 0
+    assert truncation_point(y, min_warmup=1)[0] >= 1
+    assert truncation_point(np.array([1.0, 0.4]), min_warmup=5)[0] == 1
+    assert truncation_point(np.array([0.4, 0.4, 0.4, 0.4]), min_warmup=0)[0] == 0
 
 
 # ---------------------------------------------------------------------------------------------

@@ -130,7 +130,7 @@ def test_training_step_kernels_have_sane_timestamps_names_and_launches(job: Job)
         assert launch_ns <= k.start_ns + slack_ns
     assert kernels == sorted(kernels, key=lambda k: k.start_ns)
     runtime = activity.launches[activity.launches["kind"] == RecordKind.RUNTIME]
-    assert cupti.runtime_api_name(int(runtime["cbid"][0])).startswith("cuda")
+    assert cupti._C._testing.cupti_callback_name(int(runtime["cbid"][0])).startswith("cuda")
 
 
 def test_external_ids_tag_the_kernels_an_op_launches(job: Job) -> None:
