@@ -43,6 +43,13 @@ class ETSCSVError(ValueError):
     """A malformed ETS CSV file; ``path`` and ``line`` (1-based, 0 = whole file) locate it."""
 
     def __init__(self, path: Path | str, line: int, message: str) -> None:
+        """Build the error; its message is ``"<path>:<line>: <message>"`` (no ``:<line>`` if 0).
+
+        Args:
+            path: the CSV file (kept as ``self.path``, a ``Path``).
+            line: 1-based line of the problem; 0 when it concerns the whole file.
+            message: what is wrong (kept as ``self.reason``).
+        """
         self.path = Path(path)
         self.line = line
         self.reason = message
@@ -54,10 +61,12 @@ class SchemaVersionError(ValueError):
     """A weights file or schema of another feature-schema version than this code's."""
 
     def __init__(self, found: Any, expected: int, source: str = "") -> None:
-        """Args:
-        found: the version the file or schema declares (any value, as read).
-        expected: the version this code reads (``ets.features.FEATURE_SCHEMA_VERSION``).
-        source: where the version was read (a path), for the message; "" when unknown.
+        """Build the error; the message names both versions and says to retrain.
+
+        Args:
+            found: the version the file or schema declares (any value, as read).
+            expected: the version this code reads (``ets.features.FEATURE_SCHEMA_VERSION``).
+            source: where the version was read (a path), for the message; "" when unknown.
         """
         self.found = found
         self.expected = expected
@@ -79,5 +88,10 @@ class DeadlineExceededError(RuntimeError):
     """
 
     def __init__(self, miss: DeadlineMiss) -> None:
+        """Build the error from the guard's finding.
+
+        Args:
+            miss: the ``reporters.deadline.DeadlineMiss``; its ``message`` is the error's message.
+        """
         super().__init__(miss.message)
         self.miss = miss

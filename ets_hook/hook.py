@@ -6,7 +6,7 @@ Lifecycle::
             ──► capture window: steps [skip_steps, skip_steps + capture_steps)
                 op profiler (+ our CUPTI collector on GPU) enabled once at its start
             ──► window end: profiler/collector stopped, observers removed, decoding handed to a
-                background thread (trace → estimators → trace file)
+                background thread (trace → trace estimate → trace file)
             ──► every later step costs a timestamp and an O(1) forecast update
             ──► close(): final prediction/status, every hook removed
 
@@ -106,7 +106,21 @@ def _distributed_rank() -> tuple[int, int]:
 
 
 def rank_trace_path(path: str | os.PathLike[str], rank: int, world_size: int) -> Path:
-    """One file per rank: fill a ``{rank}`` placeholder, or add ``.rank<N>`` under DDP."""
+    """The trace path of one rank: fill a ``{rank}`` placeholder, or add ``.rank<N>`` under DDP.
+
+    Args:
+        path: the path the user gave; ``{rank}`` in it is filled whatever the world size.
+        rank: this process's rank.
+        world_size: number of processes; above 1 (and without ``{rank}``), ``run.ets`` becomes
+            ``run.rank<rank>.ets``.
+
+    Returns:
+        The path for this rank (``path`` unchanged for a single process without ``{rank}``).
+
+    Raises:
+        KeyError, IndexError, ValueError: ``path`` holds ``{rank}`` and other ``{...}`` fields or
+            stray braces (it goes through ``str.format``).
+    """
     text = os.fspath(path)
     if "{rank}" in text:
         return Path(text.format(rank=rank))
@@ -119,7 +133,17 @@ def rank_trace_path(path: str | os.PathLike[str], rank: int, world_size: int) ->
 class ETSHook:
     """Capture the first training steps, predict step time and job time, then get out of the way.
 
-    Parameters mirror the README's API section; bad values raise ``ValueError`` naming them.
+    Create it before the training loop, then call ``close()`` (or use it as a context manager).
+    Apart from the constructor's validation, ``phase()``'s name check and ``on_deadline="raise"``,
+    nothing here raises into the training loop: internal failures are logged once on
+    ``logging.getLogger("ets_hook")`` and degrade the hook to a passive step timer.
+
+    Attributes:
+        model: the model given.
+        total_steps: optimizer steps in the whole job as resolved from the arguments, or None.
+        capture_steps, skip_steps, record_shapes: as given.
+        trace_path: this rank's trace file (see ``rank_trace_path``), or None.
+        steps_completed: training steps completed by this process (local count).
     """
 
     def __init__(
@@ -153,6 +177,82 @@ class ETSHook:
         device: Any = None,
         decode_in_background: bool = True,
     ) -> None:
+        """Validate the arguments, install the step hooks and, with ``skip_steps=0``, start capture.
+
+        Step counts are optimizer steps. Steps are "global" where they include ``initial_step``.
+
+        Args:
+            model: the ``nn.Module`` being trained (the root module: its training forwards mark
+                steps when nothing else does).
+            optimizer: an optimizer or a sequence of them; a training step ends once every one
+                has stepped. None: ``hook.step()`` calls, else any optimizer's step, else the
+                model's training forward mark steps.
+            total_steps: optimizer steps in the whole job, ``initial_step`` included (int >= 1);
+                None: unknown (no ETA) unless ``epochs`` gives it. With several sources of the
+                length, the earliest end wins.
+            capture_steps: steps in the capture window (int >= 0); 0 turns capture off (a pure
+                step timer).
+            skip_steps: steps timed before the window starts (int >= 0); the window is steps
+                ``[skip_steps, skip_steps + capture_steps)`` of this process.
+            trace_path: where to write the captured trace (atomically; its folder must exist, a
+                failed write is logged); ``{rank}`` is filled in and under DDP ``.rank<N>`` is
+                added (``rank_trace_path``). None: not written.
+            epochs: the job's length in epochs (number > 0, may be fractional); needs
+                ``steps_per_epoch`` or ``dataloader``.
+            steps_per_epoch: optimizer steps per epoch (int >= 1).
+            dataloader: anything with ``len()`` (micro-batches per epoch); steps per epoch are
+                ``ceil(len(dataloader) / grad_accum_steps)``.
+            grad_accum_steps: micro-batches per optimizer step (int >= 1).
+            eval_every: period in steps of the phase named ``"eval"`` (int >= 1); None: learned.
+            checkpoint_every: period in steps of the phase ``"checkpoint"`` (int >= 1); None:
+                learned.
+            phase_every: period in steps of any named phase (int >= 0; 0: one-off).
+            initial_step: steps already done before this process (resumed jobs; int >= 0).
+            log_every: a log line every N global steps (plus the first prediction, convergence
+                and moves of 5%); None or 0: no log lines.
+            progress: True: a tqdm bar of our own; a user's tqdm bar: our ETA in its postfix;
+                False or None: no bar.
+            status_path: JSON status file for schedulers, rewritten atomically every 5 s and at
+                close; its directory must exist. None: none.
+            on_prediction: callable receiving each due ``Prediction`` and the final one at close;
+                an exception from it is logged and disables it.
+            deadline: seconds from hook creation (> 0) or a datetime (naive = local time); None:
+                the Slurm job's end time when running under Slurm, else none; False: no guard.
+            on_deadline: on a predicted miss, ``"warn"`` (log a warning), ``"raise"`` (raise
+                ``DeadlineExceededError`` into the training loop, once), or a callable taking a
+                ``DeadlineMiss``.
+            deadline_policy: ``"confident"`` (even the optimistic end of the 95% interval
+                misses), ``"likely"`` (the converged point estimate misses) or ``"point"``.
+            grad_scaler: a ``torch.amp.GradScaler`` (or anything with ``update()``): its
+                ``update()`` marks steps, so steps whose optimizer step it skipped still count.
+                Its ``update`` is wrapped until ``close()``.
+            record_shapes: input shapes in the captured ops: ``"all"`` (every window step),
+                ``"first"`` (first window step only, copied to the aligned ops of the others),
+                ``"none"``.
+            capture_kernels: kernel capture through CUPTI; None: on when the device is CUDA.
+            trace_estimator: turns the decoded trace into a step-time estimate: ``"auto"`` (the
+                shipped model for the device type, else per-op medians; if it cannot be loaded,
+                none), None (none: measured steps only), or a callable ``Trace -> TraceEstimate |
+                None``. Its failures are logged.
+            device: the training device (anything ``torch.device`` accepts); None: the device of
+                the model's first parameter or buffer, else CPU.
+            decode_in_background: decode the window on a background thread (default); False:
+                on the training thread at the window's end (tests, debugging).
+
+        Raises:
+            ValueError: ``model`` not an ``nn.Module``; ``capture_steps``, ``skip_steps``,
+                ``total_steps``, ``steps_per_epoch``, ``grad_accum_steps``, ``eval_every``,
+                ``checkpoint_every``, a ``phase_every`` value or ``initial_step`` not an int in
+                range (bools rejected); ``epochs`` not a finite number > 0, or without steps per
+                epoch; ``dataloader`` without ``len()``, or contradicting ``steps_per_epoch``;
+                ``record_shapes``, ``deadline``, ``on_deadline`` or ``deadline_policy`` (the
+                latter only checked when a deadline is in effect) not one of the allowed values;
+                an item of ``optimizer`` not an optimizer; ``progress`` not a tqdm bar;
+                ``status_path``'s directory missing or ``status_path`` a directory.
+            ImportError: ``progress=True`` and tqdm is not installed.
+            TypeError: ``optimizer`` is neither an optimizer nor iterable.
+            KeyError, IndexError: ``trace_path`` has ``{rank}`` and other ``{...}`` fields.
+        """
         if not isinstance(model, torch.nn.Module):
             raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if isinstance(capture_steps, bool) or not isinstance(capture_steps, int):
@@ -270,7 +370,18 @@ class ETSHook:
     # Public API
 
     def step(self) -> None:
-        """End one training step (absorbed when an optimizer hook already ended it)."""
+        """End one training step.
+
+        With ``optimizer`` given it is optional: the call is absorbed (never double-counted)
+        unless no optimizer step happened since the previous call (an iteration whose optimizer
+        step was skipped), which it ends. With ``grad_scaler`` it is always absorbed. Otherwise
+        the first call makes ``step()`` the only thing that ends steps. Ignored inside
+        ``phase()`` and after ``close()``.
+
+        Never raises: any error is logged once and degrades the hook to a step timer. This
+        includes ``DeadlineExceededError``: with ``on_deadline="raise"``, a miss detected at a
+        step this call ends is logged, not raised.
+        """
         try:
             self._detector.explicit_step()
         except Exception as exc:
@@ -278,7 +389,18 @@ class ETSHook:
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        """Mark non-training work (``"eval"``, ``"checkpoint"``, ...): excluded from step times."""
+        """Context manager marking non-training work, excluded from step times.
+
+        Steps do not end inside it (forwards, optimizer steps and ``step()`` are ignored). Its
+        duration is recorded under ``name`` for projecting the phase over the rest of the job.
+        Nested phases count once, under the outermost name.
+
+        Args:
+            name: the phase, e.g. ``"eval"`` or ``"checkpoint"`` (non-empty string).
+
+        Raises:
+            ValueError: ``name`` is not a non-empty string (raised on entering the block).
+        """
         if not isinstance(name, str) or not name:
             raise ValueError(f"phase name must be a non-empty string, got {name!r}")
         started_ns = time.perf_counter_ns()
@@ -301,7 +423,10 @@ class ETSHook:
 
     @property
     def step_times_s(self) -> list[float]:
-        """Wall time of each step so far, step 0 first (marked phases excluded)."""
+        """Wall time in seconds of each step of this process so far, step 0 first.
+
+        Marked phases are excluded. Only the first ``MAX_KEPT_STEP_TIMES`` steps are kept.
+        """
         return self._step_times_s.tolist()
 
     @property
@@ -310,7 +435,19 @@ class ETSHook:
         return self._trace
 
     def wait_for_trace(self, timeout_s: float | None = None) -> Trace | None:
-        """Block until the trace is decoded (or capture ended without one); returns it or None."""
+        """Wait for the decoded trace.
+
+        Returns None at once while capture has not ended yet (waiting or capturing). Otherwise
+        blocks until decoding finishes or fails. If capture never ran (``capture_steps=0``, or
+        it backed off because another profiler was active), nothing ever signals, so the call
+        waits out the whole timeout (forever with None).
+
+        Args:
+            timeout_s: seconds to wait at most; None: no limit.
+
+        Returns:
+            The trace, or None (capture not over, failed, off, or the timeout passed).
+        """
         if self._state in (_State.WAITING, _State.CAPTURING):
             return None
         self._trace_ready.wait(timeout_s)
@@ -318,7 +455,11 @@ class ETSHook:
 
     @property
     def capture_status(self) -> str:
-        """Where capture stands: waiting, capturing, decoding, done, or off (with the reason)."""
+        """Where capture stands: ``waiting``, ``capturing``, ``decoding``, ``done`` or ``off``.
+
+        A note follows after ``": "`` when there is one: why it is off or failed, or that the
+        window was cut short by ``close()``.
+        """
         return f"{self._state}: {self._capture_note}" if self._capture_note else self._state
 
     @property
@@ -328,10 +469,22 @@ class ETSHook:
 
     @property
     def kernel_capture_status(self) -> str:
+        """Kernel capture: ``not requested``, ``on: ...`` or ``off: <reason>``.
+
+        After decoding with kernels, the share of kernels linked to an op is appended.
+        """
         return self._kernel_status
 
     def close(self, timeout_s: float = 60.0) -> None:
-        """Stop everything, remove every hook, finish decoding. Safe to call twice."""
+        """Stop capture, remove every hook, wait for decoding, hand out the final prediction.
+
+        A window still open is cut short and decoded. Reporters get their ``on_close`` (final
+        log line, status file marked closed, ...). Safe to call twice; never raises.
+
+        Args:
+            timeout_s: seconds to wait at most for the decode thread; after that, decoding
+                goes on in the background and ``trace`` may appear later.
+        """
         if self._closed:
             return
         self._closed = True

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import csv
+import re
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from ets_hook.trace.events import (
     CaptureInfo,
@@ -14,6 +19,12 @@ from ets_hook.trace.events import (
     Phase,
     Trace,
 )
+from ets_hook.trace.importers import ETS_CSV_COLUMNS
+
+if TYPE_CHECKING:
+    import pytest
+
+    from ets_hook.forecast.forecaster import Forecaster
 
 #: ``../shared/data`` beside the checkout: third-party data that optional tests read by path.
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -110,3 +121,98 @@ def sample_trace() -> Trace:
         world_size=2,
         metadata={"model": "MLP", "batch_size": 32, "tags": ["a", "b"]},
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Synthetic ETS-artifact CSV traces (train / evaluate / discovery)
+
+#: The op-code table (``opCodes.dict``) of the synthetic CSVs written by ``write_ets_csv``.
+ETS_OP_CODES = {"conv2d": 203, "relu": 152, "add_": 12}
+
+
+def write_ets_csv(path: Path, batch: int, n_layers: int) -> None:
+    """One synthetic ETS-artifact iteration: conv/relu forward and backward, then add_ updates."""
+    rows = []
+    t = 0
+    plan = [(203, 1), (152, 1)] * n_layers + [(152, 2), (203, 2)] * n_layers + [(12, 3)] * n_layers
+    for k, (op, direction) in enumerate(plan):
+        kdur = (3000 if op == 203 else 400) * batch * (2 if direction == 2 else 1)
+        space = 2000 + 100 * (k % 3)
+        params = [batch, 8, 16, 16, 8, 16, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, 4] + [0] * 13
+        row = dict.fromkeys(ETS_CSV_COLUMNS, 0)
+        row.update(
+            op=op,
+            dir=direction,
+            params=str(params),
+            flops=float(1e6 * batch),
+            bytes=4e5 * batch,
+            rStartTime=t,
+            rEndTime=t + 100,
+            kStartTime=t + 50,
+            kEndTime=t + 50 + kdur,
+            space=space,
+            seq=k,
+            kernels=1,
+            kduration=kdur,
+            batch=batch,
+            h=16,
+            w=16,
+            input_type=1,
+        )
+        rows.append(row)
+        t += kdur + space
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(ETS_CSV_COLUMNS))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+#: (model, layers) of the synthetic models ``write_ets_tree`` writes, each at batch 1, 2 and 4.
+ETS_MODELS = (("net_a", 3), ("net_b", 5), ("net_c", 4))
+
+
+def write_ets_tree(root: Path, gpu: str = "T4") -> Path:
+    """``root/opCodes.dict`` and ``root/<gpu>/<model>.<batch>_7.csv`` for ``ETS_MODELS``."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "opCodes.dict").write_text(repr(ETS_OP_CODES))
+    for model, layers in ETS_MODELS:
+        for batch in (1, 2, 4):
+            write_ets_csv(root / gpu / f"{model}.{batch}_7.csv", batch, layers)
+    return root
+
+
+# ---------------------------------------------------------------------------------------------
+# Reporters
+
+#: One formatted prediction line (``format_prediction``) with a known total.
+PREDICTION_LINE = re.compile(
+    r"^step \d+/\d+ · [\d.]+ (s|ms|µs)/step ±[\d.]+% · ETA [\dmshd.]+ · total [\dmshd.]+$"
+)
+
+
+def run_job(
+    forecaster: Forecaster,
+    n: int,
+    step_s: float | np.ndarray,
+    *,
+    cv: float = 0.03,
+    seed: int = 0,
+    on_step: Any = None,
+) -> float:
+    """Drive ``forecaster`` through ``n`` steps of (noisy) ``step_s``; returns the end time."""
+    rng = np.random.default_rng(seed)
+    base = np.broadcast_to(np.asarray(step_s, dtype=float), (n,))
+    now = 0.0
+    for i in range(n):
+        d = float(base[i] * (1.0 + cv * rng.standard_normal()))
+        now += d
+        forecaster.on_step_end(i, d, now)
+        if on_step is not None:
+            on_step(i, now)
+    return now
+
+
+def log_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The messages logged on the ``ets_hook`` logger."""
+    return [r.getMessage() for r in caplog.records if r.name == "ets_hook"]

@@ -43,7 +43,20 @@ if TYPE_CHECKING:
 
 
 def record_dtype_from_fields(fields: Iterable[tuple[str, str, int]], itemsize: int) -> np.dtype:
-    """A numpy structured dtype from a ``(name, format, offset)`` table and the record size."""
+    """A numpy structured dtype from a ``(name, format, offset)`` table and the record size.
+
+    Args:
+        fields: ``(name, numpy format string, byte offset)`` per field, e.g.
+            ``_C.record_fields()``; must be non-empty.
+        itemsize: size of one record in bytes (padding included).
+
+    Returns:
+        The structured dtype; fields may overlap (the record is a tagged union).
+
+    Raises:
+        ValueError: ``fields`` is empty, or the fields do not fit in ``itemsize``.
+        TypeError: a format string numpy does not understand.
+    """
     names, formats, offsets = zip(*fields)
     return np.dtype(
         {
@@ -102,7 +115,13 @@ DEFAULT_ACTIVITIES: tuple[str, ...] = (
 
 @dataclass(frozen=True, slots=True)
 class CuptiStatus:
-    """Whether CUPTI kernel capture is (or was) possible, and why not when it is not."""
+    """Whether CUPTI kernel capture is (or was) possible, and why not when it is not.
+
+    Attributes:
+        available: True exactly when ``code == "ok"``.
+        code: one of ``STATUS_CODES``.
+        reason: a human-readable explanation (also when ok: e.g. the library path).
+    """
 
     available: bool
     code: str
@@ -110,11 +129,13 @@ class CuptiStatus:
 
     @classmethod
     def from_native(cls, pair: tuple[str, str]) -> CuptiStatus:
+        """The status from a native ``(code, reason)`` pair; available when code is "ok"."""
         code, reason = pair
         return cls(available=code == "ok", code=code, reason=reason)
 
     @classmethod
     def error(cls, code: str, reason: str) -> CuptiStatus:
+        """An unavailable status with this ``code`` (one of ``STATUS_CODES``) and ``reason``."""
         return cls(available=False, code=code, reason=reason)
 
 
@@ -140,6 +161,11 @@ def other_cupti_client() -> str | None:
     steal them from Nsight Systems/Compute, nvprof or an active torch.profiler (Kineto). Checked:
     their environment variables, an injection library loaded in the process, and an active torch
     profiler session (only when torch is already imported; this never imports torch).
+
+    Returns:
+        A human-readable reason naming the evidence (the environment variable and its value, the
+        library path or the profiler kind), or None when nothing points to another client
+        (also when torch's private profiler query fails).
     """
     for var, what in _ENV_CLIENTS:
         value = os.environ.get(var, "").strip()
@@ -165,6 +191,9 @@ def cupti_library_dirs() -> list[str]:
     """Library folders of pip-installed NVIDIA wheels (``nvidia/*/lib``) on ``sys.path``.
 
     Passed to the native loader as the last place to look for libcupti.
+
+    Returns:
+        Folders holding a ``libcupti.so*``, in ``sys.path`` order, without duplicates.
     """
     dirs: list[str] = []
     for entry in sys.path:
@@ -181,6 +210,12 @@ def cupti_status(*, allow_other_client: bool = False) -> CuptiStatus:
     The native probe checks, in order: CUPTI headers compiled in, the NVIDIA driver (libcuda,
     ``cuInit``, a visible GPU), libcupti, its version, and whether another CUPTI subscriber exists.
     Then the Python-side evidence of another client (``other_cupti_client``) unless allowed.
+
+    Args:
+        allow_other_client: skip the Python-side check for another CUPTI client.
+
+    Returns:
+        The status; ``code`` is "cupti_error" when the native probe itself raised.
     """
     try:
         status = CuptiStatus.from_native(_C.cupti_probe(cupti_library_dirs()))
@@ -205,7 +240,19 @@ def name_table() -> StringTable:
 def resolve_names(
     name_ids: Sequence[int] | np.ndarray, *, table: StringTable | None = None
 ) -> list[str]:
-    """Names for many ids at once (each distinct id is resolved once). Unknown ids: ValueError."""
+    """Names for many ids at once (each distinct id is resolved once).
+
+    Args:
+        name_ids: string-table ids (any shape; flattened), e.g. a record array's ``name_id``.
+        table: the table to resolve in; None (or an empty table, which is falsy) means the
+            process-wide ``name_table()``.
+
+    Returns:
+        One name per id, in input order (UTF-8 decoded with replacement).
+
+    Raises:
+        ValueError: an id is negative or not in the table.
+    """
     ids = np.asarray(name_ids, dtype=np.int64).ravel()
     if ids.size == 0:
         return []
@@ -219,6 +266,15 @@ def push_external_id(external_id: int) -> bool:
 
     False when CUPTI is not loaded (nothing to tag). Records of kind EXTERNAL_CORRELATION map the
     CUPTI correlation ids of those calls to ``external_id`` (external kind CUSTOM2).
+
+    Args:
+        external_id: the id to push, in ``[0, 2**64)``.
+
+    Returns:
+        True when CUPTI accepted the push; False when libcupti is not loaded or CUPTI refused.
+
+    Raises:
+        ValueError: ``external_id`` is outside ``[0, 2**64)``.
     """
     if not 0 <= external_id < 2**64:
         raise ValueError(f"external_id must be in [0, 2**64), got {external_id}")
@@ -226,13 +282,21 @@ def push_external_id(external_id: int) -> bool:
 
 
 def pop_external_id() -> int | None:
-    """Pop this thread's innermost external id; None when none is pushed or CUPTI is not loaded."""
+    """Pop this thread's innermost external id.
+
+    Returns:
+        The popped id; None when none is pushed, libcupti is not loaded or CUPTI reports an error.
+    """
     value = _C.pop_external_id()
     return None if value is None else int(value)
 
 
 def cupti_timestamp_ns() -> int | None:
-    """CUPTI's clock now (``cuptiGetTimestamp``), or None when libcupti is not loaded."""
+    """CUPTI's clock now in ns (``cuptiGetTimestamp``).
+
+    Returns:
+        The timestamp; None when libcupti is not loaded or the call fails.
+    """
     value = int(_C.cupti_timestamp_ns())
     return None if value < 0 else value
 
@@ -253,7 +317,15 @@ def _clock_samples(samples: int) -> list[tuple[int, int]]:
 def measure_clock_offset_ns(samples: int = 9) -> int | None:
     """``time.time_ns() - CUPTI clock``, from the tightest of ``samples`` bracketed reads.
 
-    None when libcupti is not loaded.
+    Args:
+        samples: number of bracketed reads, >= 1.
+
+    Returns:
+        The offset in ns (add it to a CUPTI timestamp to get ``time.time_ns()`` time); None when
+        libcupti is not loaded.
+
+    Raises:
+        ValueError: ``samples`` < 1.
     """
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
@@ -287,7 +359,21 @@ MEMCPY_KIND_NAMES: dict[int, str] = dict(_C.memcpy_kind_names())
 
 @dataclass(frozen=True, slots=True)
 class CollectorStats:
-    """Counters of one collection session (see ``csrc/activity_collector.h``)."""
+    """Counters of one collection session (see ``csrc/activity_collector.h``).
+
+    Attributes:
+        buffers_requested: activity buffers CUPTI asked for.
+        buffers_completed: buffers CUPTI handed back.
+        buffers_starved: requests refused because every pool buffer was outstanding.
+        foreign_buffers: completed buffers this collector did not hand out (left alone).
+        records_decoded: records written to the ring.
+        records_skipped: records of activity kinds that are not decoded.
+        buffers_discarded: buffers completed while no ring was attached.
+        ring_dropped: records lost because the ring was full.
+        cupti_dropped: records CUPTI had no buffer space for.
+        decode_errors: buffers where reading the next record failed midway.
+        buffers_outstanding: buffers handed to CUPTI and not yet returned.
+    """
 
     buffers_requested: int = 0
     buffers_completed: int = 0
@@ -331,6 +417,21 @@ class KernelCollector:
         activities: Iterable[str] = DEFAULT_ACTIVITIES,
         allow_other_client: bool = False,
     ) -> None:
+        """Configure a collector; nothing is allocated or started until ``start()``.
+
+        Args:
+            ring_capacity: records the ring holds before it drops, in ``[1, 2**28]``.
+            buffer_size_bytes: size of each CUPTI activity buffer, in ``[4096, 2**30]``.
+            buffer_count: activity buffers in the pool, in ``[2, 1024]``.
+            activities: activity kinds to enable, a non-empty subset of
+                ``_C.activity_names()`` (default ``DEFAULT_ACTIVITIES``).
+            allow_other_client: start even when another CUPTI client seems present (skips
+                ``other_cupti_client`` and the native subscriber probe).
+
+        Raises:
+            ValueError: a size or count is out of range, or ``activities`` is empty or names an
+                unknown kind.
+        """
         if not 1 <= ring_capacity <= 1 << 28:
             raise ValueError(f"ring_capacity must be in [1, 2**28], got {ring_capacity}")
         if not 4096 <= buffer_size_bytes <= 1 << 30:
@@ -357,7 +458,14 @@ class KernelCollector:
     # -- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> CuptiStatus:
-        """Enable collection. Returns the status (``available`` True on success)."""
+        """Enable collection; a no-op returning the current status when already active.
+
+        Never raises: a failure (another collector active, another CUPTI client, CUPTI errors,
+        no memory for the ring) is returned as the status.
+
+        Returns:
+            The status; ``available`` is True when collection started.
+        """
         global _active, _last_started
         if self._active:
             return self._status
@@ -399,8 +507,14 @@ class KernelCollector:
     def flush(self, forced: bool = True) -> CuptiStatus:
         """Deliver buffered activity records into the ring (``cuptiActivityFlushAll``).
 
-        ``forced`` also delivers buffers holding incomplete records. Runs CUPTI's callbacks on
-        this thread; call it off the training thread where possible.
+        Runs CUPTI's callbacks on this thread; call it off the training thread where possible.
+        Never raises.
+
+        Args:
+            forced: also deliver buffers holding incomplete records.
+
+        Returns:
+            The flush status; before ``start()`` (no ring) or after ``close()``, the last status.
         """
         if self._ring is None:
             return self._status
@@ -415,7 +529,13 @@ class KernelCollector:
         """Disable the activity kinds and flush every buffer back. Idempotent.
 
         ``flush=False`` skips the (blocking) final flush so the training thread returns at once;
-        ``collect()``/``flush()`` must then run before another CUPTI client starts.
+        ``collect()``/``flush()`` must then run before another CUPTI client starts. Never raises.
+
+        Args:
+            flush: flush every buffer into the ring before returning.
+
+        Returns:
+            The stop status; when not active, the last status.
         """
         global _active
         if not self._active:
@@ -433,7 +553,10 @@ class KernelCollector:
         return status
 
     def close(self) -> None:
-        """Stop if needed and release the ring (records not drained are lost)."""
+        """Stop (with the blocking flush) if needed and release the ring.
+
+        Records not drained are lost. Never raises; ``start()`` may be called again afterwards.
+        """
         self.stop()
         if self._ring is not None:
             with contextlib.suppress(Exception):
@@ -450,7 +573,17 @@ class KernelCollector:
     # -- results ----------------------------------------------------------------------------
 
     def drain(self, max_records: int | None = None) -> np.ndarray:
-        """Records collected so far (``RECORD_DTYPE``), oldest first; empty before start()."""
+        """Remove and return the records in the ring, oldest first.
+
+        Args:
+            max_records: at most this many (>= 0); None for all.
+
+        Returns:
+            A 1-D ``RECORD_DTYPE`` array; empty before ``start()`` and after ``close()``.
+
+        Raises:
+            ValueError: ``max_records`` < 0.
+        """
         if max_records is not None and max_records < 0:
             raise ValueError(f"max_records must be >= 0, got {max_records}")
         if self._ring is None:
@@ -458,7 +591,7 @@ class KernelCollector:
         return self._ring.drain(-1 if max_records is None else max_records)
 
     def collect(self) -> tuple[np.ndarray, int, int]:
-        """Flush and drain everything collected.
+        """Flush (forced) and drain everything collected. Never raises.
 
         Returns:
             ``(records, clock_offset_ns, dropped)``: the ``RECORD_DTYPE`` records, oldest first
@@ -477,15 +610,18 @@ class KernelCollector:
 
     @property
     def active(self) -> bool:
+        """Whether this collector is collecting (between a successful start and stop)."""
         return self._active
 
     @property
     def ring(self) -> RingBuffer | None:
+        """The ring records land in; None before the first ``start()`` and after ``close()``."""
         return self._ring
 
     @property
     def clock_offset_ns(self) -> int | None:
-        """``time.time_ns() - CUPTI clock`` measured at start/flush/stop (tightest sample)."""
+        """``time.time_ns() - CUPTI clock`` in ns from samples taken at start/flush/stop
+        (tightest sample); None when none could be taken."""
         if not self._offsets:
             return None
         return min(self._offsets)[1]
@@ -496,7 +632,10 @@ class KernelCollector:
         return self.stats().dropped
 
     def stats(self) -> CollectorStats:
-        """Counters of this collector's session (frozen once another collector starts)."""
+        """Counters of this collector's session (frozen once another collector starts).
+
+        Never raises: when the native read fails, the last counters read are returned.
+        """
         if _last_started is self:
             with contextlib.suppress(Exception):
                 raw: dict[str, Any] = _C.cupti_stats()

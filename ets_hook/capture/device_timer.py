@@ -32,11 +32,24 @@ class CudaStepTimer:
 
     ``max_pending`` bounds memory when the device falls far behind or events never complete:
     the oldest pending events are dropped (their steps simply get no device time).
+
+    Attributes:
+        dropped: pending events discarded so far because more than ``max_pending`` waited.
     """
 
     def __init__(
         self, event_factory: Callable[[], _Event] = _cuda_event, max_pending: int = 256
     ) -> None:
+        """Create an empty timer; events are created lazily by ``record``.
+
+        Args:
+            event_factory: makes a new timing event; the default makes a CUDA event with
+                timing enabled (torch is imported on its first call).
+            max_pending: most events waiting for the device, >= 2.
+
+        Raises:
+            ValueError: ``max_pending`` < 2.
+        """
         if max_pending < 2:
             raise ValueError(f"max_pending must be >= 2, got {max_pending}")
         self._new_event = event_factory
@@ -47,7 +60,15 @@ class CudaStepTimer:
         self.dropped = 0
 
     def record(self, starting_step: int) -> None:
-        """Mark a step boundary: step ``starting_step`` starts (and the one before it ends)."""
+        """Mark a step boundary: step ``starting_step`` starts (and the one before it ends).
+
+        Records an event on the current stream (no synchronisation). Errors of the event
+        factory or of ``Event.record`` (e.g. no CUDA) pass through.
+
+        Args:
+            starting_step: 0-based index of the step that starts here; consecutive calls
+                should pass consecutive indices.
+        """
         event = self._pool.pop() if self._pool else self._new_event()
         event.record()
         self._pending.append((starting_step, event))
@@ -56,7 +77,14 @@ class CudaStepTimer:
             self.dropped += 1
 
     def poll(self) -> list[tuple[int, float]]:
-        """Device durations of the steps whose closing events have completed, oldest first."""
+        """Device durations of the steps whose closing events have completed, oldest first.
+
+        Non-blocking (``Event.query`` only). A step is reported only when both its opening and
+        closing events were recorded with consecutive indices and neither was dropped.
+
+        Returns:
+            ``(step_index, seconds)`` pairs not reported before.
+        """
         finished: list[tuple[int, float]] = []
         while self._pending and self._pending[0][1].query():
             index, event = self._pending.popleft()

@@ -55,12 +55,20 @@ _GPU_KINDS = {
 
 @dataclass(frozen=True, slots=True)
 class GpuActivity:
-    """Everything decoded from one drain."""
+    """Everything decoded from one drain.
 
-    kernels: list[KernelEvent]  # kernels, memcpys and memsets, by start time
-    launches: np.ndarray  # LAUNCH_DTYPE, by start time
-    external_ids: np.ndarray  # EXTERNAL_DTYPE, ets-hook's external kind only
-    invalid: int  # GPU records skipped for missing timestamps
+    Attributes:
+        kernels: kernels, memcpys and memsets as ``KernelEvent``s, by start time, on the trace
+            clock.
+        launches: runtime/driver API calls, ``LAUNCH_DTYPE``, by start time, on the trace clock.
+        external_ids: ``EXTERNAL_DTYPE`` rows of ets-hook's external kind only.
+        invalid: GPU records skipped for missing or inverted timestamps.
+    """
+
+    kernels: list[KernelEvent]
+    launches: np.ndarray
+    external_ids: np.ndarray
+    invalid: int
 
 
 def _check(records: np.ndarray) -> np.ndarray:
@@ -71,12 +79,22 @@ def _check(records: np.ndarray) -> np.ndarray:
 
 
 def is_communication_kernel(name: str) -> bool:
-    """NCCL collective / point-to-point kernels (``ncclKernel_*``, ``ncclDevKernel_*``)."""
+    """Whether ``name`` is an NCCL collective / point-to-point kernel.
+
+    Any name containing "nccl" in any case counts (``ncclKernel_*``, ``ncclDevKernel_*``, ...).
+    """
     return "nccl" in name.lower()
 
 
 def memcpy_name(copy_kind: int) -> str:
-    """Display name of a memcpy record, e.g. ``"Memcpy HtoD"``."""
+    """Display name of a memcpy record, e.g. ``"Memcpy HtoD"``.
+
+    Args:
+        copy_kind: the CUPTI memcpy kind (the record's ``subkind``).
+
+    Returns:
+        ``"Memcpy <direction>"``, or plain ``"Memcpy"`` for an unknown kind.
+    """
     direction = MEMCPY_KIND_NAMES.get(int(copy_kind))
     return f"Memcpy {direction}" if direction else "Memcpy"
 
@@ -84,7 +102,22 @@ def memcpy_name(copy_kind: int) -> str:
 def kernel_events(
     records: np.ndarray, *, clock_offset_ns: int = 0, demangle: bool = True
 ) -> list[KernelEvent]:
-    """Kernel, memcpy and memset records as ``KernelEvent``s, by start time (``op_index`` -1)."""
+    """Kernel, memcpy and memset records as ``KernelEvent``s, by start time (``op_index`` -1).
+
+    Decodes the whole drain (``decode_activity``) and keeps the kernels.
+
+    Args:
+        records: a ``RECORD_DTYPE`` array from ``KernelCollector.drain()``.
+        clock_offset_ns: added to every timestamp (``time.time_ns() - CUPTI clock``).
+        demangle: demangle C++ kernel names.
+
+    Returns:
+        The events with valid timestamps, on the trace clock.
+
+    Raises:
+        ValueError: ``records`` is not an array of ``RECORD_DTYPE``, or a kernel's name id is
+            not in the process-wide string table.
+    """
     return decode_activity(records, clock_offset_ns=clock_offset_ns, demangle=demangle).kernels
 
 
@@ -149,7 +182,17 @@ def _kernel_events(
 def launch_table(records: np.ndarray, *, clock_offset_ns: int = 0) -> np.ndarray:
     """Runtime/driver API records as a ``LAUNCH_DTYPE`` table, by start time.
 
-    Names of the calls: ````_C._testing.cupti_callback_name(cbid)`` in tests``.
+    Tests name the calls with ``_C._testing.cupti_callback_name(cbid, driver)``.
+
+    Args:
+        records: a ``RECORD_DTYPE`` array from ``KernelCollector.drain()``.
+        clock_offset_ns: added to ``start_ns`` and ``end_ns``.
+
+    Returns:
+        One ``LAUNCH_DTYPE`` row per runtime or driver record (timestamps not validated).
+
+    Raises:
+        ValueError: ``records`` is not an array of ``RECORD_DTYPE``.
     """
     records = _check(records)
     api = records[np.isin(records["kind"], [int(RecordKind.RUNTIME), int(RecordKind.DRIVER)])]
@@ -169,7 +212,16 @@ def external_correlation_table(
 ) -> np.ndarray:
     """External-correlation records as an ``EXTERNAL_DTYPE`` table.
 
-    ``external_kind`` filters by CUPTI external kind; default: the kind ``push_external_id`` uses.
+    Args:
+        records: a ``RECORD_DTYPE`` array from ``KernelCollector.drain()``.
+        external_kind: keep only this CUPTI external kind; None: ``EXTERNAL_CORRELATION_KIND``,
+            the kind ``push_external_id`` uses (-1 without CUPTI support: nothing matches).
+
+    Returns:
+        One ``EXTERNAL_DTYPE`` row per matching record, in record order.
+
+    Raises:
+        ValueError: ``records`` is not an array of ``RECORD_DTYPE``.
     """
     records = _check(records)
     kind = EXTERNAL_CORRELATION_KIND if external_kind is None else external_kind
@@ -185,7 +237,21 @@ def external_correlation_table(
 def decode_activity(
     records: np.ndarray, *, clock_offset_ns: int = 0, demangle: bool = True
 ) -> GpuActivity:
-    """Kernel events, launch table and external-id table from one drain of the ring."""
+    """Kernel events, launch table and external-id table from one drain of the ring.
+
+    Args:
+        records: a ``RECORD_DTYPE`` array from ``KernelCollector.drain()`` (any shape;
+            flattened).
+        clock_offset_ns: added to every timestamp (``time.time_ns() - CUPTI clock``).
+        demangle: demangle C++ kernel names.
+
+    Returns:
+        The decoded activity; external ids of ets-hook's own kind only.
+
+    Raises:
+        ValueError: ``records`` is not an array of ``RECORD_DTYPE``, or a kernel's name id is
+            not in the process-wide string table.
+    """
     records = _check(records)
     kernels, invalid = _kernel_events(records, clock_offset_ns, demangle)
     return GpuActivity(

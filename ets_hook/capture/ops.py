@@ -30,7 +30,11 @@ from ..trace.decode import RawOp
 
 
 def other_profiler_active() -> str | None:
-    """Why op capture must stay off (another profiler owns the session), or None."""
+    """Why op capture must stay off (another profiler owns the session), or None.
+
+    Never raises: when torch's private profiler query fails, the failure is the reason
+    returned (op capture stays off).
+    """
     try:
         if autograd._profiler_enabled():
             return f"another torch profiler is active ({torch._C._autograd._profiler_type()})"
@@ -57,6 +61,9 @@ class OpProfiler:
 
     ``results`` holds the opaque ``_ProfilerResult`` of each finished session (shapes session
     first); they are converted by ``read_raw_events`` off the training thread.
+
+    Attributes:
+        results: one opaque ``_ProfilerResult`` per finished session, oldest first.
     """
 
     def __init__(self) -> None:
@@ -65,9 +72,20 @@ class OpProfiler:
 
     @property
     def active(self) -> bool:
+        """Whether a session started by ``start`` is still running."""
         return self._active
 
     def start(self, record_shapes: bool) -> None:
+        """Enable a Kineto CPU-only profiling session on the calling thread.
+
+        Args:
+            record_shapes: record input shapes and dtypes of every op.
+
+        Raises:
+            RuntimeError: this profiler already has an active session. Errors of torch's
+                profiler enable (e.g. another profiler session is active) pass through, and the
+                profiler then stays inactive.
+        """
         if self._active:
             raise RuntimeError("op profiler already started")
         config = _config(record_shapes)
@@ -77,7 +95,11 @@ class OpProfiler:
         self._active = True
 
     def stop(self) -> None:
-        """End the current session and keep its result (cheap part only; no event conversion)."""
+        """End the current session and append its result to ``results``; no-op when inactive.
+
+        Only the cheap part runs here (no event conversion). Errors of torch's profiler disable
+        pass through (the profiler is marked inactive first).
+        """
         if not self._active:
             return
         self._active = False
@@ -89,6 +111,13 @@ def read_raw_events(result: Any) -> list[RawOp]:
 
     ~9 µs per event, nearly all of it in the binding's getters (0.5-0.9 µs each); the getters
     already return Python ints and lists of ints, so no per-value conversion is added.
+
+    Args:
+        result: one entry of ``OpProfiler.results``.
+
+    Returns:
+        One ``RawOp`` per CPU event, in the profiler's event order (times in ns); shapes and
+        dtypes are empty when the event has none recorded.
     """
     cpu = torch.autograd.DeviceType.CPU
     rows: list[RawOp] = []

@@ -32,6 +32,12 @@ from torch.optim.optimizer import (
 
 
 class Authority(str, enum.Enum):
+    """Which signal marks step boundaries; the value is the ``source`` passed to ``on_boundary``.
+
+    ``FORWARD`` becomes ``ANY_OPTIMIZER`` at the first optimizer step, and either becomes
+    ``EXPLICIT`` at the first ``hook.step()``; ``SCALER`` and ``OPTIMIZER`` never change.
+    """
+
     SCALER = "grad_scaler"
     OPTIMIZER = "optimizer"
     EXPLICIT = "explicit"
@@ -46,6 +52,12 @@ class StepDetector:
     ``on_first_activity()`` is called at the first training forward (the start of step 0).
     ``on_forward()`` is called at every training forward that did not itself end a step, while
     the module hook is installed (the hook uses it as a safe point to restart the profiler).
+    Exceptions raised by these callbacks propagate into the training loop.
+
+    Attributes:
+        authority: the ``Authority`` deciding boundaries now (see the module docstring).
+        in_phase: set by the caller while a marked non-training phase runs; boundaries,
+            optimizer steps and forwards are ignored meanwhile.
     """
 
     def __init__(
@@ -58,6 +70,18 @@ class StepDetector:
         on_first_activity: Callable[[], None] | None = None,
         on_forward: Callable[[], None] | None = None,
     ) -> None:
+        """Install the hooks for the authority the arguments select.
+
+        Args:
+            model: the root module; a forward pre-hook is installed on it.
+            optimizers: the optimizers whose steps mark boundaries; empty: any optimizer's step
+                (global hooks), else training forwards. Ignored when ``grad_scaler`` is given.
+            on_boundary: called with the ``Authority`` value once per step boundary.
+            grad_scaler: an object with an ``update()`` method (a ``GradScaler``); its
+                ``update`` is wrapped on the instance until ``close()``.
+            on_first_activity: called at the first training forward.
+            on_forward: called at each later training forward that did not end a step.
+        """
         self._model = model
         self._optimizers = list(optimizers)
         self._on_boundary = on_boundary
@@ -151,7 +175,15 @@ class StepDetector:
     # -- explicit steps --------------------------------------------------------------------
 
     def explicit_step(self) -> None:
-        """``hook.step()``: count a boundary unless another authority already marked it."""
+        """``hook.step()``: count a boundary unless another authority already marked it.
+
+        With ``FORWARD``/``ANY_OPTIMIZER`` authority the first call switches to ``EXPLICIT``
+        and counts unless an optimizer has stepped (then it is the automatic boundary's twin);
+        with ``EXPLICIT`` every call counts; with ``OPTIMIZER`` a call counts only when no
+        optimizer stepped since the previous call (a skipped optimizer step; the very first call
+        never counts); with ``SCALER`` calls never count. Ignored inside a marked phase and
+        after ``close()``.
+        """
         if not self._active or self.in_phase:
             return
         if self.authority in (Authority.FORWARD, Authority.ANY_OPTIMIZER):
@@ -178,10 +210,15 @@ class StepDetector:
 
     @property
     def needs_forward_hook(self) -> bool:
+        """Whether forwards still mark the steps (authority ``FORWARD``)."""
         return self.authority is Authority.FORWARD
 
     def remove_capture_hooks(self) -> None:
-        """After the capture window: drop the module hook unless forwards mark the steps."""
+        """After the capture window: drop the module hook unless forwards mark the steps.
+
+        Without the module hook the optimizer pre-hooks go too (they only served to ignore
+        forwards inside optimizer steps); ``on_first_activity``/``on_forward`` stop being called.
+        """
         if self._forward_handle is not None and not self.needs_forward_hook:
             self._forward_handle.remove()
             self._forward_handle = None
@@ -193,7 +230,11 @@ class StepDetector:
             self._in_optimizer_step = 0
 
     def close(self) -> None:
-        """Remove every hook this detector installed; safe to call twice."""
+        """Remove every hook this detector installed; safe to call twice; never raises.
+
+        The scaler's wrapper is removed by deleting the instance attribute ``update``, which
+        exposes the class method again.
+        """
         self._active = False
         for handle in [*self._handles, *self._pre_handles]:
             with contextlib.suppress(Exception):

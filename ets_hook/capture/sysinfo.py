@@ -28,6 +28,11 @@ def _cpu_model() -> str:
 
 
 def host_info() -> HostInfo:
+    """Facts about this host: hostname, CPU model, core counts, memory, torch threads.
+
+    Core counts and memory come from psutil; without it only ``logical_cores`` is filled
+    (``os.cpu_count()``). Facts that cannot be read stay 0 / "".
+    """
     info = HostInfo(hostname=socket.gethostname(), cpu_model=_cpu_model())
     try:
         import psutil
@@ -75,7 +80,20 @@ def _nvml_facts(uuid: str) -> dict[str, Any]:
 
 
 def device_info(device: Any = None) -> DeviceInfo:
-    """Facts about ``device`` (a torch.device, string or None = CPU)."""
+    """Facts about ``device``; never raises.
+
+    For CUDA devices: torch's device properties, plus driver version and memory from NVML
+    (looked up by UUID) when pynvml is installed. Other device types get only ``kind`` and
+    ``name`` (the CPU model for "cpu").
+
+    Args:
+        device: a ``torch.device``, a device string, or None for the CPU. A CUDA device without
+            an index means the current device.
+
+    Returns:
+        The facts; ``kind`` "cuda" with ``name`` "cuda" when CUDA is not available, and an empty
+        ``DeviceInfo()`` (kind "cpu") when anything fails, e.g. an invalid device string.
+    """
     try:
         import torch
 
@@ -101,7 +119,12 @@ def device_info(device: Any = None) -> DeviceInfo:
 
 
 def model_device(model: Any) -> Any:
-    """The device of the model's first parameter or buffer (CPU when it has none)."""
+    """The device of the model's first parameter or buffer; never raises.
+
+    Returns:
+        That tensor's ``torch.device``; the string "cpu" when the model has neither or
+        cannot be iterated.
+    """
     try:
         for tensor in model.parameters():
             return tensor.device

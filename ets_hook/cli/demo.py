@@ -19,6 +19,16 @@ REPORT_STEPS = (1, 2, 3, 5, 10, 20, 50, 100, 200, 500, 1000)
 
 @dataclass(frozen=True)
 class EarlyPrediction:
+    """The prediction after one early step, kept to compare with what actually happened.
+
+    Attributes:
+        step: the step count after which it was read.
+        iteration_s: predicted steady-state step time, s.
+        iteration_ci_s: half-width of its 95% interval, s.
+        total_s: predicted total wall time from hook creation to the last step's end, s.
+        source: the prediction's ``source``.
+    """
+
     step: int
     iteration_s: float
     iteration_ci_s: float
@@ -27,6 +37,11 @@ class EarlyPrediction:
 
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``demo``'s options (``--model``, ``--steps``, ``--device``, ``--trace``, ``--seed``).
+
+    Args:
+        parser: the ``demo`` subparser.
+    """
     from .zoo import DEMO_MODELS
 
     parser.add_argument(
@@ -45,6 +60,18 @@ def _pct(predicted: float, actual: float) -> str:
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    """Run ``ets-hook demo``: train, print early predictions, then their errors; prints to stdout.
+
+    Args:
+        args: the parsed namespace (``model``, ``steps``, ``device``, ``trace``, ``seed``).
+
+    Returns:
+        0.
+
+    Raises:
+        SystemExit: ``--steps`` below 10, or ``--device cuda...`` without CUDA (message as the
+            exit value: exit code 1).
+    """
     import torch
 
     from ..hook import ETSHook

@@ -1,7 +1,7 @@
 """The ``ets-hook`` command line: info, export, demo, train, evaluate.
 
 Subcommands import what they need lazily, so ``ets-hook info`` on a trace does not import torch.
-Exit codes: 0 success, 1 runtime failure, 2 bad usage or unreadable input.
+Exit codes: 0 success, 1 runtime failure, 2 bad usage or unreadable input, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -60,6 +60,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Build the ``ets-hook`` parser with every subcommand.
+
+    Returns:
+        The parser; each subcommand sets ``handler`` (namespace -> exit code) on its result.
+    """
     parser = argparse.ArgumentParser(
         prog="ets-hook",
         description="Early, honest training-time prediction for PyTorch (ETS).",
@@ -89,6 +94,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``ets-hook`` command line.
+
+    Args:
+        argv: the arguments after the program name; None: ``sys.argv[1:]``.
+
+    Returns:
+        The exit code: the handler's (None counts as 0); 2 after printing a
+        ``TraceFileError`` or ``FileNotFoundError`` to stderr; 130 on ``KeyboardInterrupt``.
+
+    Raises:
+        SystemExit: from argparse on bad usage (code 2), ``--help`` or ``--version`` (code 0),
+            and from a handler that exits (``demo`` on a bad ``--steps`` or missing CUDA).
+            Other exceptions from a handler propagate.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     from ..errors import TraceFileError

@@ -28,7 +28,14 @@ from ..trace.discovery import load_traces
 
 
 def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``train``: fit an ETS model (or a baseline) on traces and write a weights file."""
+    """Add ``train``: fit an ETS model (or a baseline) on traces and write a weights file.
+
+    Args:
+        subparsers: the object ``ArgumentParser.add_subparsers`` returned.
+
+    Returns:
+        The ``train`` subparser (its ``handler`` is ``run_train``).
+    """
     p = subparsers.add_parser(
         "train",
         help="train an ETS predictor (or a baseline) on traces",
@@ -83,7 +90,19 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run_train(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    """Implement ``ets-hook train``; returns the exit code."""
+    """Implement ``ets-hook train``: load the traces, fit, save the weights file, report.
+
+    Args:
+        args: the namespace parsed by the ``train`` subparser.
+        out: where the summary goes; None: stdout. Errors and warnings go to stderr.
+
+    Returns:
+        0 on success; 2 when the configuration or traces are invalid or unreadable
+        (``OSError``, ``ValueError``) or fitting rejects them (``ValueError``).
+
+    Raises:
+        OSError: the weights file cannot be written (not caught).
+    """
     from ..ets.training import TrainConfig, fit
 
     out = out or sys.stdout
@@ -147,7 +166,14 @@ def run_train(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 
 def add_evaluate_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``evaluate``: MRE and RMSE of a weights file on traces, per model."""
+    """Add ``evaluate``: MRE and RMSE of a weights file on traces, per model.
+
+    Args:
+        subparsers: the object ``ArgumentParser.add_subparsers`` returned.
+
+    Returns:
+        The ``evaluate`` subparser (its ``handler`` is ``run_evaluate``).
+    """
     p = subparsers.add_parser(
         "evaluate",
         help="evaluate a trained predictor on traces",
@@ -163,7 +189,16 @@ def add_evaluate_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def format_evaluation(evaluation: Evaluation, predictor: Predictor, model_path: str) -> str:
-    """A human-readable report: summary line and a per-model table."""
+    """Format an evaluation for people: model line, summary line and a per-model table.
+
+    Args:
+        evaluation: the result of ``ets.regressors.evaluate``.
+        predictor: the evaluated predictor (its kind, size and window are shown).
+        model_path: the weights file, as shown.
+
+    Returns:
+        The report, lines joined by newlines (no trailing newline).
+    """
     lines = [
         f"model: {model_path} ({predictor.kind}, {predictor.layers} layers x {predictor.hidden}, "
         f"window {predictor.width}/{predictor.stride}, {len(predictor.members)} member(s))",
@@ -188,7 +223,17 @@ def format_evaluation(evaluation: Evaluation, predictor: Predictor, model_path: 
 
 
 def run_evaluate(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    """Implement ``ets-hook evaluate``; returns the exit code."""
+    """Implement ``ets-hook evaluate``: predict every iteration of the traces and compare.
+
+    Args:
+        args: the namespace parsed by the ``evaluate`` subparser.
+        out: where the table (or JSON with ``--json``) goes; None: stdout. Errors go to stderr.
+
+    Returns:
+        0 on success; 2 when the weights file or the traces are invalid or unreadable
+        (``OSError``, ``ValueError``, including a model of another feature-schema version), or
+        when no iteration has a complete measurement.
+    """
     out = out or sys.stdout
     try:
         predictor = Predictor.load(args.model)

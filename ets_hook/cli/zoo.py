@@ -27,6 +27,17 @@ class Workload:
 
     ``batches(batch_size)`` returns the batch maker for a batch size, so one workload can be run
     at several batch sizes (``with_batch_size``).
+
+    Attributes:
+        name: unique name, encoding the sizes (``mlp-w512-d3-b64``).
+        family: model family (``mlp``, ``resnet``, ``gpt``, ...).
+        batch_size: samples per batch.
+        make_model: builds a fresh model on the CPU.
+        batches: batch size -> batch maker ``(index, generator) -> (inputs, targets)`` (CPU).
+        loss: ``"mse"``; any other value means cross-entropy.
+        optimizer: ``"adam"``, ``"adamw"``; any other value means SGD with momentum 0.9.
+        lr: learning rate.
+        params: the sizes, for the record.
     """
 
     name: str
@@ -41,10 +52,22 @@ class Workload:
 
     @property
     def make_batch(self) -> BatchMaker:
+        """The batch maker at this workload's ``batch_size``."""
         return self.batches(self.batch_size)
 
     def with_batch_size(self, batch_size: int) -> Workload:
-        """The same workload at another batch size (named ``...-b<batch_size>``)."""
+        """The same workload at another batch size.
+
+        Args:
+            batch_size: the new batch size (>= 1).
+
+        Returns:
+            A copy with that batch size, its name's ``-b<old>`` replaced by ``-b<batch_size>``
+            (or ``-b<batch_size>`` appended if the name has none).
+
+        Raises:
+            ValueError: ``batch_size`` < 1.
+        """
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         base = self.name.rsplit(f"-b{self.batch_size}", 1)
@@ -52,6 +75,16 @@ class Workload:
         return dataclasses.replace(self, name=name, batch_size=batch_size)
 
     def build(self, device: str | torch.device = "cpu", seed: int = 0) -> Job:
+        """Build a fresh model, optimizer and loss on ``device``.
+
+        Args:
+            device: where the model and the batches go.
+            seed: seeds the model's initialisation (through ``torch.manual_seed``, which sets
+                the global RNG) and the job's batch stream.
+
+        Returns:
+            The ``Job``.
+        """
         torch.manual_seed(seed)
         model = self.make_model().to(device)
         if self.optimizer == "adam":
@@ -66,6 +99,8 @@ class Workload:
 
 @dataclass
 class Job:
+    """One built workload, ready to train: model and optimizer on ``device``, loss, seed."""
+
     workload: Workload
     model: nn.Module
     optimizer: torch.optim.Optimizer
@@ -74,7 +109,10 @@ class Job:
     seed: int
 
     def batches(self) -> Iterator[Batch]:
-        """An endless stream of synthetic batches, generated on the CPU then moved."""
+        """An endless stream of synthetic batches, generated on the CPU then moved.
+
+        Each call starts the same stream again (a generator seeded with ``seed``).
+        """
         generator = torch.Generator().manual_seed(self.seed)
         index = 0
         while True:
@@ -83,6 +121,7 @@ class Job:
             index += 1
 
     def loss(self, batch: Batch) -> torch.Tensor:
+        """Forward pass and loss of one batch (3-D sequence outputs flattened over time)."""
         x, y = batch
         out = self.model(x)
         if out.dim() == 3:  # sequence models: (batch, time, classes)
@@ -91,6 +130,11 @@ class Job:
         return self.loss_fn(out, y)
 
     def train_step(self, batch: Batch) -> float:
+        """One training step: zero grads, forward, backward, optimizer step.
+
+        Returns:
+            The loss value (reading it waits for the device).
+        """
         self.optimizer.zero_grad(set_to_none=True)
         loss = self.loss(batch)
         loss.backward()

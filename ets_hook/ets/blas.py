@@ -43,7 +43,12 @@ def _loaded_libraries(maps_path: str = "/proc/self/maps") -> list[str]:
 
 @functools.cache
 def blas_thread_setter() -> Callable[[int], int] | None:
-    """``set(n) -> previous`` for numpy's BLAS thread count (module docs), or None."""
+    """The setter of numpy's BLAS thread count, found once per process (module docs).
+
+    Returns:
+        ``set(n) -> previous``: the library's ``*_set_num_threads_local``; None when no
+        OpenBLAS or MKL with that symbol is loaded (or ``/proc/self/maps`` is unreadable).
+    """
     for path in _loaded_libraries():
         name = Path(path).name.lower()
         for marker, symbol in _LOCAL_SETTERS:
@@ -61,7 +66,11 @@ def blas_thread_setter() -> Callable[[int], int] | None:
 
 @contextlib.contextmanager
 def single_threaded_blas() -> Iterator[bool]:
-    """Run the body with one BLAS thread (module docs); yields whether that could be set."""
+    """Run the body with one BLAS thread (module docs), restoring the previous count on exit.
+
+    Yields:
+        Whether the thread count could be set (False: the body runs unchanged).
+    """
     setter = blas_thread_setter()
     if setter is None:
         yield False

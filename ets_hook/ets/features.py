@@ -1,4 +1,5 @@
-"""ETS per-op features: a trace's ETS rows -> standardised feature vectors (``EncodedIteration``).
+"""ETS per-op features: a trace's ETS rows -> feature vectors (``EncodedIteration``, unscaled),
+and their standardisation (``Standardizer``).
 
 Contracts:
 - Pure functions over the trace model; no global state. Arrays are numpy, features ``float32``,
@@ -67,7 +68,15 @@ _GPU_SPECS: dict[str, tuple[float, float, int]] = {
 
 
 def device_spec(device: DeviceInfo) -> tuple[float, float, int] | None:
-    """(peak FP32 TFLOPS, memory bandwidth GB/s, SMs) of a known GPU name, else None."""
+    """Published specs of a known GPU, matched by name.
+
+    Args:
+        device: only ``name`` is read; vendor words, spaces, ``-`` and ``_`` are ignored and
+            the longest table key contained in what is left wins.
+
+    Returns:
+        (peak FP32 TFLOPS, memory bandwidth GB/s, SMs), or None for an unknown name.
+    """
     key = "".join(device.name.lower().split())
     for noise in ("nvidia", "geforce", "tesla", "quadro", "rtx", "-", "_"):
         key = key.replace(noise, "")
@@ -83,7 +92,18 @@ def device_spec(device: DeviceInfo) -> tuple[float, float, int] | None:
 
 @dataclass(frozen=True, slots=True)
 class FeatureSchema:
-    """What each feature column means. Stored in weights files; compared by ``version``."""
+    """What each feature column means. Stored in weights files; compared by ``version``.
+
+    Attributes:
+        vocabulary: the op types with their own one-hot column (``"<other>"`` is implicit).
+        device_features: whether the ``DEVICE_FEATURES`` columns are present.
+        measured_features: whether the ``MEASURED_FEATURES`` columns are present.
+        version: the feature-schema version; must be ``FEATURE_SCHEMA_VERSION``.
+
+    Raises:
+        SchemaVersionError: ``version`` is not ``FEATURE_SCHEMA_VERSION``.
+        ValueError: ``vocabulary`` has duplicates or contains ``"<other>"``.
+    """
 
     vocabulary: tuple[str, ...]
     device_features: bool = False
@@ -98,6 +118,7 @@ class FeatureSchema:
 
     @property
     def feature_names(self) -> tuple[str, ...]:
+        """The name of every column, in order; the padding flag is last."""
         names = [f"op={v}" for v in (*self.vocabulary, OTHER_OP)]
         names += [f"dir={d}" for d in DIRECTIONS]
         names += [f"dtype={d}" for d in DTYPE_CLASSES]
@@ -112,6 +133,7 @@ class FeatureSchema:
 
     @property
     def n_features(self) -> int:
+        """Number of feature columns (F)."""
         return len(self.feature_names)
 
     @property
@@ -126,6 +148,7 @@ class FeatureSchema:
 
     @property
     def padding_column(self) -> int:
+        """Index of the padding-flag column (the last one)."""
         return self.n_features - 1
 
     @property
@@ -137,6 +160,7 @@ class FeatureSchema:
         return (names.index(MEASURED_FEATURES[0]), names.index(MEASURED_FEATURES[1]))
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable form, with ``feature_names`` for checking on load."""
         return {
             "version": self.version,
             "vocabulary": list(self.vocabulary),
@@ -147,6 +171,21 @@ class FeatureSchema:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "") -> FeatureSchema:
+        """Rebuild a schema from ``to_dict`` output.
+
+        Args:
+            data: ``version``, ``vocabulary`` and ``device_features`` are required;
+                ``feature_names``, when present, must match the rebuilt schema's.
+            source: where ``data`` was read (a path), for error messages.
+
+        Returns:
+            The schema.
+
+        Raises:
+            SchemaVersionError: ``version`` is missing or not ``FEATURE_SCHEMA_VERSION``.
+            KeyError: ``vocabulary`` or ``device_features`` is missing.
+            ValueError: ``feature_names`` differ, or the vocabulary is invalid.
+        """
         version = data.get("version")
         if version != FEATURE_SCHEMA_VERSION:
             raise SchemaVersionError(version, FEATURE_SCHEMA_VERSION, source=source)
@@ -163,7 +202,14 @@ class FeatureSchema:
 
 @dataclass(frozen=True, slots=True)
 class EncodeContext:
-    """Per-trace facts every row of it shares: input dims and the device."""
+    """Per-trace facts every row of it shares: input dims and the device.
+
+    Attributes:
+        batch_size: batch size; 0 when unknown.
+        input_h: input height; 0 when unknown.
+        input_w: input width; 0 when unknown.
+        device: the trace's device (for the device features).
+    """
 
     batch_size: int = 0
     input_h: int = 0
@@ -172,9 +218,22 @@ class EncodeContext:
 
     @classmethod
     def from_trace(cls, trace: Trace) -> EncodeContext:
-        """Input dims from metadata (``batch_size``, ``input_h``, ``input_w``, as the importer
-        and hook record them); when absent, from the first forward row op with a tensor input
-        of ≥ 2 dims: batch = dim 0; 4-D: h, w = the last two; 3-D: h, w = dims 1, 2; 2-D: h = dim 1.
+        """The context of ``trace``: its device and input dims.
+
+        Dims come from metadata (``batch_size`` or ``batch``, ``input_h``, ``input_w``, as the
+        importer and hook record them; 0 or negative counts as absent). Each absent one is
+        inferred from the first depth-0 forward op of the first iteration with a tensor input
+        of ≥ 2 dims: batch = dim 0; 4-D: h, w = the last two; 3-D: h, w = dims 1, 2;
+        2-D: h = dim 1, w = 1; ≥ 5-D: h = dim 1, w = the last dim. Still unknown: 0.
+
+        Args:
+            trace: the trace.
+
+        Returns:
+            The context.
+
+        Raises:
+            ValueError, TypeError: a dim in ``trace.metadata`` is not a number.
         """
         md = trace.metadata
         batch = int(md.get("batch_size", md.get("batch", -1)) or -1)
@@ -265,7 +324,7 @@ class _IterationIndex:
 
 
 def _concrete(op: OpEvent) -> Sequence[str]:
-    # Forward compatible: OpEvent may gain profiler "Concrete Inputs" (see module docs).
+    # Forward compatible: OpEvent may gain profiler "Concrete Inputs" (``ets.flops``).
     return getattr(op, "concrete_inputs", ()) or ()
 
 
@@ -377,22 +436,32 @@ def _device_features(device: DeviceInfo) -> np.ndarray:
 
 @dataclass(frozen=True, slots=True)
 class EncodedIteration:
-    """One iteration as the model sees it: unscaled features and targets of its ETS rows."""
+    """One iteration as the model sees it: unscaled features and targets of its ETS rows.
 
-    features: np.ndarray  # [n, F] float32, unscaled; the padding column is 0
-    targets_ns: np.ndarray  # [n, 2] float64 (duration, gap); NaN where unknown
-    op_indices: np.ndarray  # [n] int64 indices into IterationTrace.ops
-    label: str = ""  # e.g. "T4/resnet18.40_7.csv#7"
-    group: str = ""  # the model name: the unit of held-out splits
+    Attributes:
+        features: [n, F] float32 unscaled features; the padding column is 0.
+        targets_ns: [n, 2] float64 (duration, gap) ns; NaN where unknown.
+        op_indices: [n] int64 indices into ``IterationTrace.ops``.
+        label: names the iteration, e.g. ``"T4/resnet18.40_7.csv#7"``.
+        group: the model name: the unit of held-out splits.
+        device: the device name.
+    """
+
+    features: np.ndarray
+    targets_ns: np.ndarray
+    op_indices: np.ndarray
+    label: str = ""
+    group: str = ""
     device: str = ""
 
     @property
     def n_ops(self) -> int:
+        """Number of rows (n)."""
         return int(self.features.shape[0])
 
     @property
     def measured_ns(self) -> float:
-        """Sum of duration + gap over rows (NaN when a target is unknown)."""
+        """Sum of duration + gap over rows, ns (NaN when a target is unknown or n = 0)."""
         return float(self.targets_ns.sum()) if self.n_ops else float("nan")
 
 
@@ -402,7 +471,20 @@ def encode_iteration(
     schema: FeatureSchema,
     context: EncodeContext | None = None,
 ) -> EncodedIteration:
-    """Features and targets of one iteration's ETS rows."""
+    """Features and targets of one iteration's ETS rows.
+
+    Args:
+        trace: the iteration's trace (device, metadata for the label and group).
+        iteration: the step to encode.
+        schema: the feature layout; measured-feature columns are left 0 (``with_measured``).
+        context: shared per-trace facts; None: ``EncodeContext.from_trace(trace)``.
+
+    Returns:
+        The encoded rows (possibly none).
+
+    Raises:
+        ValueError, TypeError: as ``EncodeContext.from_trace`` when ``context`` is None.
+    """
     if context is None:
         context = EncodeContext.from_trace(trace)
     rows = ets_rows(iteration)
@@ -430,8 +512,19 @@ def encode_iteration(
 def with_measured(
     encoded: EncodedIteration, schema: FeatureSchema, early_ns: np.ndarray
 ) -> EncodedIteration:
-    """A copy of ``encoded`` whose measured-feature columns hold ``early_ns`` ([n, 2] ns:
-    the op's early duration and gap; NaN → 0)."""
+    """A copy of ``encoded`` whose measured-feature columns hold early measured times.
+
+    Args:
+        encoded: the encoded iteration.
+        schema: its schema, with measured features.
+        early_ns: [n, 2] each row's early (duration, gap), ns; NaN and negatives count as 0.
+
+    Returns:
+        The copy, with log1p(µs) in the measured columns.
+
+    Raises:
+        ValueError: ``early_ns`` is not [n, 2], or ``schema`` has no measured features.
+    """
     if early_ns.shape != (encoded.n_ops, 2):
         raise ValueError(f"early times must be [{encoded.n_ops}, 2], got {early_ns.shape}")
     features = encoded.features.copy()
@@ -443,9 +536,23 @@ def with_measured(
 def project_features(
     features: np.ndarray, source: FeatureSchema, target: FeatureSchema
 ) -> np.ndarray:
-    """Unscaled feature rows of ``source`` re-expressed in ``target``, a schema with the same
-    flags whose vocabulary is a subset of the source's: op types outside the target vocabulary
-    become "other". Lets one encoding serve many vocabularies (cross-validation folds)."""
+    """Re-express unscaled feature rows of one schema in another.
+
+    Op types outside the target vocabulary become "other". Lets one encoding serve many
+    vocabularies (cross-validation folds).
+
+    Args:
+        features: [n, source.n_features] unscaled rows.
+        source: the schema ``features`` follow.
+        target: a schema with the same flags whose vocabulary is a subset of the source's.
+
+    Returns:
+        [n, target.n_features] rows, in ``features``' dtype.
+
+    Raises:
+        ValueError: the schemas differ in device or measured features, or ``target`` has op
+            types ``source`` lacks.
+    """
     if (source.device_features, source.measured_features) != (
         target.device_features,
         target.measured_features,
@@ -467,7 +574,20 @@ def project_features(
 def encode_trace(
     trace: Trace, schema: FeatureSchema, *, steps: Iterable[int] | None = None
 ) -> list[EncodedIteration]:
-    """Every iteration of ``trace`` (or those at the given list positions) encoded."""
+    """Encode iterations of ``trace`` (``encode_iteration``) with one shared context.
+
+    Args:
+        trace: the trace.
+        schema: the feature layout.
+        steps: positions in ``trace.iterations`` (not step numbers); None: all.
+
+    Returns:
+        One encoded iteration per position, in the order given.
+
+    Raises:
+        IndexError: a position is out of range.
+        ValueError, TypeError: as ``EncodeContext.from_trace``.
+    """
     context = EncodeContext.from_trace(trace)
     picked = range(len(trace.iterations)) if steps is None else steps
     return [encode_iteration(trace, trace.iterations[k], schema, context) for k in picked]
@@ -476,7 +596,19 @@ def encode_trace(
 def fit_schema(
     traces: Iterable[Trace], vocab_size: int = DEFAULT_VOCAB_SIZE, *, device_features: bool = False
 ) -> FeatureSchema:
-    """A schema whose vocabulary is the ``vocab_size`` most frequent row op types (ties by name)."""
+    """A schema whose vocabulary is the most frequent row op types of ``traces``.
+
+    Args:
+        traces: the training traces.
+        vocab_size: how many op types get their own column (fewer when fewer occur).
+        device_features: whether the schema has the device feature columns.
+
+    Returns:
+        The schema (canonical op names by count, ties by name; no measured features).
+
+    Raises:
+        ValueError: ``vocab_size`` < 0.
+    """
     if vocab_size < 0:
         raise ValueError(f"vocab_size must be >= 0, got {vocab_size}")
     counts: Counter[str] = Counter()
@@ -503,6 +635,12 @@ class Standardizer:
     any seen in training then looks like the largest one seen, instead of driving the network
     into a region it never learned (its size still reaches the prediction through the
     ``"roofline"`` target prior, which uses the unscaled features).
+
+    Attributes:
+        mean: [F] float32 per-column mean (0 on one-hot and flag columns).
+        std: [F] float32 per-column std (1 on one-hot and flag columns and where it is ~0).
+        lo: [F] float32 lower clamp of standardised values, or None (no clamping).
+        hi: [F] float32 upper clamp, or None.
     """
 
     mean: np.ndarray
@@ -514,6 +652,21 @@ class Standardizer:
     def fit(
         cls, rows: np.ndarray, continuous: np.ndarray, *, clamp_margin: float | None = None
     ) -> Standardizer:
+        """Fit on training rows.
+
+        Args:
+            rows: [n, F] unscaled feature rows; n = 0 gives the identity.
+            continuous: [F] bool mask of the columns to standardise
+                (``FeatureSchema.continuous``).
+            clamp_margin: clamp margin in standard deviations, >= 0; None: no clamping.
+
+        Returns:
+            The fitted standardiser.
+
+        Raises:
+            ValueError: ``rows`` is not [n, F] with F = ``len(continuous)``, or
+                ``clamp_margin`` < 0.
+        """
         if rows.ndim != 2 or rows.shape[1] != continuous.shape[0]:
             raise ValueError(f"rows must be [n, {continuous.shape[0]}], got {rows.shape}")
         if clamp_margin is not None and clamp_margin < 0:
@@ -532,12 +685,14 @@ class Standardizer:
         return cls(mean.astype(np.float32), std.astype(np.float32), lo, hi)
 
     def transform(self, rows: np.ndarray) -> np.ndarray:
+        """Standardise (and clamp, when fitted with a margin) rows [n, F]; returns float32."""
         z = ((rows - self.mean) / self.std).astype(np.float32)
         if self.lo is not None and self.hi is not None:
             np.clip(z, self.lo, self.hi, out=z)
         return z
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable form (infinite clamp bounds as None), read back by ``from_dict``."""
         out: dict[str, Any] = {"mean": self.mean.tolist(), "std": self.std.tolist()}
         if self.lo is not None and self.hi is not None:
             out["lo"] = [None if not math.isfinite(v) else v for v in self.lo.tolist()]
@@ -546,6 +701,12 @@ class Standardizer:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Standardizer:
+        """Rebuild a standardiser from ``to_dict`` output.
+
+        Raises:
+            KeyError: ``mean`` or ``std`` is missing.
+        """
+
         def bound(key: str, default: float) -> np.ndarray | None:
             values = data.get(key)
             if values is None:

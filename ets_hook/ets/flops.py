@@ -20,8 +20,8 @@ Contracts:
 - Backward: ``op_cost(name, shapes, dtypes, backward=True)`` (or a backward node name such as
   ``"AddmmBackward0"``) takes the *forward* op's inputs and scales the forward cost:
   matmul/conv/attention ×2 FLOPs and ×2 bytes (grad input and grad weight), normalisation ×2
-  FLOPs, everything else ×1 FLOPs and ×1.5 bytes (reads grad output and a saved tensor, writes
-  grad input).
+  FLOPs and ×1.5 bytes, everything else ×1 FLOPs and ×1.5 bytes (reads grad output and a saved
+  tensor, writes grad input).
 """
 
 from __future__ import annotations
@@ -37,7 +37,13 @@ Shape = tuple[int, ...]
 
 
 class OpCost(NamedTuple):
-    """Estimated work of one op. ``known`` is False when no specific rule applied."""
+    """Estimated work of one op.
+
+    Attributes:
+        flops: floating-point operations (a multiply-add counts 2).
+        bytes_moved: bytes read plus bytes written.
+        known: False when no specific rule applied (a conservative estimate).
+    """
 
     flops: int
     bytes_moved: int
@@ -92,12 +98,21 @@ def _dtype_key(dtype: str) -> str:
 
 
 def is_tensor_dtype(dtype: str) -> bool:
-    """True for a numeric tensor dtype string; False for ``"Scalar"``, ``"ScalarList"``, ``""``."""
+    """True for a numeric tensor dtype string; False for ``"Scalar"``, ``"ScalarList"``, ``""``.
+
+    Args:
+        dtype: a Kineto (``"c10::Half"``) or torch (``"torch.float16"``) dtype name, any case.
+    """
     return _dtype_key(dtype) in _DTYPE_BYTES
 
 
 def dtype_size_bytes(dtype: str, default: int = 4) -> int:
-    """Bytes per element of ``dtype``; ``default`` for a string that names no known dtype."""
+    """Bytes per element of ``dtype``.
+
+    Args:
+        dtype: a dtype name, as ``is_tensor_dtype``.
+        default: returned for a string that names no known dtype.
+    """
     return _DTYPE_BYTES.get(_dtype_key(dtype), default)
 
 
@@ -115,7 +130,12 @@ def _camel_to_snake(name: str) -> str:
 
 
 def is_backward_name(name: str) -> bool:
-    """True for an autograd node (``AddmmBackward0``) or its engine wrapper event."""
+    """True for an autograd node (``AddmmBackward0``, ``AccumulateGrad``) or its engine wrapper.
+
+    Args:
+        name: a raw op name, with or without namespace. ATen gradient kernels
+            (``aten::convolution_backward``) are not autograd nodes.
+    """
     stripped = name.strip()
     if stripped.startswith(AUTOGRAD_NODE_PREFIX):
         return True
@@ -241,7 +261,21 @@ def _spatial(values: list[int] | None, n: int, default: int) -> list[int]:
 def conv_output_size(
     size: int, kernel: int, stride: int = 1, padding: int = 0, dilation: int = 1
 ) -> int:
-    """Output length of a convolution or pooling along one spatial dimension (at least 1)."""
+    """Output length of a convolution or pooling along one spatial dimension.
+
+    Args:
+        size: input length, >= 0.
+        kernel: kernel length, >= 0.
+        stride: >= 1.
+        padding: padding on each side, >= 0.
+        dilation: >= 1.
+
+    Returns:
+        ``(size + 2·padding - dilation·(kernel - 1) - 1) // stride + 1``, at least 1.
+
+    Raises:
+        ValueError: any argument outside its range.
+    """
     if size < 0 or kernel < 0 or stride < 1 or padding < 0 or dilation < 1:
         raise ValueError(
             f"invalid conv geometry: size={size} kernel={kernel} stride={stride} "
@@ -498,8 +532,19 @@ def einsum_cost(equation: str, shapes: Sequence[Sequence[int]], elem_bytes: int 
 
     FLOPs = 2 × (product of the sizes of all distinct indices) for two or more operands (one
     multiply-add per point of the joint index space; ellipsis dims count as one index each),
-    numel of the operand for one operand. Raises ``ValueError`` for an equation that does not
-    match the shapes.
+    numel of the operand for one operand.
+
+    Args:
+        equation: the einsum equation, explicit (``"ij,jk->ik"``) or implicit (``"ij,jk"``).
+        shapes: one shape per operand.
+        elem_bytes: bytes per element of every operand and the output.
+
+    Returns:
+        The cost; bytes = every operand read once plus the output written once.
+
+    Raises:
+        ValueError: the equation does not match the shapes (operand count, term length,
+            more than one ellipsis in a term).
     """
     eq = equation.replace(" ", "")
     lhs, _, rhs = eq.partition("->")
@@ -630,7 +675,15 @@ _HEAVY = _MATMUL | _ADDMM | _CONV | _CONV_T | {"linear", "einsum"} | _SDPA_FUSED
 
 
 def backward_factors(op: str) -> tuple[float, float]:
-    """(FLOPs factor, bytes factor) of the backward of canonical op ``op`` over its forward."""
+    """The factors scaling a forward op's cost to its backward's (module docstring).
+
+    Args:
+        op: a canonical op name; a ``_backward`` suffix is ignored.
+
+    Returns:
+        (FLOPs factor, bytes factor): (2, 2) for matmul/conv/attention-like ops, (2, 1.5) for
+        normalisation, (1, 1.5) otherwise.
+    """
     base = op[: -len("_backward")] if op.endswith("_backward") else op
     if base in _HEAVY or base.startswith("_foreach_mm"):
         return 2.0, 2.0
@@ -752,11 +805,25 @@ def op_cost(
 ) -> OpCost:
     """FLOPs and bytes moved by one op (see the module docstring for conventions).
 
-    ``name`` may be raw (``"aten::conv2d"``, ``"autograd::engine::evaluate_function:
-    ConvolutionBackward0"``) or canonical (``"conv2d"``). ``backward`` defaults to
-    ``is_backward_name(name)``; when true, the shapes must be those of the forward op.
-    Unknown ops get FLOPs 0 and bytes = read every tensor input once and write one output of the
-    first input's size, with ``known=False``; ops without shapes get ``OpCost(0, 0, False)``.
+    Args:
+        name: raw (``"aten::conv2d"``, ``"autograd::engine::evaluate_function:
+            ConvolutionBackward0"``) or canonical (``"conv2d"``). An ATen gradient kernel
+            (``"convolution_backward"``) with ``backward`` false is costed from its own inputs.
+        input_shapes: one shape per positional argument, as the profiler records them.
+        input_dtypes: one dtype string per argument; when the lengths differ, every non-empty
+            shape is taken as a tensor of 4-byte elements.
+        concrete_inputs: the profiler's concrete argument values (strides, paddings, the
+            einsum equation, ...), positional; empty: the module's default assumptions.
+        backward: cost the op's backward; None: ``is_backward_name(name)``. When true, the
+            shapes must be those of the forward op.
+
+    Returns:
+        The cost. Unknown ops get FLOPs 0 and bytes = read every tensor input once and write
+        one output of the first tensor's size, with ``known=False``; ops without tensor
+        arguments get ``OpCost(0, 0)``, known only for view and fill ops.
+
+    Raises:
+        ValueError: a shape has a negative dimension.
     """
     op = canonical_op_name(name)
     if backward is None:

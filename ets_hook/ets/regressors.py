@@ -183,24 +183,52 @@ def _forward_grouping(
 
 @dataclass(frozen=True, slots=True)
 class IterationPrediction:
-    """Per-op and per-iteration predictions (nanoseconds) for one iteration."""
+    """Per-op and per-iteration predictions (nanoseconds) for one iteration.
 
-    duration_ns: np.ndarray  # [n] per row op
-    gap_ns: np.ndarray  # [n]
-    op_indices: np.ndarray  # [n] into IterationTrace.ops (empty when unknown)
+    Attributes:
+        duration_ns: [n] float64 predicted duration of each row op, ns.
+        gap_ns: [n] float64 predicted gap after each row op, ns.
+        op_indices: [n] int64 indices into ``IterationTrace.ops`` (empty when unknown).
+    """
+
+    duration_ns: np.ndarray
+    gap_ns: np.ndarray
+    op_indices: np.ndarray
 
     @property
     def iteration_ns(self) -> float:
+        """Predicted iteration time: sum of durations and gaps, ns (0.0 without rows)."""
         return float(self.duration_ns.sum() + self.gap_ns.sum())
 
     @property
     def iteration_s(self) -> float:
+        """``iteration_ns`` in seconds."""
         return self.iteration_ns / 1e9
 
 
 @dataclass(slots=True)
 class Predictor:
-    """A trained model with everything needed to encode a trace and predict it, numpy only."""
+    """A trained model with everything needed to encode a trace and predict it, numpy only.
+
+    Attributes:
+        kind: one of ``MODEL_KINDS``.
+        schema: the feature layout the model reads.
+        feature_scaler: standardises the unscaled features.
+        target_scaler: maps model outputs back to ns.
+        width: ops per window (``"mlp"``: 1).
+        stride: ops between window starts (``"mlp"``: 1; ``"grouping"``: ``width``).
+        layers: LSTM / MLP hidden / graph-convolution layers.
+        hidden: hidden units (per direction for the LSTM).
+        members: one parameter dict per ensemble member (module docstring); converted in place
+            to contiguous float32.
+        training: training facts stored in the weights file (JSON-serialisable).
+        calibration: positive multipliers of the predicted (duration, gap), fitted at training.
+
+    Raises:
+        ValueError: an unknown ``kind``, no ``members``, an ``"mlp"`` whose width/stride is not
+            1/1, a ``"grouping"`` model with stride != width, or ``calibration`` not two
+            finite positive factors.
+    """
 
     kind: str
     schema: FeatureSchema
@@ -212,7 +240,6 @@ class Predictor:
     hidden: int
     members: list[dict[str, np.ndarray]]
     training: dict[str, Any] = field(default_factory=dict)
-    # Multipliers of the predicted (duration, gap), fitted on the training data (see training).
     calibration: tuple[float, float] = (1.0, 1.0)
     _lstm_cache: list[list[_LSTMLayer]] | None = field(
         default=None, init=False, repr=False, compare=False
@@ -243,8 +270,17 @@ class Predictor:
 
     # -- raw model ------------------------------------------------------------------------------
     def forward_windows(self, windows: np.ndarray) -> np.ndarray:
-        """Model outputs [m, width, 2] in target space for scaled windows [m, width, F]
-        (mean over ensemble members).
+        """Run the model on scaled windows, averaging the ensemble members.
+
+        Args:
+            windows: [m, width, F] scaled windows (``windows_for``); m may be 0.
+
+        Returns:
+            float32 [m, width, 2] outputs in target space.
+
+        Raises:
+            ValueError: ``windows`` is not [m, width, F].
+            KeyError: a member lacks a parameter the model kind needs.
         """
         x = np.asarray(windows, dtype=np.float32)
         if x.ndim != 3 or x.shape[1:] != (self.width, self.schema.n_features):
@@ -268,24 +304,51 @@ class Predictor:
 
     # -- encoded data ---------------------------------------------------------------------------
     def windows_for(self, features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Scaled windows and their index for one iteration's unscaled feature rows."""
+        """Scaled windows and their index for one iteration's unscaled feature rows.
+
+        Args:
+            features: [n, F] unscaled feature rows.
+
+        Returns:
+            ``(windows, index)`` as ``ets.windows.build_windows``: float32 [n_windows, width, F]
+            and int64 [n_windows, width].
+
+        Raises:
+            ValueError: the predictor's width/stride are invalid (``ets.windows``).
+        """
         scaled = self.feature_scaler.transform(features)
         return build_windows(scaled, self.width, self.stride, padding_row(self.schema))
 
     def predict_encoded(self, encoded: EncodedIteration) -> IterationPrediction:
+        """Predict one encoded iteration (calibrated, ns); raises as ``forward_windows``."""
         windows, index = self.windows_for(encoded.features)
         z = aggregate_windows(self.forward_windows(windows), index, encoded.n_ops)
         y = self.to_ns(z, encoded.features)
         return IterationPrediction(y[:, 0], y[:, 1], encoded.op_indices)
 
     def to_ns(self, z: np.ndarray, features: np.ndarray) -> np.ndarray:
-        """Per-op model outputs [n, 2] (target space) → calibrated (duration, gap) in ns."""
+        """Map per-op model outputs to calibrated (duration, gap) ns.
+
+        Args:
+            z: [n, 2] outputs in target space.
+            features: [n, F] the rows' unscaled features (for the target scaler).
+
+        Returns:
+            float64 [n, 2] ns, >= 0.
+        """
         if not len(z):
             return np.zeros((0, 2))
         return self.target_scaler.inverse(z, features) * np.asarray(self.calibration)
 
     def predict_many(self, encoded: Sequence[EncodedIteration]) -> list[IterationPrediction]:
-        """Like ``predict_encoded`` per iteration, with one batched forward pass for all."""
+        """Like ``predict_encoded`` per iteration, with one batched forward pass for all.
+
+        Args:
+            encoded: iterations encoded with this predictor's schema.
+
+        Returns:
+            One prediction per iteration, in order; empty for no iterations.
+        """
         parts = [self.windows_for(e.features) for e in encoded]
         if not parts:
             return []
@@ -300,10 +363,12 @@ class Predictor:
         return out
 
     def encode(self, trace: Trace) -> list[EncodedIteration]:
+        """Every iteration of ``trace`` encoded with this model's schema (``encode_trace``)."""
         return encode_trace(trace, self.schema)
 
     # -- persistence ----------------------------------------------------------------------------
     def metadata(self) -> dict[str, Any]:
+        """The JSON document stored under ``__metadata__`` in the weights file."""
         return {
             "format": MODEL_FILE_FORMAT,
             "format_version": MODEL_FILE_FORMAT_VERSION,
@@ -323,7 +388,18 @@ class Predictor:
         }
 
     def save(self, path: Path | str) -> Path:
-        """Write the weights file (``.npz``; the suffix is added when missing)."""
+        """Write the weights file, creating its folder.
+
+        Args:
+            path: the target; ``.npz`` is appended when its suffix is not exactly ``.npz``.
+
+        Returns:
+            The path written.
+
+        Raises:
+            TypeError: ``training`` is not JSON-serialisable.
+            OSError: the file cannot be written.
+        """
         path = Path(path)
         if path.suffix != ".npz":
             path = path.with_name(path.name + ".npz")
@@ -336,7 +412,23 @@ class Predictor:
 
     @classmethod
     def load(cls, path: Path | str) -> Predictor:
-        """Read a weights file; ``SchemaVersionError`` if its feature schema version differs."""
+        """Read a weights file written by ``save``.
+
+        Args:
+            path: the ``.npz`` file.
+
+        Returns:
+            The predictor.
+
+        Raises:
+            ModelFileError: the file is missing or not a readable ``.npz``, has no metadata,
+                has another ``format``, or holds an entry not named ``m.../<name>``.
+            SchemaVersionError: its feature schema version differs from this code's.
+            ValueError: invalid metadata (malformed JSON, schema, scalers or model fields) or
+                a member entry whose number is not an int.
+            KeyError: a required metadata entry is missing.
+            IndexError: a member number beyond the declared member count.
+        """
         path = Path(path)
         try:
             with np.load(path, allow_pickle=False) as npz:
@@ -383,7 +475,18 @@ class Predictor:
 
 
 def mre(measured: Sequence[float] | np.ndarray, predicted: Sequence[float] | np.ndarray) -> float:
-    """Mean relative error mean(|y - ŷ| / y), the measurement in the denominator."""
+    """Mean relative error mean(|y - ŷ| / y), the measurement in the denominator.
+
+    Args:
+        measured: y, > 0.
+        predicted: ŷ, the same shape.
+
+    Returns:
+        The MRE (a fraction, not %); NaN for empty input.
+
+    Raises:
+        ValueError: the shapes differ, or a measurement is <= 0.
+    """
     y = np.asarray(measured, dtype=np.float64)
     p = np.asarray(predicted, dtype=np.float64)
     if y.shape != p.shape:
@@ -396,7 +499,18 @@ def mre(measured: Sequence[float] | np.ndarray, predicted: Sequence[float] | np.
 def rmse_ms(
     measured_ns: Sequence[float] | np.ndarray, predicted_ns: Sequence[float] | np.ndarray
 ) -> float:
-    """Root mean square error in milliseconds of nanosecond inputs."""
+    """Root mean square error in milliseconds of nanosecond inputs.
+
+    Args:
+        measured_ns: measured times, ns.
+        predicted_ns: predicted times, ns, the same shape.
+
+    Returns:
+        The RMSE, ms; NaN for empty input.
+
+    Raises:
+        ValueError: the shapes differ.
+    """
     y = np.asarray(measured_ns, dtype=np.float64)
     p = np.asarray(predicted_ns, dtype=np.float64)
     if y.shape != p.shape:
@@ -406,20 +520,30 @@ def rmse_ms(
 
 @dataclass(frozen=True, slots=True)
 class Evaluation:
-    """Per-iteration measured and predicted times, with summary metrics."""
+    """Per-iteration measured and predicted times, with summary metrics.
+
+    Attributes:
+        labels: the evaluated iterations' labels.
+        groups: their groups (model names), aligned with ``labels``.
+        measured_ns: [n] float64 measured iteration times, ns.
+        predicted_ns: [n] float64 predicted iteration times, ns.
+        skipped: labels of iterations without a complete, positive measurement.
+    """
 
     labels: tuple[str, ...]
     groups: tuple[str, ...]
     measured_ns: np.ndarray
     predicted_ns: np.ndarray
-    skipped: tuple[str, ...] = ()  # iterations without a complete measurement
+    skipped: tuple[str, ...] = ()
 
     @property
     def mre(self) -> float:
+        """Mean relative error over the iterations (``mre``); NaN without iterations."""
         return mre(self.measured_ns, self.predicted_ns)
 
     @property
     def rmse_ms(self) -> float:
+        """RMSE over the iterations, ms (``rmse_ms``); NaN without iterations."""
         return rmse_ms(self.measured_ns, self.predicted_ns)
 
     def by_group(self) -> dict[str, dict[str, float]]:
@@ -439,6 +563,7 @@ class Evaluation:
         return table
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable report: metrics, per-model table and per-iteration times (ms)."""
         return {
             "mre": self.mre,
             "rmse_ms": self.rmse_ms,
@@ -459,7 +584,16 @@ class Evaluation:
 
 
 def evaluate(predictor: Predictor, encoded: Sequence[EncodedIteration]) -> Evaluation:
-    """Predict every iteration with a complete, positive measurement and compare."""
+    """Predict every iteration with a complete, positive measurement and compare.
+
+    Args:
+        predictor: the model.
+        encoded: iterations encoded with the predictor's schema.
+
+    Returns:
+        The evaluation; iterations without rows or with an unknown or non-positive measured
+        time are listed in ``skipped``.
+    """
     ok = [e.n_ops > 0 and math.isfinite(e.measured_ns) and e.measured_ns > 0 for e in encoded]
     usable = [e for e, good in zip(encoded, ok, strict=True) if good]
     skipped = tuple(e.label for e, good in zip(encoded, ok, strict=True) if not good)

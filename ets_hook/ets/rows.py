@@ -35,13 +35,29 @@ class _RowFilter:
 
 
 def ets_rows(iteration: IterationTrace) -> list[int]:
-    """Indices (into ``iteration.ops``) of the ops forming the ETS sequence, in start order."""
+    """Indices (into ``iteration.ops``) of the ops forming the ETS sequence, in start order.
+
+    Args:
+        iteration: a decoded or imported iteration (ops in start order).
+
+    Returns:
+        The row indices; empty when no op qualifies.
+    """
     is_row = _RowFilter()
     return [i for i, op in enumerate(iteration.ops) if is_row(op)]
 
 
 def op_direction(op: OpEvent) -> str | None:
-    """ "forward", "backward", "optimizer", or None for an op outside the three phases."""
+    """The ETS direction of an op: its phase, or "backward" for a backward-named op.
+
+    Args:
+        op: any op.
+
+    Returns:
+        ``"forward"``, ``"backward"``, ``"optimizer"``, or None for an op outside the three
+        phases. An autograd node name (``ets.flops.is_backward_name``) counts as backward
+        unless the op's phase is forward.
+    """
     if op.phase is Phase.FORWARD:
         return "forward"
     if op.phase is Phase.BACKWARD or is_backward_name(op.name):

@@ -2,9 +2,10 @@
 
 On CUDA traces a row's duration is its summed kernel time ``kernel_duration_ns`` and its gap the
 time to the next op's first kernel ``gap_ns`` (unknown: NaN; an op that launched no kernel has
-duration 0 and gap 0); on CPU traces the op's own host times (``host_targets``). The measured
-iteration time is the sum over rows of duration + gap. ``TargetScaler`` maps targets to and from
-the space the regressors are trained in (``TARGET_TRANSFORMS``).
+duration 0 and, unless its own gap is known, gap 0); on CPU traces the op's own host times
+(``host_targets``). The measured iteration time is the sum over rows of duration + gap.
+``TargetScaler`` maps targets to and from the space the regressors are trained in
+(``TARGET_TRANSFORMS``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,18 @@ from ..trace.events import IterationTrace, Trace
 
 
 def iteration_targets(trace: Trace, iteration: IterationTrace, rows: Sequence[int]) -> np.ndarray:
-    """[len(rows), 2] float64 (duration_ns, gap_ns) per row; NaN where unknown (module docs)."""
+    """The (duration, gap) targets of the given rows (module docs).
+
+    Args:
+        trace: the iteration's trace; ``trace.device.kind == "cuda"`` selects the GPU targets
+            (kernel times), anything else the host ones (``host_targets``).
+        iteration: the step whose ops ``rows`` index.
+        rows: indices into ``iteration.ops`` (``ets.rows.ets_rows``).
+
+    Returns:
+        float64 [len(rows), 2] (duration_ns, gap_ns); NaN where unknown (on a CUDA trace
+        without kernel times: every row).
+    """
     ops = iteration.ops
     out = np.full((len(rows), 2), np.nan)
     if trace.device.kind == "cuda":
@@ -94,6 +106,23 @@ class TargetScaler:
     ``inverse`` first clamps model outputs to the training targets' range widened by
     ``Z_MARGIN`` standard deviations (a model far outside its training data must not predict
     e^50), then clips at 0 ns.
+
+    Attributes:
+        transform_kind: one of ``TARGET_TRANSFORMS``.
+        mean: [2] mean of the pre-standardisation targets (duration, gap).
+        std: [2] their standard deviation (1 where it is ~0).
+        flops_per_ns: ``"roofline"`` FLOPs throughput (inf: unused).
+        bytes_per_ns: ``"roofline"`` bytes throughput (inf: unused).
+        floor_ns: additive floor of the ratio transforms, ns.
+        flops_col: column of ``log_flops`` in the feature rows (``"roofline"``); -1: none.
+        bytes_col: column of ``log_bytes`` (``"roofline"``); -1: none.
+        measured_cols: columns of the early (duration, gap) features (``"measured"``).
+        z_min: per-target lower clamp of model outputs in ``inverse``.
+        z_max: per-target upper clamp.
+
+    Raises:
+        ValueError: an unknown ``transform_kind``, or a ``"roofline"`` / ``"measured"`` scaler
+            without its columns.
     """
 
     transform_kind: str
@@ -119,13 +148,27 @@ class TargetScaler:
             raise ValueError("a measured target transform needs the measured-feature columns")
 
     def prior_ns(self, features: np.ndarray) -> np.ndarray:
-        """The analytic duration prior of each unscaled feature row (``"roofline"`` only)."""
+        """The analytic duration prior of each row (``"roofline"`` only).
+
+        Args:
+            features: [n, F] unscaled feature rows (log1p FLOPs and bytes columns).
+
+        Returns:
+            float64 [n] prior durations, ns.
+        """
         flops = np.expm1(features[:, self.flops_col].astype(np.float64))
         moved = np.expm1(features[:, self.bytes_col].astype(np.float64))
         return np.maximum(flops / self.flops_per_ns, moved / self.bytes_per_ns) + self.floor_ns
 
     def early_ns(self, features: np.ndarray) -> np.ndarray:
-        """[n, 2] early (duration, gap) ns from unscaled feature rows (``"measured"`` only)."""
+        """The early measured (duration, gap) of each row (``"measured"`` only).
+
+        Args:
+            features: [n, F] unscaled feature rows (measured columns hold log1p(µs)).
+
+        Returns:
+            float64 [n, 2] early times, ns.
+        """
         cols = list(self.measured_cols)
         return np.expm1(features[:, cols].astype(np.float64)) * 1e3
 
@@ -158,8 +201,24 @@ class TargetScaler:
         bytes_col: int = -1,
         measured_cols: tuple[int, int] = (-1, -1),
     ) -> TargetScaler:
-        """Fit on training rows with known targets (``features`` needed for ``"roofline"`` and
-        ``"measured"``)."""
+        """Fit a scaler on training rows; rows with a non-finite target are ignored.
+
+        Args:
+            targets_ns: [n, 2] (duration, gap) ns.
+            kind: one of ``TARGET_TRANSFORMS``.
+            features: [n, F] unscaled feature rows aligned with ``targets_ns``; needed by
+                ``"roofline"`` and ``"measured"``.
+            flops_col: column of ``log_flops`` (``"roofline"``).
+            bytes_col: column of ``log_bytes`` (``"roofline"``).
+            measured_cols: columns of the early (duration, gap) features (``"measured"``).
+
+        Returns:
+            The fitted scaler. Without known rows: mean 0, std 1 and no output clamping.
+
+        Raises:
+            ValueError: an unknown ``kind``, or ``"roofline"`` / ``"measured"`` without
+                ``features`` or their columns.
+        """
         if kind not in TARGET_TRANSFORMS:
             raise ValueError(f"target transform must be one of {TARGET_TRANSFORMS}, got {kind!r}")
         known = np.isfinite(targets_ns).all(axis=1)
@@ -199,9 +258,34 @@ class TargetScaler:
         return cls(kind, mean, std, **extra)
 
     def transform(self, targets_ns: np.ndarray, features: np.ndarray | None = None) -> np.ndarray:
+        """Map targets to model space.
+
+        Args:
+            targets_ns: [n, 2] (duration, gap) ns; negative values count as 0 in all but
+                ``"standard"``.
+            features: [n, F] unscaled feature rows; needed by ``"roofline"`` and ``"measured"``.
+
+        Returns:
+            float32 [n, 2]; NaN where the target is NaN.
+
+        Raises:
+            ValueError: ``features`` is None for a ``"roofline"`` or ``"measured"`` scaler.
+        """
         return ((self._pre(targets_ns, features) - self.mean) / self.std).astype(np.float32)
 
     def inverse(self, z: np.ndarray, features: np.ndarray | None = None) -> np.ndarray:
+        """Map model outputs back to ns, clamped to ``[z_min, z_max]`` first.
+
+        Args:
+            z: [n, 2] model outputs.
+            features: as ``transform``.
+
+        Returns:
+            float64 [n, 2] (duration, gap) ns, >= 0.
+
+        Raises:
+            ValueError: as ``transform``.
+        """
         z = np.clip(np.asarray(z, dtype=np.float64), self.z_min, self.z_max)
         u = z * self.std + self.mean
         if self.transform_kind == "standard":
@@ -219,6 +303,7 @@ class TargetScaler:
         return np.maximum(y, 0.0)
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable form (infinite values as None), read back by ``from_dict``."""
         return {
             "transform": self.transform_kind,
             "mean": self.mean.tolist(),
@@ -235,6 +320,19 @@ class TargetScaler:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TargetScaler:
+        """Rebuild a scaler from ``to_dict`` output.
+
+        Args:
+            data: ``transform``, ``mean`` and ``std`` are required; the rest default.
+
+        Returns:
+            The scaler.
+
+        Raises:
+            KeyError: ``transform``, ``mean`` or ``std`` is missing.
+            ValueError: invalid values (as the class, or unconvertible numbers).
+        """
+
         def rate(key: str) -> float:
             value = data.get(key)
             return math.inf if value is None else float(value)

@@ -7,7 +7,7 @@ Contracts:
 - Validation: a held-out part of the training data, by model (``EncodedIteration.group``,
   ``val_split="group"``, when there are at least 3 models) or by iteration (``"iteration"``:
   steadier when there are only a few models). Early stopping watches the validation
-  iteration-time MRE (the metric that matters, computed like ``predictor.evaluate``), keeps the
+  iteration-time MRE (the metric that matters, computed like ``ets.regressors.evaluate``), keeps the
   best epoch's weights and stops after ``patience`` epochs without improvement.
 - Feature clamping (``clamp_features=True``, off by default: it did not help on the paper
   sample): standardised features are clamped to the training range ± ``clamp_margin`` standard
@@ -15,8 +15,8 @@ Contracts:
 - Calibration (``calibrate=True``): after training, the predicted durations and gaps are scaled
   so that their sums over the training iterations equal the measured sums
   (``calibration_factors``; a smearing correction of the L1 / log-space median bias).
-- The torch modules here mirror ``predictor``'s numpy forward passes exactly; ``export`` turns
-  their weights into a predictor member (numpy and torch agree to 1e-5).
+- The torch modules here mirror the numpy forward passes of ``ets.regressors`` exactly;
+  ``export_member`` turns their weights into a predictor member (numpy and torch agree to 1e-5).
 """
 
 from __future__ import annotations
@@ -55,13 +55,21 @@ _DEFAULT_LAYERS = {"lstm": 4, "mlp": 3, "grouping": 3}
 
 
 # ---------------------------------------------------------------------------------------------
-# torch modules (mirrors of predictor's numpy forward passes)
+# torch modules (mirrors of the numpy forward passes in ets.regressors)
 
 
 class LSTMNet(nn.Module):
     """Bidirectional LSTM over a window and a per-step linear head with 2 outputs."""
 
     def __init__(self, n_features: int, hidden: int, layers: int, dropout: float = 0.0) -> None:
+        """Create the layers (weights freshly initialised).
+
+        Args:
+            n_features: F, the feature count.
+            hidden: hidden units per direction.
+            layers: stacked LSTM layers.
+            dropout: dropout between LSTM layers (ignored for one layer).
+        """
         super().__init__()
         self.lstm = nn.LSTM(
             n_features,
@@ -74,6 +82,7 @@ class LSTMNet(nn.Module):
         self.head = nn.Linear(2 * hidden, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Windows [B, T, F] → outputs [B, T, 2] in target space."""
         out, _ = self.lstm(x)
         return self.head(out)
 
@@ -82,6 +91,14 @@ class MLPNet(nn.Module):
     """Per-op MLP: ``layers`` ReLU layers of ``hidden`` units and a 2-output head."""
 
     def __init__(self, n_features: int, hidden: int, layers: int, dropout: float = 0.0) -> None:
+        """Create the layers (weights freshly initialised).
+
+        Args:
+            n_features: F, the feature count.
+            hidden: units per hidden layer.
+            layers: hidden layers.
+            dropout: dropout after each hidden layer (training only).
+        """
         super().__init__()
         dims = [n_features] + [hidden] * layers
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in itertools.pairwise(dims))
@@ -89,17 +106,27 @@ class MLPNet(nn.Module):
         self.head = nn.Linear(dims[-1], 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Rows [..., F] → outputs [..., 2] in target space."""
         for layer in self.layers:
             x = self.dropout(torch.relu(layer(x)))
         return self.head(x)
 
 
 class GroupingNet(nn.Module):
-    """Chain-graph convolution inside non-overlapping groups (see ``predictor`` docs)."""
+    """Chain-graph convolution inside non-overlapping groups (``ets.regressors``)."""
 
     def __init__(
         self, n_features: int, hidden: int, layers: int, pad_col: int, dropout: float = 0.0
     ) -> None:
+        """Create the layers (weights freshly initialised).
+
+        Args:
+            n_features: F, the feature count.
+            hidden: units of the embedding and every graph-convolution layer.
+            layers: graph-convolution rounds.
+            pad_col: index of the padding-flag column (> 0.5 marks a padding node).
+            dropout: dropout after each graph-convolution layer (training only).
+        """
         super().__init__()
         self.pad_col = pad_col
         self.embed = nn.Linear(n_features, hidden)
@@ -109,6 +136,7 @@ class GroupingNet(nn.Module):
         self.head = nn.Linear(hidden, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Groups [B, T, F] → outputs [B, T, 2] in target space."""
         real = (x[..., self.pad_col] < 0.5).to(x.dtype)
         h = torch.relu(self.embed(x))
         count = torch.zeros_like(real)
@@ -127,7 +155,23 @@ class GroupingNet(nn.Module):
 def build_net(
     kind: str, n_features: int, hidden: int, layers: int, *, pad_col: int = -1, dropout: float = 0.0
 ) -> nn.Module:
-    """A freshly initialised torch module of model ``kind``."""
+    """A freshly initialised torch module of model ``kind``.
+
+    Args:
+        kind: one of ``MODEL_KINDS``.
+        n_features: F, the feature count.
+        hidden: hidden units (per direction for the LSTM).
+        layers: LSTM / MLP hidden / graph-convolution layers.
+        pad_col: padding-flag column, for ``"grouping"`` only; taken modulo ``n_features``
+            (-1: the last column).
+        dropout: dropout probability.
+
+    Returns:
+        An ``LSTMNet``, ``MLPNet`` or ``GroupingNet``.
+
+    Raises:
+        ValueError: an unknown ``kind``.
+    """
     if kind == "lstm":
         return LSTMNet(n_features, hidden, layers, dropout)
     if kind == "mlp":
@@ -142,7 +186,17 @@ def _np(t: torch.Tensor) -> np.ndarray:
 
 
 def export_member(net: nn.Module) -> dict[str, np.ndarray]:
-    """Parameters of a torch module as the numpy predictor names them."""
+    """Parameters of a torch module as the numpy predictor names them.
+
+    Args:
+        net: an ``LSTMNet``, ``MLPNet`` or ``GroupingNet``.
+
+    Returns:
+        One ``Predictor`` member: parameter name → float32 array (LSTM biases summed).
+
+    Raises:
+        ValueError: ``net`` is of another type.
+    """
     p: dict[str, np.ndarray] = {}
     if isinstance(net, LSTMNet):
         for layer in range(net.lstm.num_layers):
@@ -182,6 +236,36 @@ class TrainConfig:
     """Hyperparameters. ``None`` picks the kind's default (layers: lstm 4, mlp 3, grouping 3;
     hidden: lstm = feature count as in the paper, mlp 256, grouping 128). An ``mlp`` always sees
     ops alone (width = stride = 1); a ``grouping`` model uses stride = width.
+
+    Attributes:
+        kind: one of ``MODEL_KINDS``.
+        width: ops per window, >= 1.
+        stride: ops between window starts, in [1, width].
+        layers: model layers, >= 1; None: the kind's default.
+        hidden: hidden units, >= 1; None: the kind's default.
+        epochs: maximum epochs, >= 0 (0: untrained weights, no calibration).
+        batch_size: windows per mini-batch, >= 1.
+        lr: Adam learning rate, > 0.
+        weight_decay: Adam weight decay.
+        dropout: dropout probability.
+        grad_clip: maximum gradient norm; <= 0: no clipping.
+        val_fraction: share of groups or iterations held out for validation, in [0, 1);
+            0 (or fewer than 2 iterations): no validation, the last epoch's weights are kept.
+        val_split: ``"group"`` (falls back to ``"iteration"`` with fewer than 3 groups) or
+            ``"iteration"``.
+        patience: epochs without validation improvement before stopping, >= 1.
+        seed: seed of the split and of member j (``seed + j``).
+        ensemble: ensemble members, >= 1.
+        target_transform: one of ``ets.targets.TARGET_TRANSFORMS`` (checked when training).
+        calibrate: fit the calibration factors after training.
+        clamp_features: clamp standardised features to the training range.
+        clamp_margin: the clamp margin, in standard deviations.
+        vocab_size: op-type vocabulary size (``fit`` only).
+        device_features: add the device feature columns (``fit`` only).
+        progress: show a tqdm bar when tqdm is installed, else log every 20 epochs.
+
+    Raises:
+        ValueError: any field outside the ranges above, or an unknown ``kind`` / ``val_split``.
     """
 
     kind: str = "lstm"
@@ -240,9 +324,11 @@ class TrainConfig:
         return self.width, self.stride
 
     def n_layers(self) -> int:
+        """``layers``, or the kind's default."""
         return self.layers if self.layers is not None else _DEFAULT_LAYERS[self.kind]
 
     def n_hidden(self, n_features: int) -> int:
+        """``hidden``, or the kind's default (``"lstm"``: ``n_features``)."""
         if self.hidden is not None:
             return self.hidden
         return {"lstm": n_features, "mlp": 256, "grouping": 128}[self.kind]
@@ -250,8 +336,17 @@ class TrainConfig:
 
 @dataclass(slots=True)
 class TrainResult:
+    """What training produced.
+
+    Attributes:
+        predictor: the trained model.
+        history: per member, per epoch: ``epoch``, ``train_l1``, ``val_mre`` (with validation);
+            the last record also holds ``best_epoch``.
+        seconds: wall time of the training, s.
+    """
+
     predictor: Predictor
-    history: list[list[dict[str, float]]] = field(default_factory=list)  # per member, per epoch
+    history: list[list[dict[str, float]]] = field(default_factory=list)
     seconds: float = 0.0
 
 
@@ -334,7 +429,7 @@ def _split(
 
 def _iteration_mre(net: nn.Module, data: _WindowData, tscale: TargetScaler) -> float:
     """MRE of predicted iteration times (overlap mean per op, sum per iteration), computed as
-    ``predictor.evaluate`` does.
+    ``ets.regressors.evaluate`` does.
     """
     with torch.no_grad():
         out = torch.cat([net(data.x[i : i + 1024]) for i in range(0, len(data.x), 1024)])
@@ -440,7 +535,23 @@ def fit_encoded(
     *,
     extra_info: dict[str, Any] | None = None,
 ) -> TrainResult:
-    """Train on already encoded iterations (their features must follow ``schema``)."""
+    """Train a predictor on already encoded iterations.
+
+    Args:
+        encoded: the iterations; their features must follow ``schema``. A validation part is
+            held out as ``config`` says.
+        schema: their feature schema.
+        config: hyperparameters.
+        extra_info: added to (and overriding) the training facts stored in the predictor.
+
+    Returns:
+        The predictor, per-member histories and the wall time.
+
+    Raises:
+        ValueError: ``encoded`` is empty, an iteration's feature count differs from the
+            schema's, the target transform is unknown or needs measured features the schema
+            lacks, or the validation split leaves no training iteration.
+    """
     if not encoded:
         raise ValueError("no training iterations")
     for e in encoded:
@@ -524,12 +635,22 @@ def calibration_factors(
     encoded: Sequence[EncodedIteration],
     limits: tuple[float, float] = (0.25, 4.0),
 ) -> tuple[float, float]:
-    """Per-target factors that make the summed predictions on ``encoded`` equal the summed
-    measurements: Σ y / Σ ŷ over ops with known targets, clipped to ``limits``.
+    """Per-target factors that make summed predictions equal summed measurements.
+
+    The factors are Σ y / Σ ŷ over the ops of ``encoded`` with known targets, clipped to
+    ``limits``; 1.0 for a target whose sums are not both positive.
 
     A smearing correction: a model fitted with an L1 loss predicts per-op medians (in log space
     for the "log" and "roofline" transforms), whose sum underestimates an iteration's time when
     per-op times are skewed; the factors restore unbiased sums on the training data.
+
+    Args:
+        predictor: the model; its own calibration is ignored.
+        encoded: the iterations (the training set).
+        limits: (lowest, highest) factor.
+
+    Returns:
+        (duration factor, gap factor).
     """
     raw = replace(predictor, calibration=(1.0, 1.0))
     predicted = np.zeros(2)
@@ -551,7 +672,19 @@ def fit(
     *,
     on_encoded: Callable[[list[EncodedIteration]], None] | None = None,
 ) -> TrainResult:
-    """Fit a schema (vocabulary) on ``traces``, encode them and train a predictor."""
+    """Fit a schema (vocabulary) on ``traces``, encode them and train a predictor.
+
+    Args:
+        traces: the training traces (all of them also feed the vocabulary).
+        config: hyperparameters.
+        on_encoded: called with the encoded iterations before training.
+
+    Returns:
+        As ``fit_encoded``.
+
+    Raises:
+        ValueError: ``traces`` is empty, or as ``fit_schema`` and ``fit_encoded``.
+    """
     if not traces:
         raise ValueError("no training traces")
     schema = fit_schema(traces, config.vocab_size, device_features=config.device_features)

@@ -25,8 +25,19 @@ def _check_window(width: int, stride: int) -> None:
 
 
 def window_starts(n: int, width: int, stride: int) -> np.ndarray:
-    """Start rows of the windows over ``n`` rows: 0, stride, ... up to the first window that
-    reaches row n-1 (a sequence shorter than ``width`` gets one window). Empty for n = 0.
+    """Start rows of the windows over ``n`` rows.
+
+    Args:
+        n: number of rows, >= 0.
+        width: rows per window, >= 1.
+        stride: rows between window starts, in [1, width].
+
+    Returns:
+        int64 [n_windows]: 0, stride, ... up to the first window that reaches row n-1 (a
+        sequence shorter than ``width`` gets one window). Empty for n = 0.
+
+    Raises:
+        ValueError: ``width`` < 1, ``stride`` outside [1, width], or ``n`` < 0.
     """
     _check_window(width, stride)
     if n < 0:
@@ -38,7 +49,17 @@ def window_starts(n: int, width: int, stride: int) -> np.ndarray:
 
 
 def window_index(n: int, width: int, stride: int) -> np.ndarray:
-    """[n_windows, width] row index of every window slot; -1 marks padding."""
+    """Row index of every window slot.
+
+    Args:
+        n, width, stride: as ``window_starts``.
+
+    Returns:
+        int64 [n_windows, width]: the row in each slot; -1 marks padding.
+
+    Raises:
+        ValueError: as ``window_starts``.
+    """
     starts = window_starts(n, width, stride)
     index = starts[:, None] + np.arange(width, dtype=np.int64)[None, :]
     index[index >= n] = -1
@@ -48,8 +69,19 @@ def window_index(n: int, width: int, stride: int) -> np.ndarray:
 def build_windows(
     rows: np.ndarray, width: int, stride: int, pad_row: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Windows [n_windows, width, F] over ``rows`` [n, F] and their index (``window_index``);
-    padding slots hold ``pad_row``.
+    """Cut feature rows into sliding windows.
+
+    Args:
+        rows: [n, F] feature rows.
+        width, stride: as ``window_starts``.
+        pad_row: [F] the row placed in padding slots.
+
+    Returns:
+        ``(windows, index)``: windows [n_windows, width, F] in ``rows``' dtype, padding slots
+        holding ``pad_row``, and their index (``window_index``).
+
+    Raises:
+        ValueError: as ``window_starts``.
     """
     index = window_index(rows.shape[0], width, stride)
     valid = index >= 0
@@ -60,9 +92,19 @@ def build_windows(
 
 
 def aggregate_windows(preds: np.ndarray, index: np.ndarray, n: int) -> np.ndarray:
-    """Per-row mean over the windows containing the row: preds [n_windows, width, k] → [n, k].
+    """Per-row mean over the windows containing the row.
 
-    Padding slots (index -1) are ignored. Rows in no window get NaN.
+    Args:
+        preds: [n_windows, width, k] per-slot predictions.
+        index: [n_windows, width] the windows' row index (``window_index``); -1 slots (padding)
+            are ignored.
+        n: number of rows; ``index`` must not reference rows >= n.
+
+    Returns:
+        float64 [n, k]; NaN for rows in no window.
+
+    Raises:
+        ValueError: ``preds.shape[:2]`` differs from ``index.shape``.
     """
     if preds.shape[:2] != index.shape:
         raise ValueError(f"preds {preds.shape} do not match the window index {index.shape}")

@@ -75,8 +75,12 @@ FLUSH_EVERY_STEPS = 4096
 class ReportSink(Protocol):
     """What the forecaster hands predictions to (``reporters.base.ReportDispatcher``).
 
-    ``next_count`` / ``next_s``: the earliest local step count / time at which a prediction is
-    due; the forecaster compares against them on its hot path and calls ``dispatch`` only then.
+    Attributes:
+        next_count: the earliest local step count (steps since hook creation) at which a
+            prediction is due.
+        next_s: the earliest time (the forecaster's ``now_s`` clock) at which one is due.
+
+    The forecaster compares against them on its hot path and calls ``dispatch`` only then.
     """
 
     next_count: int
@@ -85,7 +89,18 @@ class ReportSink(Protocol):
     def dispatch(
         self, count: int, step: int, now_s: float, get: Callable[[], Prediction | None]
     ) -> None:
-        """Offer the prediction (built by ``get`` only if needed) at step count ``count``."""
+        """Offer the prediction (built by ``get`` only if needed) at step count ``count``.
+
+        Args:
+            count: local steps completed (since hook creation).
+            step: global steps completed (``count + JobModel.initial_step``).
+            now_s: the end time of the step, on the forecaster's clock.
+            get: builds the current prediction (None when there is none yet).
+
+        Raises:
+            DeadlineExceededError: on purpose, from a deadline guard with
+                ``on_deadline="raise"``; the forecaster lets it through.
+        """
 
     def close(self, prediction: Prediction | None) -> None:
         """Hand over the final prediction; nothing is dispatched afterwards."""
@@ -109,12 +124,13 @@ class _NoReports:
 class Forecaster:
     """Turns step and phase events into predictions; drives the reporters. See module docstring.
 
-    ``reports``: where predictions go (``reporters.base.ReportDispatcher`` in the hook); the
-    forecaster only asks it when it is due next and hands it predictions.
-
-    ``converge_rel_ci``: ``converged`` once the step-time interval's relative half-width is at
-    most this. ``min_warmup_steps``: leading steps always treated as warm-up (MSER may drop
-    more). ``prior``: warm-up/noise prior (``StepTimePrior.for_device("cuda")`` on GPUs).
+    Attributes:
+        start_s: hook creation time on the caller's monotonic clock, seconds.
+        wall_start_s: ``time.time()`` at hook creation.
+        prior: the warm-up/noise prior.
+        level: confidence level of every interval.
+        converge_rel_ci: relative half-width at which a prediction is ``converged``.
+        min_warmup_steps: leading steps always treated as warm-up.
     """
 
     def __init__(
@@ -130,6 +146,28 @@ class Forecaster:
         reports: ReportSink | None = None,
         series_capacity: int = 1 << 16,
     ) -> None:
+        """Set up an empty forecaster; reads ``time.time()`` only when ``wall_start_s`` is None.
+
+        Args:
+            job: the job's schedule; None for an unknown length and no phase hints.
+            start_s: hook creation time on the monotonic clock ``now_s`` uses, seconds; finite.
+            wall_start_s: ``time.time()`` at that moment; None reads it now.
+            prior: warm-up/noise prior (``StepTimePrior.for_device("cuda")`` on GPUs); None for
+                the CPU default.
+            level: confidence level of every interval, in (0, 1).
+            converge_rel_ci: ``converged`` once the step-time interval's relative half-width is
+                at most this, in (0, 1).
+            min_warmup_steps: leading steps always treated as warm-up (MSER may drop more), an
+                int >= 0.
+            reports: where predictions go (``reporters.base.ReportDispatcher`` in the hook); the
+                forecaster only asks it when it is due next and hands it predictions. None: no
+                reporting.
+            series_capacity: most stored elements per step-time series, an even number >= 64
+                (longer series are compacted).
+
+        Raises:
+            ValueError: an argument is outside the range given above.
+        """
         if not 0.0 < level < 1.0:
             raise ValueError(f"level must be in (0, 1), got {level}")
         if not 0.0 < converge_rel_ci < 1.0:
@@ -188,7 +226,19 @@ class Forecaster:
     # Events
 
     def on_step_end(self, step_index: int, duration_s: float, now_s: float) -> None:
-        """Training step ``step_index`` (0-based) ended at ``now_s``; O(1)."""
+        """Training step ``step_index`` (0-based) ended at ``now_s``; O(1) except when a report
+        is due.
+
+        Args:
+            step_index: 0-based local index of the step, consecutive from 0.
+            duration_s: the step's duration, seconds (non-finite values are dropped later).
+            now_s: the step's end time, seconds on the ``start_s`` clock.
+
+        Raises:
+            DeadlineExceededError: on purpose, from a deadline guard with
+                ``on_deadline="raise"``. Other failures are logged once and disable the
+                reporters.
+        """
         self._append(duration_s)
         self._last_step_end_s = now_s
         self._steps_done = step_index + 1
@@ -199,12 +249,25 @@ class Forecaster:
         """Device-side duration of step ``step_index`` (from CUDA events), reported late.
 
         Once two or more exist, the measured step-time estimate uses these instead of the host
-        durations; elapsed time and overhead accounting stay on the host clock.
+        durations; elapsed time and overhead accounting stay on the host clock. Never raises.
+
+        Args:
+            step_index: 0-based index of the step; not used: durations are stored in arrival
+                order, and warm-up and capture corrections index them by position.
+            duration_s: the device-side duration, seconds.
         """
         self._device_series.pending.append(duration_s)
 
     def on_phase_end(self, name: str, duration_s: float, now_s: float) -> None:
-        """A marked non-training phase ``name`` ended at ``now_s`` after ``duration_s``."""
+        """A marked non-training phase ``name`` ended at ``now_s`` after ``duration_s``.
+
+        Never raises: failures are logged once and disable the reporters.
+
+        Args:
+            name: the phase name (e.g. "eval", "checkpoint").
+            duration_s: its duration, seconds (negative counts as 0).
+            now_s: its end time, seconds on the ``start_s`` clock.
+        """
         try:
             with self._lock:
                 self._phases.record(name, duration_s, self._job.initial_step + self._steps_done)
@@ -215,7 +278,11 @@ class Forecaster:
             self._fail(exc)
 
     def set_trace_estimate(self, estimate: TraceEstimate | None) -> None:
-        """Install (or, with None, remove) the trace-based estimate. Any thread."""
+        """Install (or, with None, remove) the trace-based estimate. Any thread.
+
+        Raises:
+            ValueError: ``estimate`` is neither a ``TraceEstimate`` nor None.
+        """
         if estimate is not None and not isinstance(estimate, TraceEstimate):
             raise ValueError(f"estimate must be a TraceEstimate or None, got {estimate!r}")
         with self._lock:
@@ -225,7 +292,17 @@ class Forecaster:
     def set_capture_window(self, start_step: int, end_step: int) -> None:
         """Steps ``[start_step, end_step)`` ran inside the capture window: slower by the prior's
         ``capture_ratio``. Steps from ``end_step`` up to ``set_perturbed_steps`` are left out of
-        the measured estimate while they are not yet warm-up (profiler disable, decoding)."""
+        the measured estimate while they are not yet warm-up (profiler disable, decoding).
+
+        Also raises the perturbed-step end to at least ``end_step``.
+
+        Args:
+            start_step: first local step index inside the window.
+            end_step: local step index just after the window.
+
+        Raises:
+            ValueError: not ``0 <= start_step <= end_step``.
+        """
         if not 0 <= start_step <= end_step:
             raise ValueError(f"need 0 <= start_step <= end_step, got {start_step}, {end_step}")
         with self._lock:
@@ -236,7 +313,15 @@ class Forecaster:
     def set_perturbed_steps(self, end_step: int) -> None:
         """Steps before ``end_step`` (0-based index) ran with capture cost in them (profiler on,
         decode thread busy). Once ``CLEAN_STEPS_NEEDED`` later steps exist, the measured estimate
-        treats them as warm-up; until then they are all there is. Any thread."""
+        treats them as warm-up; until then they are all there is. Any thread.
+
+        Args:
+            end_step: local step index; replaces the previous value (also one that
+                ``set_capture_window`` set).
+
+        Raises:
+            ValueError: ``end_step`` is not an int >= 0 (bools rejected).
+        """
         if isinstance(end_step, bool) or not isinstance(end_step, int) or end_step < 0:
             raise ValueError(f"end_step must be an int >= 0, got {end_step!r}")
         with self._lock:
@@ -245,10 +330,12 @@ class Forecaster:
 
     @property
     def job(self) -> JobModel:
+        """The job's schedule."""
         return self._job
 
     @property
     def steps_done(self) -> int:
+        """Local training steps reported so far (last ``step_index`` + 1)."""
         return self._steps_done
 
     # ------------------------------------------------------------------------------------------
@@ -256,7 +343,10 @@ class Forecaster:
 
     @property
     def prediction(self) -> Prediction | None:
-        """The current prediction (None before the first step and trace estimate). Cached."""
+        """The current prediction (None before the first step and trace estimate). Cached.
+
+        Any thread; never raises: after a failure (logged once) the last good prediction.
+        """
         try:
             with self._lock:
                 key = (self._steps_done, self._phases.events, self._version)
@@ -430,7 +520,14 @@ class Forecaster:
                 self._next_s = self._dispatch.next_s
 
     def close(self) -> Prediction | None:
-        """Final prediction to every reporter (status file marked closed). Idempotent."""
+        """Final prediction to every reporter (status file marked closed). Idempotent.
+
+        Never raises (a ``DeadlineExceededError`` from the reporters is logged too).
+
+        Returns:
+            The final prediction; None when there is none or closing failed. Later calls return
+            the last cached prediction.
+        """
         if self._closed:
             return self._cached
         self._closed = True

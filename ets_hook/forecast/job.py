@@ -48,8 +48,18 @@ def _positive_int(name: str, value: Any, *, minimum: int = 1) -> int:
 class JobModel:
     """The job's schedule, resolved to optimizer steps. Build it with ``JobModel.from_args``.
 
-    ``total_steps`` is ``None`` when unknown (no ETA then, only the step-time estimate).
-    ``phase_periods`` maps a phase name to its period in steps (0: one-off, never projected).
+    Attributes:
+        total_steps: optimizer steps in the whole job (including ``initial_step``), >= 1;
+            None when unknown (no ETA then, only the step-time estimate).
+        steps_per_epoch: optimizer steps per epoch, >= 1, or None.
+        grad_accum_steps: micro-batches per optimizer step, >= 1.
+        initial_step: global steps done before this process (resuming), >= 0.
+        phase_periods: phase name -> period in steps (0: one-off, never projected); stored as
+            a read-only copy.
+
+    Raises:
+        ValueError: at construction, a field is not an int in its range (bools rejected), or a
+            phase name is not a non-empty string.
     """
 
     total_steps: int | None = None
@@ -90,16 +100,38 @@ class JobModel:
     ) -> JobModel:
         """Resolve the user's description of the job to optimizer steps.
 
-        - ``total_steps``: optimizer steps in the whole job (including ``initial_step``).
-        - ``epochs`` x steps per epoch, where steps per epoch is ``steps_per_epoch`` (optimizer
-          steps) or ``ceil(batches / grad_accum_steps)`` with ``batches`` from
-          ``batches_per_epoch`` or ``len(dataloader)`` (micro-batches; a trailing partial
-          accumulation still makes an optimizer step, as in Lightning and Hugging Face). Pass
-          ``steps_per_epoch`` if your loop drops it.
-        - ``total_batches``: micro-batches in the whole job, ``ceil(/ grad_accum_steps)``.
-        When several are given the job ends at whichever comes first (``min``).
-        - ``eval_every`` / ``checkpoint_every``: period in optimizer steps of the phases named
-          "eval" / "checkpoint"; ``phase_every`` the same for any name (0: one-off).
+        The job length comes from ``total_steps``, ``epochs`` x steps per epoch and
+        ``total_batches``; when several are given the job ends at whichever comes first
+        (``min``); with none it is unknown.
+
+        Args:
+            total_steps: optimizer steps in the whole job (including ``initial_step``), >= 1.
+            epochs: epochs in the job, a finite number > 0 (fractions allowed; rounded up to
+                whole steps). Needs steps per epoch: ``steps_per_epoch``, or
+                ``ceil(batches / grad_accum_steps)`` with ``batches`` from ``batches_per_epoch``
+                or ``len(dataloader)`` (micro-batches; a trailing partial accumulation still
+                makes an optimizer step, as in Lightning and Hugging Face). Pass
+                ``steps_per_epoch`` if your loop drops it.
+            steps_per_epoch: optimizer steps per epoch, >= 1.
+            batches_per_epoch: micro-batches per epoch, >= 1.
+            dataloader: anything with ``len()`` (micro-batches per epoch).
+            total_batches: micro-batches in the whole job, >= 1; ``ceil(/ grad_accum_steps)``.
+            grad_accum_steps: micro-batches per optimizer step, >= 1.
+            eval_every: period in optimizer steps (>= 1) of the phase named "eval".
+            checkpoint_every: the same for the phase named "checkpoint".
+            phase_every: the same for any phase name (0: one-off); ``eval_every`` and
+                ``checkpoint_every`` override its entries.
+            initial_step: global steps done before this process (resuming), >= 0.
+
+        Returns:
+            The job model.
+
+        Raises:
+            ValueError: a count is not an int in its range (bools rejected); both
+                ``dataloader`` and ``batches_per_epoch`` are given; ``dataloader`` has no
+                ``len()``; ``steps_per_epoch`` contradicts the batches per epoch; ``epochs`` is
+                not a finite number > 0 or comes without steps per epoch; a ``phase_every``
+                name is empty or not a string.
         """
         k = _positive_int("grad_accum_steps", grad_accum_steps)
         if dataloader is not None:
@@ -151,26 +183,41 @@ class JobModel:
         )
 
     def remaining_steps(self, step: int) -> int | None:
-        """Steps left after ``step`` global steps have completed (never negative)."""
+        """Steps left after ``step`` global steps have completed.
+
+        Returns:
+            ``max(0, total_steps - step)``; None when ``total_steps`` is unknown.
+        """
         return None if self.total_steps is None else max(0, self.total_steps - step)
 
 
 @dataclass(frozen=True, slots=True)
 class PhaseForecast:
-    """One phase as measured so far and as projected over the rest of the job."""
+    """One phase as measured so far and as projected over the rest of the job.
+
+    Attributes:
+        name: the phase name.
+        occurrences: occurrences so far (phases ending at the same step count as one).
+        spent_s: their total time, seconds.
+        mean_s: projected cost of one future occurrence; None before any occurrence.
+        mean_ci_s: its 95% half-width; None before any occurrence.
+        period_steps: period in steps; None when unknown or one-off.
+        period_source: where the period came from: "hint", "inferred", "single" (guessed from
+            one occurrence), "one-off" or "unknown".
+        remaining: occurrences expected before the last step; None when the job length is
+            unknown.
+        remaining_s: their cost; None when ``remaining`` or ``mean_s`` is unknown (0.0 when
+            ``remaining`` is 0).
+        remaining_ci_s: its 95% half-width, None alike.
+    """
 
     name: str
-    # Occurrences so far (occurrences ending at the same step count as one) and their total time.
     occurrences: int
     spent_s: float
-    # Projected cost of one future occurrence and its 95% half-width; None before any occurrence.
     mean_s: float | None
     mean_ci_s: float | None
-    # Period in steps (None: unknown or one-off) and where it came from: "hint", "inferred",
-    # "single" (guessed from one occurrence), "one-off" or "unknown".
     period_steps: int | None
     period_source: str
-    # Occurrences expected before the last step, and their cost (None when unknown).
     remaining: int | None
     remaining_s: float | None
     remaining_ci_s: float | None
@@ -202,17 +249,31 @@ class PhaseTracker:
     """Measures named non-training phases and projects them over the remaining schedule.
 
     ``record`` is O(1) (phases are rare). Durations of a phase that ends several times at the same
-    step (e.g. two validation loaders marked "eval") add up to one occurrence.
+    step (e.g. two validation loaders marked "eval") add up to one occurrence. No locking: the
+    ``Forecaster`` calls it under its own lock.
+
+    Attributes:
+        job: the schedule projections follow (``total_steps``, hinted periods).
+        total_s: seconds of every phase recorded so far.
+        events: ``record`` calls so far.
     """
 
     def __init__(self, job: JobModel) -> None:
+        """Track phases of ``job``; nothing recorded yet."""
         self.job = job
         self._stats: dict[str, _PhaseStats] = {}
         self.total_s = 0.0
         self.events = 0
 
     def record(self, name: str, duration_s: float, step: int) -> None:
-        """A phase ``name`` took ``duration_s`` and ended after ``step`` global steps."""
+        """A phase ``name`` took ``duration_s`` and ended after ``step`` global steps.
+
+        Args:
+            name: the phase name (any string).
+            duration_s: its duration in seconds; negative and NaN count as 0.
+            step: global steps completed when it ended; the same step as the phase's previous
+                record adds to that occurrence.
+        """
         stats = self._stats.get(name)
         if stats is None:
             stats = self._stats[name] = _PhaseStats()
@@ -276,7 +337,17 @@ class PhaseTracker:
         return max(0, k_max - k_min + 1)
 
     def project(self, step: int) -> tuple[PhaseForecast, ...]:
-        """Every known phase (observed or hinted), projected from ``step`` global steps on."""
+        """Every known phase (observed or hinted), projected from ``step`` global steps on.
+
+        Future occurrences are expected every period after the last one (or after step 0 for a
+        hinted phase not yet seen), strictly before ``job.total_steps``.
+
+        Args:
+            step: global steps completed now.
+
+        Returns:
+            One ``PhaseForecast`` per phase: observed ones in first-seen order, then hinted ones.
+        """
         names = list(self._stats) + [n for n in self.job.phase_periods if n not in self._stats]
         out = []
         for name in names:
@@ -315,6 +386,12 @@ def remaining_phase_time(phases: tuple[PhaseForecast, ...]) -> tuple[float, floa
     """Sum of projected phase time and its 95% half-width (phases independent: root-sum-square).
 
     Phases whose cost is still unknown (hinted, not yet seen) contribute nothing.
+
+    Args:
+        phases: the output of ``PhaseTracker.project``.
+
+    Returns:
+        ``(total_s, ci_s)`` in seconds.
     """
     total = sum(p.remaining_s for p in phases if p.remaining_s is not None)
     ci = math.sqrt(sum(p.remaining_ci_s**2 for p in phases if p.remaining_ci_s is not None))

@@ -15,6 +15,12 @@ from .stats import (
 
 
 def utc_from_timestamp(ts: float) -> datetime:
+    """An aware UTC datetime from a POSIX timestamp ``ts`` (float seconds, ``time.time()``).
+
+    Raises:
+        ValueError: ``ts`` is NaN.
+        OverflowError: ``ts`` is infinite or out of the platform's ``time_t`` range.
+    """
     return datetime.fromtimestamp(ts, tz=timezone.utc)
 
 
@@ -24,23 +30,51 @@ class Prediction:
 
     Times are seconds; ``*_ci_s`` are half-widths of ``level`` (95%) intervals. Fields that need
     the job length (``total_steps``) are None while it is unknown.
+
+    Attributes:
+        step: completed training steps (global, including ``JobModel.initial_step``).
+        total_steps: training steps in the whole job; None when unknown.
+        remaining_steps: steps still to run; None when ``total_steps`` is unknown.
+        iteration_s: steady-state mean time of one training step (marked phases excluded).
+        iteration_ci_s: half-width of ``iteration_s``'s interval.
+        total_s: predicted wall time of the whole job, from hook creation to the end of the last
+            step (a phase after the last step is not included).
+        total_ci_s: half-width of ``total_s``'s interval.
+        eta_s: predicted wall time still to come (``total_s - elapsed_s``).
+        elapsed_s: wall time from hook creation to the last step or phase end reported.
+        finish_time: predicted UTC end of the last step.
+        converged: the step-time interval is narrow enough (``Forecaster`` ``converge_rel_ci``).
+        source: "prior", "measured", "trace" (or the trace estimator's own label) or "fused".
+        level: confidence level of the intervals.
+        iteration_median_s: median step time beside the mean; None when unknown.
+        warmup_steps: leading steps the measured estimate dropped as warm-up.
+        measured_steps: steps the measured estimate rests on (after warm-up).
+        measured_iteration_s: the measured estimate alone; None before any step.
+        measured_ci_s: its half-width.
+        trace_iteration_s: the trace-based estimate alone; None without one.
+        trace_ci_s: its half-width.
+        overhead_per_step_s: per-step wall time the step durations and phases do not cover
+            (should be ~0), projected per remaining step.
+        remaining_phase_s: projected time of the remaining non-training phases.
+        remaining_capture_s: cost still to come from ets-hook's own capture (window steps not
+            yet run, the one-off profiler disable and decode after it); 0 once the step after
+            the window has ended.
+        phases: each known phase, measured and projected.
+        start_time: UTC time of hook creation.
+        as_of: UTC time of the last step or phase end reported.
     """
 
-    # Completed training steps (global, including ``JobModel.initial_step``).
     step: int
     total_steps: int | None
     remaining_steps: int | None
-    # Steady-state mean time of one training step (marked phases excluded).
     iteration_s: float
     iteration_ci_s: float
-    # Wall time from hook creation to the end of the last step, and what is left of it.
     total_s: float | None
     total_ci_s: float | None
     eta_s: float | None
     elapsed_s: float
     finish_time: datetime | None
     converged: bool
-    # "prior", "measured", "trace" (or the trace estimator's own label) or "fused".
     source: str
     level: float = DEFAULT_LEVEL
     iteration_median_s: float | None = None
@@ -50,12 +84,8 @@ class Prediction:
     measured_ci_s: float | None = None
     trace_iteration_s: float | None = None
     trace_ci_s: float | None = None
-    # Per-step wall time the step durations do not cover (should be ~0), projected per step.
     overhead_per_step_s: float = 0.0
-    # Projected time of the remaining non-training phases, and each phase.
     remaining_phase_s: float = 0.0
-    # Cost still to come from ets-hook's own capture (window steps not yet run, the one-off
-    # profiler disable and decode after it); 0 once the step after the window has ended.
     remaining_capture_s: float = 0.0
     phases: tuple[PhaseForecast, ...] = ()
     start_time: datetime | None = None
@@ -63,17 +93,28 @@ class Prediction:
 
     @property
     def iteration_rel_ci(self) -> float:
-        """Relative half-width of the step-time interval (0.011 = ±1.1%)."""
+        """Relative half-width of the step-time interval (0.011 = ±1.1%); inf if not > 0."""
         return self.iteration_ci_s / self.iteration_s if self.iteration_s > 0 else math.inf
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe dict: datetimes as ISO 8601 with offset, non-finite floats as None."""
+        """Every field plus ``iteration_rel_ci`` as a JSON-safe dict.
+
+        Datetimes become ISO 8601 strings with offset, non-finite floats None, phases dicts and
+        tuples lists.
+        """
         out: dict[str, Any] = {f.name: _json_safe(getattr(self, f.name)) for f in fields(self)}
         out["iteration_rel_ci"] = _json_safe(self.iteration_rel_ci)
         return out
 
     def to_json(self, **kwargs: Any) -> str:
-        """``to_dict()`` as strict JSON (no NaN/Infinity); kwargs go to ``json.dumps``."""
+        """``to_dict()`` as strict JSON (no NaN/Infinity).
+
+        Args:
+            **kwargs: passed to ``json.dumps`` (e.g. ``indent``); not ``allow_nan``.
+
+        Returns:
+            The JSON text.
+        """
         return json.dumps(self.to_dict(), allow_nan=False, **kwargs)
 
 

@@ -48,7 +48,11 @@ SOURCE_FUSED = "fused"
 
 @functools.lru_cache(maxsize=64)
 def normal_quantile(p: float) -> float:
-    """Standard normal quantile (cached: callers use a handful of levels)."""
+    """Standard normal quantile at probability ``p`` (cached: callers use a handful of levels).
+
+    Raises:
+        ValueError: ``p`` not in (0, 1) (``statistics.StatisticsError``).
+    """
     return NormalDist().inv_cdf(p)
 
 
@@ -95,7 +99,15 @@ def _betainc(a: float, b: float, x: float) -> float:
 
 
 def student_t_cdf(t: float, df: float) -> float:
-    """CDF of Student's t with ``df`` (> 0, not necessarily integer) degrees of freedom."""
+    """CDF of Student's t at ``t`` with ``df`` degrees of freedom.
+
+    Args:
+        t: the point.
+        df: degrees of freedom, > 0, not necessarily integer (not checked).
+
+    Returns:
+        ``P(T <= t)``.
+    """
     tail = 0.5 * _betainc(0.5 * df, 0.5, df / (df + t * t))
     return 1.0 - tail if t >= 0 else tail
 
@@ -126,7 +138,20 @@ def _t_quantile_cached(p: float, df: float) -> float:
 
 
 def student_t_quantile(p: float, df: float) -> float:
-    """Quantile of Student's t for real ``df`` > 0 (df above 1e6 uses the normal)."""
+    """Quantile of Student's t for real ``df`` > 0 (df above 1e6 uses the normal).
+
+    ``df`` is rounded (to 0.05 below 100, to an integer above) to key a cache.
+
+    Args:
+        p: probability, in (0, 1).
+        df: degrees of freedom, > 0.
+
+    Returns:
+        ``t`` with ``P(T <= t) = p`` for the rounded ``df``.
+
+    Raises:
+        ValueError: ``p`` not in (0, 1) or ``df`` not > 0.
+    """
     if not 0.0 < p < 1.0:
         raise ValueError(f"p must be in (0, 1), got {p}")
     if not df > 0:
@@ -167,6 +192,20 @@ class StepTimePrior:
     ``cv_weight`` pseudo-degrees of freedom and scale ``cv_scale``: 6 and 8% put 95% of the
     prior mass on CV in [5%, 17%], the range measured here. The data outweigh it after a few
     dozen steps.
+
+    Attributes:
+        first_step_ratio: range of first step / steady state.
+        early_ratio: range of steps 2..``early_steps`` (1-based) / steady state.
+        capture_ratio: range of steps inside ets-hook's capture window / steady state.
+        capture_spike_steps: the one-off cost after the capture window, in steady steps
+            (``0 <= lo <= hi``).
+        early_steps: last (1-based) step carrying the early-ratio bias, >= 1.
+        cv_scale: scale of the step-time CV prior, in (0, 10).
+        cv_weight: pseudo-degrees of freedom of the CV prior, > 0.
+
+    Raises:
+        ValueError: at construction, a ratio range is not ``0 < lo <= hi < inf``, or another
+            field is out of its range.
     """
 
     first_step_ratio: tuple[float, float] = (1.3, 2.3)
@@ -202,7 +241,15 @@ class StepTimePrior:
     def for_device(cls, device: str) -> StepTimePrior:
         """Default prior for a device type: ``"cpu"`` (measured) or ``"cuda"`` (deliberately wide:
         cuDNN autotuning, lazy CUDA init and allocator growth can make step 1 tens of times the
-        steady state; not measured on this project's machines yet)."""
+        steady state; not measured on this project's machines yet).
+
+        Args:
+            device: a device type or device string; case and an index (``"cuda:1"``) are
+                ignored.
+
+        Raises:
+            ValueError: the device type is neither "cpu" nor "cuda".
+        """
         kind = device.split(":", 1)[0].lower()
         if kind == "cpu":
             return cls()
@@ -232,18 +279,27 @@ class StepTimePrior:
 
 @dataclass(frozen=True, slots=True)
 class Estimate:
-    """One estimate of the steady-state mean step time, with its uncertainty."""
+    """One estimate of the steady-state mean step time, with its uncertainty.
+
+    Attributes:
+        iteration_s: the estimated mean step time, seconds.
+        ci_s: half-width of the ``level`` confidence interval of the *mean* step time.
+        source: a ``SOURCE_*`` label or a trace estimator's own label.
+        level: confidence level of ``ci_s``.
+        noise_sd_s: long-run standard deviation of one step (per-step SD x sqrt(autocorrelation
+            factor)): the SD of a sum of R future steps is about sqrt(R) * noise_sd_s. NaN when
+            unknown.
+        median_s: median step time; NaN when unknown.
+        samples: steps the estimate rests on (after truncation).
+        warmup_steps: steps dropped as warm-up.
+    """
 
     iteration_s: float
-    # Half-width of the ``level`` confidence interval of the *mean* step time.
     ci_s: float
     source: str
     level: float = DEFAULT_LEVEL
-    # Long-run standard deviation of one step (per-step SD x sqrt(autocorrelation factor)):
-    # the SD of a sum of R future steps is about sqrt(R) * noise_sd_s. NaN when unknown.
     noise_sd_s: float = math.nan
     median_s: float = math.nan
-    # Steps the estimate rests on (after truncation) and steps dropped as warm-up.
     samples: int = 0
     warmup_steps: int = 0
 
@@ -261,6 +317,16 @@ class TraceEstimate:
     ``level`` interval around it (its honest model error: a held-out MRE of 5% is a 95% half-width
     of roughly 2 x 1.25 x 5% of the value for Laplace-like errors). ``step`` is the last captured
     step it used, if it updates per captured step.
+
+    Attributes:
+        iteration_s: predicted steady-state step time, seconds, finite and > 0.
+        ci_s: half-width at ``level``, seconds, finite and >= 0.
+        source: non-empty label (default "trace").
+        level: confidence level, in (0, 1).
+        step: last captured step used, or None.
+
+    Raises:
+        ValueError: at construction, a field breaks the constraints above.
     """
 
     iteration_s: float
@@ -280,7 +346,16 @@ class TraceEstimate:
             raise ValueError("source must be a non-empty string")
 
     def as_estimate(self, level: float = DEFAULT_LEVEL) -> Estimate:
-        """This estimate as an ``Estimate`` at ``level`` (normal rescaling of the half-width)."""
+        """This estimate as an ``Estimate`` at ``level`` (normal rescaling of the half-width).
+
+        The result carries no noise SD, median or sample counts (NaN / 0).
+
+        Args:
+            level: the target confidence level, in (0, 1) (not checked).
+
+        Raises:
+            ValueError: ``level`` >= 1 or <= -1 and differs from ``self.level``.
+        """
         ci_s = self.ci_s
         if level != self.level:
             ci_s *= normal_quantile(0.5 + level / 2) / normal_quantile(0.5 + self.level / 2)
@@ -302,15 +377,16 @@ def mser_truncation(
     error of the kept mean, searched over the first ``max_fraction`` of the batches only (near
     the end the statistic is noise-dominated: the standard safeguard). Then, as in the
     one-standard-error rule of model selection, the smallest ``d`` whose statistic is within
-    ``tolerance`` of its own standard errors of the minimum: plain MSER often cuts 10-20 extra
-    steps of pure noise, which costs data and makes the estimate jump between refreshes
-    (``tolerance=0`` is plain MSER). Trailing samples that do not fill a batch are ignored. O(n).
+    ``tolerance`` standard errors (those of the minimum's statistic) of the minimum: plain MSER
+    often cuts 10-20 extra steps of pure noise, which costs data and makes the estimate jump
+    between refreshes (``tolerance=0`` is plain MSER). Trailing samples that do not fill a batch
+    are ignored. O(n).
 
     Args:
-        y: raw per-step times, first step first.
-        batch_size: samples per batch mean (MSER-5: 5; MSER-1: 1).
-        max_fraction: the share of the batches the search covers.
-        tolerance: the parsimony tolerance in standard errors of the statistic.
+        y: raw per-step times (1-D float array), first step first.
+        batch_size: samples per batch mean, >= 1 (MSER-5: 5; MSER-1: 1); not checked.
+        max_fraction: the share of the batches the search covers, in (0, 1); not checked.
+        tolerance: the parsimony tolerance in standard errors of the statistic, >= 0.
 
     Returns:
         ``(samples to drop, at_edge)``: ``at_edge`` is true when the minimum sits at the end of
@@ -482,21 +558,36 @@ def estimate_measured(
       ``[y[0] / first_step_ratio[1], y[0] / first_step_ratio[0]]``, source "prior".
     - more: drop the warm-up (``truncation_point``) and estimate the mean of the rest with an
       autocorrelation-robust interval (``_mean_interval``); while only 3-6 steps are kept, each
-      is first capped at 1.5x their median (a lone spike among a handful of steps). If the kept
-      part still drifts (its first 40% and last half differ by more than _DRIFT_Z long-run
-      standard errors, or MSER's minimum sits at the edge of its search range), estimate from
-      the recent half and add the drift as systematic uncertainty. Otherwise correct kept steps
-      2..early_steps by the prior's early ratio and add its systematic uncertainty. Finally,
-      while fewer than ``early_steps`` steps are kept, fuse with the first-step prior if the
-      two agree (once they disagree, the prior is falsified and dropped).
+      is first capped at 1.5x their median (a lone spike among a handful of steps). From 10
+      kept steps on, if the kept part still drifts (its first 40% and last half differ by more
+      than 3 long-run standard errors, or MSER's minimum sits at the edge of its search range),
+      estimate from the recent half and add the drift as systematic uncertainty. Otherwise
+      correct kept steps 2..early_steps by the prior's early ratio and add its systematic
+      uncertainty. Finally, while fewer than ``early_steps`` steps are kept, fuse with the
+      first-step prior if the two agree (once they disagree, the prior is falsified and
+      dropped).
 
-    ``capture``: ``(start, end)`` indices of raw steps that ran inside the capture window; kept
-    ones are corrected by the prior's ``capture_ratio`` (instead of its early ratio), with its
-    systematic uncertainty.
+    Args:
+        y: per-step times (1-D float array), seconds, oldest first.
+        prior: warm-up and noise prior; None for ``StepTimePrior()``.
+        level: confidence level of the interval, in (0, 1) (not checked: values <= 0 give a
+            meaningless interval).
+        min_warmup: leading raw steps always dropped (with ``stride == 1``; otherwise 1
+            element).
+        stride: raw steps per element of ``y``, >= 1 (``StepTimeSeries`` compacts long
+            series). With ``stride > 1`` the first element covers the whole start-up, so the
+            first-step prior and the early-step and capture corrections no longer apply; only
+            MSER and the interval do.
+        capture: ``(start, end)`` indices of raw steps that ran inside the capture window;
+            kept ones are corrected by the prior's ``capture_ratio`` (instead of its early
+            ratio), with its systematic uncertainty.
 
-    ``stride``: raw steps per element of ``y`` (``StepTimeSeries`` compacts long series). With
-    ``stride > 1`` the first element covers the whole start-up, so the first-step prior and the
-    early-step correction no longer apply; only MSER and the interval do.
+    Returns:
+        The estimate (source "prior" for one sample, else "measured"; ``samples`` and
+        ``warmup_steps`` in raw steps), or None for an empty ``y``.
+
+    Raises:
+        ValueError: ``level`` >= 1 or <= -1 (from the quantile functions).
     """
     prior = prior or StepTimePrior()
     n = len(y)
@@ -591,9 +682,21 @@ def fuse(
     Weights are 1/ci^2 (all at ``level``). If the estimates disagree by more than their
     uncertainties explain, the fused half-width is multiplied by the Birge ratio
     sqrt(chi^2 / (N - 1)) (the PDG scale factor), so the result stays honest when one source
-    is biased (``widen=False`` skips this, for callers that gate on agreement themselves). A
-    zero-width estimate dominates outright. ``None`` entries are ignored; the source is the only
-    source's label, or "fused".
+    is biased (``widen=False`` skips this, for callers that gate on agreement themselves).
+
+    Args:
+        estimates: estimates at ``level`` (not checked); ``None`` entries are ignored.
+        level: confidence level of the inputs and the result, in (0, 1) (not checked).
+        widen: apply the Birge-ratio widening.
+
+    Returns:
+        None when no estimate is given; the only estimate, unchanged, when one is; the first
+        zero-width estimate, unchanged, when any has ``ci_s <= 0``; else a "fused" estimate
+        whose noise SD and median are those of the first input that has them and whose sample
+        and warm-up counts are the inputs' maxima.
+
+    Raises:
+        ValueError: ``level`` >= 1 or <= -1, when two or more estimates are fused.
     """
     items = [e for e in estimates if e is not None]
     if not items:
@@ -637,7 +740,8 @@ def fuse(
 class StepTimeSeries:
     """Per-step durations with an O(1) hot path and bounded memory.
 
-    Non-finite durations are dropped and negative ones clamped to 0 when flushed.
+    Non-finite durations are dropped and negative ones clamped to 0 when flushed (while
+    ``count`` still counts the dropped ones when others arrive in the same flush).
 
     ``pending.append(duration_s)`` is the hot path (the forecaster binds it once). ``flush()``
     moves pending values into a float64 buffer of at most ``capacity`` elements. When the buffer is
@@ -649,6 +753,17 @@ class StepTimeSeries:
     Thread contract: one writer (``pending.append``) and readers that call ``flush`` under their
     own lock. ``flush`` never replaces the ``pending`` list, it deletes the consumed prefix, so an
     append racing a flush is never lost.
+
+    Attributes:
+        capacity: most stored elements, an even number >= 64.
+        pending: raw durations (seconds) appended by the writer, not yet flushed.
+        stride: raw steps per stored element (starts at 1, doubles at each compaction).
+        count: raw values flushed so far.
+        total_s: sum of the flushed raw values, seconds.
+        first_s: the first flushed raw value; NaN before any.
+
+    Raises:
+        ValueError: at construction, ``capacity`` is odd or < 64.
     """
 
     capacity: int = 1 << 16
@@ -712,5 +827,9 @@ class StepTimeSeries:
         self.stride *= 2
 
     def values(self) -> np.ndarray:
-        """The stored elements (each the mean of ``stride`` raw steps), oldest first; a view."""
+        """The stored elements (each the mean of ``stride`` raw steps), oldest first.
+
+        Returns:
+            A float64 view of the internal buffer: a later ``flush`` may overwrite it.
+        """
         return self._buf[: self._size]

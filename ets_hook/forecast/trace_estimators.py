@@ -89,9 +89,17 @@ def _step_rows(trace: Trace, iteration: IterationTrace, *, host_time: bool = Fal
 def align_by_name(
     reference: Sequence[str], names: Sequence[str], values: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``values`` (one row per name) moved onto the reference's rows by op-name order
-    (``difflib``): NaN where a reference op has no match. Also returns which rows of ``values``
-    were matched."""
+    """``values`` (one row per name) moved onto the reference's rows by op-name order (``difflib``).
+
+    Args:
+        reference: op names of the target rows.
+        names: op names of the rows of ``values``.
+        values: one row per entry of ``names`` (any trailing shape).
+
+    Returns:
+        ``(aligned, matched)``: float64 ``[len(reference), *values.shape[1:]]``, NaN where a
+        reference op has no match; bool ``[len(names)]``, which rows of ``values`` were used.
+    """
     out = np.full((len(reference), *values.shape[1:]), np.nan)
     matched = np.zeros(len(names), dtype=bool)
     if list(names) == list(reference):  # the usual case: every step runs the same ops
@@ -108,7 +116,15 @@ def align_by_name(
 def captured_steps(trace: Trace, steps: Collection[int] | None = None) -> list[IterationTrace]:
     """The iterations with ops (of ``steps`` when given), without those listed in
     ``trace.metadata["partial_steps"]`` (op capture began inside them) while at least two
-    complete ones remain."""
+    complete ones remain.
+
+    Args:
+        trace: the captured trace.
+        steps: step numbers (``IterationTrace.step``) to consider; None for all.
+
+    Returns:
+        The selected iterations in trace order; empty when none has ops.
+    """
     partial = set(trace.metadata.get("partial_steps", ()))
     iterations = [it for it in trace.iterations if it.ops and (steps is None or it.step in steps)]
     complete = [it for it in iterations if it.step not in partial]
@@ -130,6 +146,17 @@ def aligned_costs(
     The reference is the iteration with the most ops; ops of other steps are matched by name
     order (``difflib``); an op a step lacks is NaN there. Costs of ops a step has but the
     reference lacks are added to that step's lead-in so the row still sums to the step time.
+    Costs are host times (duration + gap per row).
+
+    Args:
+        trace: the captured trace.
+        iterations: the steps to compare, non-empty.
+
+    Returns:
+        ``(matrix, lead_ins)``: float64 ``[steps, ops]`` and ``[steps]``, in seconds.
+
+    Raises:
+        ValueError: ``iterations`` is empty.
     """
     rows = [_step_rows(trace, it, host_time=True) for it in iterations]
     reference = max(rows, key=lambda r: r.n_ops)
@@ -164,15 +191,33 @@ def _robust_totals(matrix: np.ndarray, lead_ins: np.ndarray, picks: np.ndarray) 
 
 class OpMedianEstimator:
     """Steady-state step time as the sum of per-op medians over the captured steps
-    (``captured_steps``: partial ones left out while two complete ones remain)."""
+    (``captured_steps``: partial ones left out while two complete ones remain).
+
+    Its 95% interval is a bootstrap over the captured steps (at least ±1% of the estimate);
+    from one step alone, a fixed ±25%.
+
+    Attributes:
+        bootstrap: bootstrap resamples.
+        seed: seed of the resampling; the same trace gives the same estimate.
+    """
 
     def __init__(self, bootstrap: int = DEFAULT_BOOTSTRAP, seed: int = 0) -> None:
+        """Configure the estimator.
+
+        Args:
+            bootstrap: bootstrap resamples, >= 10.
+            seed: seed of the resampling.
+
+        Raises:
+            ValueError: ``bootstrap`` < 10.
+        """
         if bootstrap < 10:
             raise ValueError(f"bootstrap must be >= 10, got {bootstrap}")
         self.bootstrap = bootstrap
         self.seed = seed
 
     def __call__(self, trace: Trace) -> TraceEstimate | None:
+        """The estimate from ``trace`` (source "trace:op-median"); None when no step has ops."""
         iterations = captured_steps(trace)
         if not iterations:
             return None
@@ -212,16 +257,25 @@ def _pick_reference(steps: Sequence[_StepRows]) -> _StepRows:
 
 @dataclass(frozen=True, slots=True)
 class EarlySummary:
-    """What the model sees of a job's early steps."""
+    """What the model sees of a job's early steps.
 
-    encoded: EncodedIteration  # reference step's rows, measured features filled, no targets
-    names: list[str]  # op name of each row
-    early_ns: np.ndarray  # [n, 2] per-row median (duration, gap) over the early steps
-    lead_in_ns: float  # median lead-in over the early steps
-    step_ns: list[float]  # wall duration of each early step (as captured)
+    Attributes:
+        encoded: the reference step's rows, measured features filled, targets NaN.
+        names: op name of each row.
+        early_ns: ``[n, 2]`` per-row median (duration, gap) over the early steps, ns.
+        lead_in_ns: median lead-in over the early steps, ns.
+        step_ns: wall duration of each early step (as captured), ns.
+    """
+
+    encoded: EncodedIteration
+    names: list[str]
+    early_ns: np.ndarray
+    lead_in_ns: float
+    step_ns: list[float]
 
     @property
     def rows_ns(self) -> float:
+        """Sum of the rows' median durations and gaps, ns (NaN counts as 0)."""
         return float(np.nansum(self.early_ns))
 
     @property
@@ -231,7 +285,15 @@ class EarlySummary:
 
 
 def fit_early_schema(traces: Sequence[Trace], vocab_size: int = 25) -> FeatureSchema:
-    """The encoder's schema fitted on ``traces``, with the measured early-time features."""
+    """The encoder's schema fitted on ``traces``, with the measured early-time features.
+
+    Args:
+        traces: the traces whose row op types form the vocabulary.
+        vocab_size: most frequent op types kept, >= 0.
+
+    Raises:
+        ValueError: ``vocab_size`` < 0.
+    """
     return replace(_fit_schema(traces, vocab_size), measured_features=True)
 
 
@@ -240,8 +302,20 @@ def early_summary(
 ) -> EarlySummary | None:
     """Summarise the complete captured steps of ``trace`` (or those with the given step numbers).
 
-    Steps in ``metadata["partial_steps"]`` are left out while two complete ones remain. ``None``
-    when no step has a row op.
+    Steps in ``metadata["partial_steps"]`` are left out while two complete ones remain. The
+    reference step is the latest one with the most common op sequence; the others are aligned
+    to it by name.
+
+    Args:
+        trace: the captured trace.
+        schema: a schema with measured features (``fit_early_schema``).
+        steps: step numbers (``IterationTrace.step``) to use; None for all.
+
+    Returns:
+        The summary; ``None`` when no step has a row op.
+
+    Raises:
+        ValueError: ``schema`` has no measured early-time features.
     """
     iterations = captured_steps(trace, None if steps is None else set(steps))
     rows = [_step_rows(trace, it) for it in iterations]
@@ -264,17 +338,35 @@ def early_summary(
 
 @dataclass(frozen=True, slots=True)
 class EarlyExample:
-    """One collected job as a training / evaluation example."""
+    """One collected job as a training / evaluation example.
+
+    Attributes:
+        summary: what the model sees of the early steps.
+        encoded: the summary's rows with steady-state targets (ns).
+        lead_in_target_ns: steady-state lead-in, ns.
+        steady_step_ns: the job's unprofiled steady-state step time, ns.
+        family: model family from the trace metadata ("" when absent).
+        workload: workload name from the trace metadata ("" when absent).
+    """
 
     summary: EarlySummary
-    encoded: EncodedIteration  # summary rows with steady-state targets (ns)
+    encoded: EncodedIteration
     lead_in_target_ns: float
-    steady_step_ns: float  # the job's unprofiled steady-state step time
+    steady_step_ns: float
     family: str
     workload: str
 
     def reschema(self, source: FeatureSchema, target: FeatureSchema) -> EarlyExample:
-        """This example in ``target``, a sub-vocabulary of ``source`` (``project_features``)."""
+        """This example in ``target``, a sub-vocabulary of ``source`` (``project_features``).
+
+        Args:
+            source: the schema the example is encoded in.
+            target: a schema with the same flags and a vocabulary inside the source's.
+
+        Raises:
+            ValueError: the schemas differ in flags, or ``target`` has op types ``source``
+                lacks.
+        """
 
         def move(e: EncodedIteration) -> EncodedIteration:
             return replace(e, features=project_features(e.features, source, target))
@@ -284,7 +376,20 @@ class EarlyExample:
 
 
 def training_example(trace: Trace, schema: FeatureSchema) -> EarlyExample:
-    """A ``benchmarks/collect.py`` trace → an example; ``ValueError`` naming what is missing."""
+    """A ``benchmarks/collect.py`` trace → an example.
+
+    Steady-state row targets are the per-row medians over the steady steps, scaled so rows plus
+    lead-in add up to the unprofiled step time (``metadata["steady_step_s"]``).
+
+    Args:
+        trace: a trace whose metadata holds ``early_steps``, ``steady_steps`` and
+            ``steady_step_s``.
+        schema: a schema with measured features (``fit_early_schema``).
+
+    Raises:
+        ValueError: the metadata lacks a key; no early or no steady step has ops; or
+            ``schema`` has no measured features.
+    """
     md = trace.metadata
     missing = [k for k in ("early_steps", "steady_steps", "steady_step_s") if k not in md]
     if missing:
@@ -318,7 +423,14 @@ def training_example(trace: Trace, schema: FeatureSchema) -> EarlyExample:
 
 
 def predict_step_ns(predictor: Predictor, summary: EarlySummary) -> float:
-    """Steady-state step time (ns) the model predicts from an early summary."""
+    """Steady-state step time (ns) the model predicts from an early summary.
+
+    The lead-in is scaled by the same ratio as the rows (predicted / early).
+
+    Args:
+        predictor: a model trained with measured early-time features.
+        summary: from ``early_summary`` with the predictor's schema.
+    """
     predicted_rows = predictor.predict_encoded(summary.encoded).iteration_ns
     ratio = predicted_rows / summary.rows_ns if summary.rows_ns > 0 else 1.0
     return predicted_rows + summary.lead_in_ns * ratio
@@ -330,9 +442,20 @@ class LearnedTraceEstimator:
     The 95% interval combines the captured steps' bootstrap spread (``OpMedianEstimator``) with
     the model's own held-out error (``training["holdout_rel_error_95"]`` in its weights file).
     Traces of another device kind than the model was trained on get the per-op-median estimate.
+
+    Attributes:
+        predictor: the early → steady-state model.
+        device_kind: the device kind it was trained on (``training["device_kind"]``, "cpu" by
+            default).
+        rel_error_95: its held-out 95% relative error (``FALLBACK_REL_ERROR_95`` when absent).
     """
 
     def __init__(self, predictor: Predictor) -> None:
+        """Wrap ``predictor``.
+
+        Raises:
+            ValueError: ``predictor`` was not trained with measured early-time features.
+        """
         if not predictor.schema.measured_features:
             raise ValueError("the predictor was not trained with measured early-time features")
         self.predictor = predictor
@@ -342,6 +465,12 @@ class LearnedTraceEstimator:
         self._op_median = OpMedianEstimator()
 
     def __call__(self, trace: Trace) -> TraceEstimate | None:
+        """The model's estimate from ``trace`` (source "trace:ets-early").
+
+        Returns:
+            The estimate; the op-median estimate instead for another device kind, no row ops or
+            a non-finite or non-positive prediction; None when no step has ops.
+        """
         spread = self._op_median(trace)
         if spread is None or trace.device.kind != self.device_kind:
             return spread
@@ -359,7 +488,15 @@ class LearnedTraceEstimator:
 
 
 def load_default_model(device_type: str) -> Predictor | None:
-    """The shipped early → steady model for ``device_type`` (CPU only so far), or ``None``."""
+    """The shipped early → steady model for ``device_type`` (CPU only so far), or ``None``.
+
+    Args:
+        device_type: exactly "cpu" (no index, lower case) selects the CPU model.
+
+    Returns:
+        The model; None for another device type, a missing file, or a file that fails to load
+        (``ModelFileError``, ``SchemaVersionError`` and other ``ValueError`` are caught).
+    """
     if device_type != "cpu":
         return None
     resource = resources.files("ets_hook") / "data" / DEFAULT_MODEL_FILE
@@ -374,6 +511,16 @@ def load_default_model(device_type: str) -> Predictor | None:
 
 def default_trace_estimator(device_type: str) -> Callable[[Trace], TraceEstimate | None] | None:
     """The estimator the hook uses with ``trace_estimator="auto"``: the shipped early → steady
-    ETS model for the device type when there is one (CPU), else per-op medians."""
+    ETS model for the device type when there is one (CPU), else per-op medians.
+
+    Args:
+        device_type: the trace's device type ("cpu", "cuda").
+
+    Returns:
+        A ``LearnedTraceEstimator`` or an ``OpMedianEstimator``; never None.
+
+    Raises:
+        ValueError: the shipped model loads but was not trained with measured features.
+    """
     model = load_default_model(device_type)
     return LearnedTraceEstimator(model) if model is not None else OpMedianEstimator()

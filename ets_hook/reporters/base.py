@@ -51,10 +51,23 @@ EARLY_STEPS = (1, 2, 3, 5, 10, 20, 50)
 
 @dataclass(frozen=True, slots=True)
 class ReportSchedule:
-    """When a reporter wants a prediction: after each of the ``first_steps`` first steps, after
-    each step count in ``early_steps``, at global steps that are multiples of ``every_n_steps``,
-    and whenever ``interval_s`` seconds (the forecaster's clock) have passed since it was last
-    offered one. Checked at step ends only."""
+    """When a reporter wants a prediction, checked at step ends only.
+
+    A reporter is due after each of its ``first_steps`` first steps, after each local step count
+    in ``early_steps``, at global steps that are multiples of ``every_n_steps``, and at the first
+    step end at least ``interval_s`` seconds (the forecaster's clock) after it was last offered
+    one. Independently of all this, every reporter is offered the first prediction.
+
+    Attributes:
+        first_steps: number of leading steps (local count) after each of which it is due; >= 0.
+        every_n_steps: period in global steps (``initial_step`` included), >= 1; None: off.
+        interval_s: seconds between offers, > 0; None: off.
+        early_steps: extra local step counts (ints >= 1) after which it is due.
+
+    Raises:
+        ValueError: ``first_steps`` < 0 or a bool, an ``early_steps`` item not an int >= 1,
+            ``every_n_steps`` < 1, or ``interval_s`` not > 0 (NaN included).
+    """
 
     first_steps: int = 1
     every_n_steps: int | None = None
@@ -73,15 +86,29 @@ class ReportSchedule:
 
 
 class Reporter:
-    """Base class of reporters: no-op hooks; override what you need."""
+    """Base class of reporters: no-op hooks; override what you need.
+
+    Hooks run on the thread that ends the step or closes the hook (normally the training
+    thread). An exception from a hook is logged once by ``ReportDispatcher`` and disables this
+    reporter; ``DeadlineExceededError`` alone propagates to the training loop. Set ``schedule``
+    (class or instance attribute) to say when ``on_prediction`` is due.
+    """
 
     schedule: ReportSchedule = ReportSchedule()
 
     def on_prediction(self, prediction: Prediction) -> None:
-        """A prediction is due by ``schedule``."""
+        """Receive a prediction that is due by ``schedule``.
+
+        Args:
+            prediction: the forecaster's current prediction (never None here).
+        """
 
     def on_close(self, prediction: Prediction | None) -> None:
-        """The job ended (the hook closed); ``prediction`` is the final one."""
+        """The job ended (the hook closed); called once, and no hook is called after it.
+
+        Args:
+            prediction: the final prediction, or None if there never was one.
+        """
 
 
 @dataclass(slots=True)
@@ -110,6 +137,14 @@ class ReportDispatcher:
     """
 
     def __init__(self, reporters: Sequence[Reporter]) -> None:
+        """Take the reporters, offered predictions in this order.
+
+        Args:
+            reporters: ``Reporter`` instances; empty means never due.
+
+        Raises:
+            ValueError: an item of ``reporters`` is not a ``Reporter``.
+        """
         for r in reporters:
             if not isinstance(r, Reporter):
                 raise ValueError(f"reporters must be Reporter instances, got {r!r}")
@@ -125,9 +160,20 @@ class ReportDispatcher:
     def dispatch(
         self, count: int, step: int, now_s: float, get: Callable[[], Prediction | None]
     ) -> None:
-        """Offer the prediction (built once, by ``get``, only if someone is due) at local step
-        count ``count`` (global ``step``). Re-raises ``DeadlineExceededError`` after
-        rescheduling."""
+        """Offer the prediction to every reporter that is due, then reschedule.
+
+        Args:
+            count: local step count (steps completed by this process, >= 1).
+            step: global step count (``count`` plus the job's ``initial_step``).
+            now_s: the forecaster's clock at this step end, in seconds.
+            get: builds the prediction; called at most once, only if a reporter is due. If it
+                returns None, due reporters are rescheduled but not called.
+
+        Raises:
+            DeadlineExceededError: from a reporter (the reporters after it are skipped this
+                time; ``next_count`` / ``next_s`` are still updated). An exception from ``get``
+                also propagates; any other reporter exception is logged and disables it.
+        """
         prediction: Prediction | None = None
         fetched = False
         try:
@@ -145,6 +191,15 @@ class ReportDispatcher:
             self.next_s = min((s.next_s for s in active), default=math.inf)
 
     def close(self, prediction: Prediction | None) -> None:
+        """Call ``on_close`` of every active reporter once and deactivate it.
+
+        Args:
+            prediction: the final prediction, or None.
+
+        Raises:
+            DeadlineExceededError: from a reporter's ``on_close``; later reporters are then not
+                closed. Other exceptions are logged.
+        """
         for slot in self._slots:
             if slot.active:
                 self._call(slot, slot.reporter.on_close, prediction)

@@ -41,14 +41,35 @@ def build_reporters(
     deadline_margin_s: float = 0.0,
     environ: Mapping[str, str] | None = None,
 ) -> list[Reporter]:
-    """The reporters for the hook's keyword arguments, validated now (bad values: ValueError;
-    ``progress=True`` without tqdm: ImportError).
+    """Build the reporters for the hook's keyword arguments, validating them now.
 
-    ``log_every_n_steps``: None or 0 turns logging off. ``progress``: False, True (our own bar)
-    or a user's tqdm bar. ``deadline``: seconds from hook creation or a datetime; None means the
-    Slurm job's end time when running under Slurm (``slurm_deadline``), False means no guard.
-    The deadline guard comes last, so the log line and status file are written before it can
-    raise.
+    Order: log, progress bar, status file, callback, deadline guard. The guard comes last, so the
+    log line and status file are written before it can raise.
+
+    Args:
+        log_every_n_steps: ``LogReporter`` period in global steps; None or 0: no log reporter.
+        progress: False or None: no bar; True: a tqdm bar of our own; else a user's tqdm bar
+            (anything with ``set_postfix_str``) to annotate.
+        status_path: JSON status file (``StatusFileReporter``); None: none.
+        status_interval_s: seconds between status-file rewrites (> 0).
+        on_prediction: callable receiving due predictions (``CallbackReporter``); None: none.
+        deadline: seconds from hook creation (> 0, finite) or a datetime (naive = local time);
+            None: the Slurm job's end time when ``slurm_deadline`` finds one, else no guard;
+            False: no guard.
+        on_deadline: ``"warn"``, ``"raise"`` or a callable taking a ``DeadlineMiss``; validated
+            even when there is no guard.
+        deadline_policy: ``"confident"``, ``"likely"`` or ``"point"`` (see ``DeadlineGuard``).
+        deadline_margin_s: seconds (>= 0) before the deadline that already count as a miss.
+        environ: environment read for the Slurm deadline; None: ``os.environ``.
+
+    Returns:
+        The reporters, in dispatch order (possibly empty).
+
+    Raises:
+        ValueError: a bad value of any argument above (from the reporters' constructors).
+            ``deadline_policy`` and ``deadline_margin_s`` are only checked when a guard is
+            built (an explicit deadline, or one found under Slurm).
+        ImportError: ``progress=True`` and tqdm is not installed.
     """
     reporters: list[Reporter] = []
     if log_every_n_steps:

@@ -32,13 +32,23 @@ DEADLINE_ACTIONS: tuple[str, ...] = ("warn", "raise")
 
 @dataclass(frozen=True, slots=True)
 class DeadlineMiss:
-    """Why the guard fired. Times are seconds from hook creation."""
+    """Why the guard fired. Times are seconds from hook creation.
+
+    Attributes:
+        deadline_s: the deadline.
+        margin_s: the guard's safety margin (s before the deadline that count as a miss).
+        predicted_total_s: the predicted total job time (``Prediction.total_s``).
+        optimistic_total_s: ``total_s - total_ci_s``, the early end of the 95% interval.
+        shortfall_s: how far the predicted end lies past ``deadline_s - margin_s``.
+        policy: the guard's policy when it fired.
+        prediction: the prediction that fired the guard.
+        message: the warning text (also the ``DeadlineExceededError`` message).
+    """
 
     deadline_s: float
     margin_s: float
     predicted_total_s: float
     optimistic_total_s: float
-    # How far the predicted end lies past (deadline - margin).
     shortfall_s: float
     policy: str
     prediction: Prediction
@@ -48,19 +58,17 @@ class DeadlineMiss:
 class DeadlineGuard(Reporter):
     """Fires once when the prediction says the job will end after ``deadline - margin_s``.
 
-    ``deadline``: seconds from hook creation, or a datetime (naive = local time).
-    ``on_deadline``: ``"warn"`` (log a warning), ``"raise"`` (raise ``DeadlineExceededError`` into
-    the training loop; the one exception the hook lets through), or a callable taking a
-    ``DeadlineMiss`` (an exception from it disables the guard, except ``DeadlineExceededError``,
-    which propagates).
-    ``policy`` (the job must have a known ``total_steps``):
+    Policies (the guard never fires while ``total_steps`` is unknown or no steps remain):
+
     - ``"confident"`` (default): even the optimistic end of the 95% interval of the total,
       ``total_s - total_ci_s``, misses: >= 97.5% sure of a miss. Early intervals are wide, so it
       fires at step 1 only for gross misses, and later as soon as the data are clear; it does not
       cry wolf on a job that lands near the deadline.
     - ``"likely"``: the point estimate misses and the estimate has converged.
     - ``"point"``: the point estimate misses (earliest; may fire on noise).
-    Whatever the policy, it fires if the deadline has already passed with steps left.
+
+    Whatever the policy, it fires if the elapsed time already exceeds ``deadline - margin_s``
+    with steps left. Firing always logs the miss as a warning first; ``fired`` keeps it.
     """
 
     def __init__(
@@ -73,6 +81,26 @@ class DeadlineGuard(Reporter):
         interval_s: float = 1.0,
         logger: logging.Logger | None = None,
     ) -> None:
+        """Validate and store the guard's settings.
+
+        Args:
+            deadline: seconds from hook creation (> 0, finite), or a datetime (naive = local
+                time; not checked against the clock: one already past fires at the first check).
+            on_deadline: ``"warn"`` (only the warning), ``"raise"`` (raise
+                ``DeadlineExceededError`` into the training loop; the one exception the hook
+                lets through), or a callable taking a ``DeadlineMiss`` (an exception from it
+                disables the guard, except ``DeadlineExceededError``, which propagates).
+            policy: ``"confident"``, ``"likely"`` or ``"point"`` (see the class docstring).
+            margin_s: seconds (>= 0, finite) before the deadline that already count as a miss.
+            interval_s: seconds between checks after the early steps (> 0; None: early steps
+                only).
+            logger: where the warning goes; None: ``logging.getLogger("ets_hook")``.
+
+        Raises:
+            ValueError: ``deadline`` not a datetime or a finite number > 0 (bools rejected),
+                ``on_deadline`` neither ``"warn"``/``"raise"`` nor callable, ``policy`` unknown,
+                ``margin_s`` negative or not finite, or ``interval_s`` <= 0.
+        """
         if isinstance(deadline, datetime):
             pass
         elif isinstance(deadline, bool) or not isinstance(deadline, (int, float)):
@@ -98,14 +126,30 @@ class DeadlineGuard(Reporter):
         self.fired: DeadlineMiss | None = None
 
     def deadline_s(self, p: Prediction) -> float:
-        """The deadline in seconds from hook creation."""
+        """The deadline in seconds from hook creation.
+
+        Args:
+            p: a prediction; for a datetime deadline, its ``start_time`` is time zero (if it is
+                None, the Unix epoch is, which makes the deadline unreachably far).
+
+        Returns:
+            ``deadline`` itself when given in seconds, else the datetime minus ``p.start_time``.
+        """
         if isinstance(self.deadline, datetime):
             start = p.start_time.timestamp() if p.start_time is not None else 0.0
             return self.deadline.timestamp() - start
         return float(self.deadline)
 
     def check(self, p: Prediction) -> DeadlineMiss | None:
-        """The miss this prediction shows under ``policy``, or None. Pure."""
+        """Judge one prediction under ``policy``, without side effects.
+
+        Args:
+            p: the prediction to judge.
+
+        Returns:
+            The ``DeadlineMiss`` if the guard should fire, else None (also when ``total_s`` is
+            unknown or no steps remain).
+        """
         if p.total_s is None or not p.remaining_steps:
             return None
         deadline_s = self.deadline_s(p)
@@ -141,6 +185,11 @@ class DeadlineGuard(Reporter):
         )
 
     def on_prediction(self, prediction: Prediction) -> None:
+        """Check the prediction; on the first miss warn, then raise or call per ``on_deadline``.
+
+        Raises:
+            DeadlineExceededError: the first miss, when ``on_deadline="raise"``.
+        """
         if self.fired is not None:
             return
         miss = self.check(prediction)
@@ -162,8 +211,19 @@ class DeadlineGuard(Reporter):
 
 
 def parse_slurm_time(text: str) -> float | None:
-    """Seconds in a Slurm time limit (``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``, ``D-H:M:S``);
-    None for ``UNLIMITED`` / ``INFINITE`` / ``0`` (no limit). ValueError if malformed."""
+    """Parse a Slurm time limit.
+
+    Args:
+        text: ``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M`` or ``D-H:M:S`` (non-negative
+            integers; surrounding whitespace ignored).
+
+    Returns:
+        The limit in seconds; None for no limit: ``UNLIMITED``, ``INFINITE``, ``NOT_SET`` (any
+        case), an empty string, or a total of 0.
+
+    Raises:
+        ValueError: ``text`` is malformed (non-integer fields, too many fields, negatives).
+    """
     s = text.strip()
     if s.upper() in ("UNLIMITED", "INFINITE", "NOT_SET", ""):
         return None
@@ -192,13 +252,20 @@ def parse_slurm_time(text: str) -> float | None:
 
 
 def slurm_deadline(environ: Mapping[str, str] | None = None) -> datetime | None:
-    """The Slurm job's end time from the environment, or None outside Slurm / without a limit.
+    """The Slurm job's end time from the environment. Never raises.
 
     ``SLURM_JOB_END_TIME`` (Unix seconds; set in the job environment by Slurm >= 20.11) if set;
     else ``SLURM_JOB_START_TIME`` + the time limit in ``SBATCH_TIMELIMIT`` or ``SLURM_TIMELIMIT``
     (the submission-side variables, present when the job was submitted with them). Nothing else
     is consulted: no ``squeue``/``scontrol`` subprocess, no network. Malformed values count as
     absent.
+
+    Args:
+        environ: the environment to read; None: ``os.environ``.
+
+    Returns:
+        The end time as an aware UTC datetime, or None outside Slurm, without a time limit, or
+        when the values are missing or malformed.
     """
     env = os.environ if environ is None else environ
     end = env.get("SLURM_JOB_END_TIME", "").strip()

@@ -15,7 +15,15 @@ if TYPE_CHECKING:
 
 
 def format_duration(seconds: float | None) -> str:
-    """Compact duration: ``4.2s``, ``42s``, ``13m32s``, ``2h05m``, ``3d04h``; ``?`` if unknown."""
+    """Format a duration compactly: ``4.2s``, ``42s``, ``13m32s``, ``2h05m``, ``3d04h``.
+
+    Args:
+        seconds: the duration in seconds; None or NaN for unknown.
+
+    Returns:
+        The text, rounded to the precision shown (tenths of a second below 9.95 s); ``?`` if
+        unknown, ``∞`` if infinite, a leading ``-`` for negatives.
+    """
     if seconds is None or math.isnan(seconds):
         return "?"
     if seconds < 0:
@@ -38,7 +46,15 @@ def format_duration(seconds: float | None) -> str:
 
 
 def format_step_time(seconds: float) -> str:
-    """Step time with 3 significant digits: ``0.412 s/step``, ``12.3 ms/step``, ``812 µs/step``."""
+    """Format a step time with 3 significant digits: ``0.412 s/step``, ``12.3 ms/step``,
+    ``812 µs/step``.
+
+    Args:
+        seconds: the step time in seconds (>= 0 expected).
+
+    Returns:
+        The text in s, ms or µs; ``? s/step`` if ``seconds`` is not finite.
+    """
     if not math.isfinite(seconds):
         return "? s/step"
     if seconds >= 0.0995:
@@ -59,7 +75,14 @@ def _sig3(value: float) -> str:
 
 
 def format_relative(rel: float) -> str:
-    """Relative half-width: ``±1.1%``, ``±12%``."""
+    """Format a relative interval half-width: ``±1.1%``, ``±12%``.
+
+    Args:
+        rel: the half-width as a fraction (0.011 = ±1.1%).
+
+    Returns:
+        The percentage with one decimal below 9.95%, else none; ``±?`` if ``rel`` is not finite.
+    """
     if not math.isfinite(rel):
         return "±?"
     pct = 100.0 * rel
@@ -67,8 +90,15 @@ def format_relative(rel: float) -> str:
 
 
 def format_prediction(p: Prediction) -> str:
-    """``step 30/2000 · 0.412 s/step ±1.1% · ETA 13m32s · total 13m45s`` (ETA parts only when the
-    total step count is known)."""
+    """Format a prediction as one line.
+
+    Args:
+        p: the prediction.
+
+    Returns:
+        ``step 30/2000 · 0.412 s/step ±1.1% · ETA 13m32s · total 13m45s``; without ``/2000``
+        while the total step count is unknown, and without the ETA and total while ``eta_s`` is.
+    """
     steps = f"step {p.step}/{p.total_steps}" if p.total_steps is not None else f"step {p.step}"
     text = f"{steps} · {format_step_time(p.iteration_s)} {format_relative(p.iteration_rel_ci)}"
     if p.eta_s is not None:

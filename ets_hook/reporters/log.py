@@ -25,8 +25,9 @@ class LogReporter(Reporter):
     A line is written for the first prediction, when the estimate first converges, at global steps
     that are multiples of ``every_n_steps``, and whenever the predicted total (the step time if the
     total is unknown) moved by ``move_threshold`` (relative) since the last line; the last two
-    kinds at most once per ``min_interval_s`` of job time. The prediction rides along on the log
-    record as ``record.ets_prediction`` for structured handlers.
+    kinds at most once per ``min_interval_s`` of job time. At close, one more line: ``finished
+    at step N after T``. The prediction rides along on the log record as
+    ``record.ets_prediction`` for structured handlers.
     """
 
     def __init__(
@@ -40,6 +41,23 @@ class LogReporter(Reporter):
         logger: logging.Logger | None = None,
         level: int = logging.INFO,
     ) -> None:
+        """Validate and store the settings.
+
+        Args:
+            every_n_steps: period of the regular line, in global steps (>= 1); None: no regular
+                line (first, convergence and movement lines only).
+            move_threshold: relative change (> 0) of the predicted total that earns a line.
+            min_interval_s: seconds of job time (>= 0) between regular/movement lines.
+            check_interval_s: seconds (> 0) between looks at the prediction, besides the early
+                steps and the ``every_n_steps`` multiples; None: no time-based looks.
+            first_steps: leading steps after each of which the prediction is looked at (>= 0).
+            logger: the logger; None: ``logging.getLogger("ets_hook")``.
+            level: the level of every line.
+
+        Raises:
+            ValueError: ``move_threshold`` not > 0, ``min_interval_s`` < 0, ``every_n_steps`` < 1,
+                ``check_interval_s`` not > 0, or ``first_steps`` < 0.
+        """
         if not move_threshold > 0.0:
             raise ValueError(f"move_threshold must be > 0, got {move_threshold}")
         if min_interval_s < 0:
@@ -64,6 +82,7 @@ class LogReporter(Reporter):
         return p.total_s if p.total_s is not None else p.iteration_s
 
     def on_prediction(self, prediction: Prediction) -> None:
+        """Log a line if the prediction earns one (see the class docstring)."""
         p = prediction
         value = self._value(p)
         newly_converged = p.converged and not self._converged
@@ -79,6 +98,7 @@ class LogReporter(Reporter):
             self._emit(p, value)
 
     def on_close(self, prediction: Prediction | None) -> None:
+        """Log ``finished at step N after T`` (nothing if ``prediction`` is None)."""
         if prediction is not None and self.logger.isEnabledFor(self.level):
             self.logger.log(
                 self.level,

@@ -28,7 +28,11 @@ class StatusFileReporter(Reporter):
     close (``"state": "closed"``). Document::
 
         {"format": "ets-hook-status", "version": 1, "state": "running" | "closed",
-         "pid": ..., "host": ..., "updated_at": ISO 8601, "prediction": Prediction.to_dict()}
+         "pid": ..., "host": ..., "updated_at": ISO 8601, **extra,
+         "prediction": Prediction.to_dict() | null}
+
+    A failed write (``OSError``, or ``ValueError`` for a NaN or infinity in ``extra``) disables
+    the reporter through ``ReportDispatcher``.
     """
 
     def __init__(
@@ -38,6 +42,20 @@ class StatusFileReporter(Reporter):
         interval_s: float = 5.0,
         extra: Mapping[str, Any] | None = None,
     ) -> None:
+        """Check the path and the extras; writes nothing yet.
+
+        Args:
+            path: the status file; its directory must exist.
+            interval_s: seconds (> 0) between rewrites while running; None: first prediction
+                and close only.
+            extra: JSON-serialisable keys added to every document (they override the standard
+                keys of the same name, except ``prediction``).
+
+        Raises:
+            ValueError: the directory of ``path`` does not exist, ``path`` is a directory, or
+                ``interval_s`` is not > 0.
+            TypeError: ``extra`` holds a value ``json.dumps`` cannot serialise.
+        """
         self.path = Path(path)
         if not self.path.parent.is_dir():
             raise ValueError(f"status_path's directory does not exist: {self.path.parent}")
@@ -49,6 +67,15 @@ class StatusFileReporter(Reporter):
         self._host = socket.gethostname()
 
     def document(self, state: str, prediction: Prediction | None) -> dict[str, Any]:
+        """Build the status document.
+
+        Args:
+            state: ``"running"`` or ``"closed"`` (not checked).
+            prediction: the prediction to embed, or None (``"prediction": null``).
+
+        Returns:
+            The document as a dict (``updated_at``: now, UTC, ISO 8601).
+        """
         return {
             "format": STATUS_FORMAT,
             "version": STATUS_VERSION,
@@ -61,11 +88,19 @@ class StatusFileReporter(Reporter):
         }
 
     def write(self, state: str, prediction: Prediction | None) -> None:
+        """Write ``document(state, prediction)`` as JSON, atomically (replaces the file).
+
+        Raises:
+            OSError: the file cannot be written.
+            ValueError: the document holds a NaN or infinity (only possible through ``extra``).
+        """
         data = json.dumps(self.document(state, prediction), allow_nan=False, indent=1)
         atomic_write_bytes(self.path, data.encode())
 
     def on_prediction(self, prediction: Prediction) -> None:
+        """Write the document with ``"state": "running"``."""
         self.write("running", prediction)
 
     def on_close(self, prediction: Prediction | None) -> None:
+        """Write the document with ``"state": "closed"``."""
         self.write("closed", prediction)

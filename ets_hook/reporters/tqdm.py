@@ -17,10 +17,11 @@ if TYPE_CHECKING:
 class TqdmReporter(Reporter):
     """Shows our prediction on a tqdm bar.
 
-    ``bar=None``: a bar of our own (total = the job's steps), advanced to the current step and
-    closed at the end; its right side shows our ETA instead of tqdm's. A user's bar: only its
-    postfix is set (``refresh=False``: it redraws on its own schedule). Needs the ``tqdm`` extra
-    for a bar of our own: ``pip install 'ets-hook[tqdm]'``.
+    ``bar=None``: a bar of our own, created at the first prediction (total = the job's steps,
+    starting at the current global step), advanced to the current step and closed at the end;
+    its right side shows our ETA instead of tqdm's. A user's bar: only its postfix is set
+    (``refresh=False``: it redraws on its own schedule) and it is never closed by us. Needs the
+    ``tqdm`` extra for a bar of our own: ``pip install 'ets-hook[tqdm]'``.
     """
 
     BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
@@ -28,6 +29,19 @@ class TqdmReporter(Reporter):
     def __init__(
         self, bar: Any = None, *, interval_s: float = 0.5, desc: str = "train", **tqdm_kwargs: Any
     ) -> None:
+        """Check the bar (or that tqdm is importable); nothing is drawn yet.
+
+        Args:
+            bar: a user's tqdm bar (anything with ``set_postfix_str``), or None for our own.
+            interval_s: seconds (> 0) between updates after the early steps; None: early steps
+                only.
+            desc: our own bar's description (unused with a user's bar).
+            **tqdm_kwargs: passed to ``tqdm(...)`` for our own bar (unused with a user's bar).
+
+        Raises:
+            ImportError: ``bar`` is None and tqdm is not installed.
+            ValueError: ``bar`` has no callable ``set_postfix_str``, or ``interval_s`` <= 0.
+        """
         self.schedule = ReportSchedule(
             first_steps=0, interval_s=interval_s, early_steps=EARLY_STEPS
         )
@@ -48,12 +62,14 @@ class TqdmReporter(Reporter):
 
     @staticmethod
     def postfix(p: Prediction) -> str:
+        """The bar's postfix: ``0.412 s/step ±1.1% · ETA 13m32s`` (no ETA while it is unknown)."""
         text = f"{format_step_time(p.iteration_s)} {format_relative(p.iteration_rel_ci)}"
         if p.eta_s is not None:
             text += f" · ETA {format_duration(p.eta_s)}"
         return text
 
     def on_prediction(self, prediction: Prediction) -> None:
+        """Set the postfix; our own bar is also created if needed and moved to the step."""
         text = self.postfix(prediction)
         if not self._own:
             self._bar.set_postfix_str(text, refresh=False)
@@ -71,6 +87,7 @@ class TqdmReporter(Reporter):
         self._bar.update(prediction.step - self._bar.n)
 
     def on_close(self, prediction: Prediction | None) -> None:
+        """Close our own bar, after moving it to the final step; a user's bar is left alone."""
         if self._own and self._bar is not None:
             if prediction is not None:
                 self._bar.update(prediction.step - self._bar.n)

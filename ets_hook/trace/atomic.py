@@ -12,6 +12,14 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, fsync: bool
     """Write ``data`` to ``path`` via a temp file in the same directory and ``os.replace``.
 
     The temp file is removed if anything fails, so no partial file is ever left behind.
+
+    Args:
+        path: the target file; its folder must exist. An existing file is replaced.
+        data: the complete new contents.
+        fsync: flush the data to disk before the rename (durability across a crash).
+
+    Raises:
+        OSError: the temp file cannot be created, written or renamed onto ``path``.
     """
     target = Path(path)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)

@@ -28,7 +28,15 @@ def _name(kind: str, pid: int, tid: int | None, label: str) -> dict[str, Any]:
 
 
 def chrome_events(trace: Trace) -> list[dict[str, Any]]:
-    """The ``traceEvents`` list for ``trace``: metadata events first, then by timestamp."""
+    """The ``traceEvents`` list for ``trace``: metadata events first, then by timestamp.
+
+    Args:
+        trace: the trace; kernels' ``op_index`` must index their iteration's ``ops`` (or be -1).
+
+    Returns:
+        Chrome trace events (JSON-serialisable dicts); times in µs from the earliest iteration
+        start. Empty (no metadata events either) when ``trace`` has no iterations.
+    """
     if not trace.iterations:
         return []
     base_ns = min(it.start_ns for it in trace.iterations)
@@ -125,7 +133,18 @@ def chrome_events(trace: Trace) -> list[dict[str, Any]]:
 
 
 def export_chrome(trace: Trace, path: str | os.PathLike[str]) -> Path:
-    """Write ``trace`` as Chrome trace JSON to ``path`` (atomically)."""
+    """Write ``trace`` as Chrome trace JSON to ``path`` (atomically).
+
+    Args:
+        trace: the trace to export.
+        path: the target ``.json`` file; its folder must exist.
+
+    Returns:
+        ``path`` as a ``Path``.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
     document = {
         "traceEvents": chrome_events(trace),
         "displayTimeUnit": "ms",

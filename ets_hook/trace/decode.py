@@ -9,7 +9,8 @@ Rules (documented in the README's trace-format section):
 - An autograd node (``autograd::engine::evaluate_function: ...``) and everything inside it is
   ``backward``; ops on the training thread before the iteration's last backward node are
   ``forward``; the rest (gradient clipping, logging, ...) is ``other``.
-- An op belongs to the iteration whose [start, end) holds the start of its outermost op.
+- An op belongs to the iteration whose [start, end) holds the start of its outermost enclosing
+  event on its thread (an annotation counts); ops outside every step are dropped.
 - A kernel belongs to the innermost op, on the launching thread, whose interval holds its runtime
   launch call (joined by CUPTI correlation id); host thread ids are matched to profiler thread ids
   by which assignment contains the most launches.
@@ -31,7 +32,13 @@ from .names import OPTIMIZER_ANNOTATION_PREFIX, is_annotation, is_autograd_node
 
 @dataclass(slots=True)
 class StepBounds:
-    """A timed training step on the trace clock (ns)."""
+    """A timed training step on the trace clock.
+
+    Attributes:
+        step: the step's number.
+        start_ns: step start, ns.
+        end_ns: step end, ns (exclusive).
+    """
 
     step: int
     start_ns: int
@@ -42,8 +49,15 @@ class StepBounds:
 class RawOp:
     """One operator event as the op capture reads it back, before any interpretation.
 
-    Times are int ns on the trace clock; ``scope`` is the ``RecordScope`` value
-    (``trace.names``); shapes and dtypes are empty when they were not recorded.
+    Attributes:
+        name: the event's name as recorded.
+        start_ns: start on the trace clock, int ns.
+        duration_ns: duration, ns.
+        thread: profiler thread id.
+        sequence_nr: autograd sequence number; -1: none.
+        scope: the ``RecordScope`` value (``trace.names``).
+        input_shapes: one shape per positional argument; empty when not recorded.
+        input_dtypes: the arguments' dtype strings; empty when not recorded.
     """
 
     name: str
@@ -116,8 +130,17 @@ def build_iterations(
 ) -> list[IterationTrace]:
     """Split raw profiler events into iterations of ``OpEvent``s with phase, depth and parent.
 
-    ``shapes_source_step``: the step whose ops carry recorded shapes; other iterations get them
-    copied by op-name alignment (``record_shapes="first"``).
+    Args:
+        raws: the raw events of every thread, in any order.
+        bounds: the timed steps, in any order.
+        shapes_source_step: the step whose ops carry recorded shapes; the ops of the other
+            iterations that lack shapes get them copied by op-name alignment
+            (``record_shapes="first"``). None (or a step not in ``bounds``): no copying.
+
+    Returns:
+        One ``IterationTrace`` per bound, sorted by start, without kernels: its ops in start
+        order (annotations and events outside every step dropped) with host gaps filled
+        (``fill_host_gaps``).
     """
     parents = _nest(raws)
     training_thread = _training_thread(raws, parents)
@@ -209,9 +232,12 @@ def build_iterations(
 
 
 def fill_host_gaps(iteration: IterationTrace) -> None:
-    """CPU ETS gap: time from each outermost op to the next outermost op of its thread.
+    """Set the CPU ETS gap of each outermost op: ns to the next outermost op of its thread.
 
     The last op of a thread gets the time to the iteration's end. Negative gaps clip to 0.
+
+    Args:
+        iteration: modified in place: ``gap_ns`` of every ``depth == 0`` op is overwritten.
     """
     by_thread: dict[int, list[OpEvent]] = defaultdict(list)
     for op in iteration.top_level_ops():
@@ -243,11 +269,24 @@ def _innermost_op(starts: list[int], ops: list[OpEvent], indices: list[int], tim
 def attach_kernels(
     iterations: list[IterationTrace], kernels: Sequence[KernelEvent], launches: np.ndarray
 ) -> float:
-    """Link kernels to ops and file them under iterations; returns the fraction correlated.
+    """Link kernels to ops, file them under iterations and fill the GPU ETS targets.
 
-    ``launches``: structured array with ``correlation_id``, ``thread_id`` (host OS thread) and
-    ``start_ns`` (already on the trace clock). Kernels whose launch cannot be found are filed by
-    their own start time with ``op_index = -1``.
+    A kernel is filed under the iteration holding its launch call, or, when its launch cannot
+    be found (or lies outside every step), under the one holding its own start, with
+    ``op_index = -1``. Kernels in no iteration are dropped. Each iteration's kernels end up
+    sorted by start and ``fill_device_targets`` runs on every iteration.
+
+    Args:
+        iterations: from ``build_iterations`` (sorted by start); modified in place.
+        kernels: the GPU records; the filed ones get their ``op_index`` set.
+        launches: structured array with ``correlation_id``, ``thread_id`` (host OS thread) and
+            ``start_ns`` (already on the trace clock) of the runtime launch calls.
+
+    Returns:
+        The fraction of the filed kernels linked to an op; 1.0 when none was filed.
+
+    Raises:
+        ValueError: ``launches`` lacks one of the three fields.
     """
     launch_by_corr: dict[int, tuple[int, int]] = {
         int(c): (int(t), int(s))
@@ -309,11 +348,16 @@ def attach_kernels(
 
 
 def fill_device_targets(iteration: IterationTrace) -> None:
-    """GPU ETS targets for outermost ops: summed kernel time and device gap to the next op.
+    """Set the GPU ETS targets of outermost ops: summed kernel time and device gap.
 
-    ``kernel_duration_ns``/``kernel_count`` cover the op's whole subtree. ``gap_ns`` is the time
-    from the op's last kernel end to the next kernel-launching outermost op's first kernel start
-    (clipped at 0); outermost ops without kernels get ``gap_ns = -1``.
+    ``kernel_duration_ns``/``kernel_count`` cover the op's whole subtree (0 when it launched
+    nothing). ``gap_ns`` is the time from the op's last kernel end to the first kernel start of
+    the next kernel-launching outermost op (by first kernel start; the last one: to the
+    iteration's end), clipped at 0; outermost ops without kernels get ``gap_ns = -1``.
+
+    Args:
+        iteration: modified in place. Nothing changes when it has no kernels: its ops keep
+            their host gaps and unknown (-1) kernel times.
     """
     if not iteration.kernels:
         return

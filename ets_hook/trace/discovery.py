@@ -20,8 +20,10 @@ _NOT_TRACES = {"MANIFEST.csv"}
 
 
 def trace_files(paths: Iterable[str | Path]) -> list[Path]:
-    """The trace files the given paths name, in order; folders expand to the trace files under
-    them (recursively, sorted).
+    """The trace files the given paths name, in order.
+
+    Folders expand to the ``.ets`` / ``.csv`` files under them (recursively, sorted, any
+    ``MANIFEST.csv`` left out).
 
     Args:
         paths: files (taken as they are, whatever their suffix) and folders.
@@ -71,8 +73,9 @@ def load_traces(
 
     Raises:
         FileNotFoundError: as ``trace_files``.
-        TraceFileError: an ``.ets`` file cannot be read.
-        ETSCSVError: a CSV file is malformed.
+        TraceFileError: a file not ending in ``.csv`` (read as ``.ets``) cannot be read.
+        ETSCSVError: a CSV file, or the ``opCodes.dict`` found for it, is malformed.
+        OSError: a file cannot be opened.
     """
     traces: list[Trace] = []
     for path in trace_files(paths):

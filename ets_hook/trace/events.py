@@ -32,6 +32,8 @@ class Phase(str, enum.Enum):
 
 
 class KernelKind(str, enum.Enum):
+    """What a ``KernelEvent`` records: a kernel, a memcpy or a memset."""
+
     KERNEL = "kernel"
     MEMCPY = "memcpy"
     MEMSET = "memset"
@@ -39,7 +41,32 @@ class KernelKind(str, enum.Enum):
 
 @dataclass(slots=True)
 class OpEvent:
-    """One operator invocation on the host (an ATen op or an autograd node)."""
+    """One operator invocation on the host (an ATen op or an autograd node).
+
+    Attributes:
+        name: the op's name as recorded (``"aten::addmm"``) or as an importer names it.
+        start_ns: host start on the trace clock, ns.
+        duration_ns: host duration, ns.
+        thread: profiler thread id.
+        phase: the part of the training step it belongs to.
+        depth: nesting depth among ops (annotations not counted); 0 = outermost.
+        parent: index of the enclosing op in the same ``IterationTrace.ops``; -1: none.
+        sequence_nr: autograd sequence number, tying a backward node to the forward op that
+            created it; -1: none.
+        input_shapes: one shape per positional argument (``()`` for a non-tensor); empty when
+            shapes were not recorded.
+        input_dtypes: the arguments' dtype strings, positional like ``input_shapes``.
+        flops: FLOPs of the op; -1: compute from shapes when needed (``ets.flops``).
+        bytes_moved: bytes read plus written; -1 as for ``flops``.
+        params: shape/parameter ints as given by an importer (ETS CSV: 30 ints); empty for
+            captured ops.
+        kernel_duration_ns: ETS duration target: summed GPU time of the kernels of the op's
+            subtree, ns; set on outermost ops only; -1: unknown.
+        kernel_count: number of kernels summed into ``kernel_duration_ns``.
+        gap_ns: ETS gap target, ns: the device gap after the op's kernels, or the host gap to
+            the next outermost op of its thread when the iteration has no kernels
+            (``trace.decode``); -1: unknown.
+    """
 
     name: str
     start_ns: int
@@ -48,28 +75,40 @@ class OpEvent:
     phase: Phase = Phase.OTHER
     depth: int = 0
     parent: int = -1
-    # Autograd sequence number: ties a backward node to the forward op that created it (-1: none).
     sequence_nr: int = -1
     input_shapes: tuple[Shape, ...] = ()
     input_dtypes: tuple[str, ...] = ()
-    # Per-op cost facts; -1 means "compute from shapes when needed".
     flops: int = -1
     bytes_moved: int = -1
-    # Shape/parameter integers as given by an importer (ETS CSV: 30 ints); empty for captured ops.
     params: tuple[int, ...] = ()
-    # Derived ETS targets (see module docstring); -1 = unknown.
     kernel_duration_ns: int = -1
     kernel_count: int = 0
     gap_ns: int = -1
 
     @property
     def end_ns(self) -> int:
+        """Host end on the trace clock: ``start_ns + duration_ns`` (ns)."""
         return self.start_ns + self.duration_ns
 
 
 @dataclass(slots=True)
 class KernelEvent:
-    """One GPU activity record: a kernel, a memcpy or a memset."""
+    """One GPU activity record: a kernel, a memcpy or a memset.
+
+    Attributes:
+        name: kernel name; for copies and sets a descriptive name (``"Memset"``, ...).
+        start_ns: GPU start on the trace clock, ns.
+        duration_ns: GPU duration, ns.
+        kind: kernel, memcpy or memset.
+        device: CUDA device index.
+        stream: CUDA stream id.
+        correlation_id: CUPTI correlation id joining the record to its runtime launch call.
+        op_index: index of the launching op in the same iteration's ``ops``; -1: not correlated.
+        grid: launch grid (x, y, z); zeros for memcpy/memset.
+        block: launch block (x, y, z); zeros for memcpy/memset.
+        bytes: bytes copied or set; 0 for kernels.
+        communication: True for NCCL kernels, whose duration includes waiting for other ranks.
+    """
 
     name: str
     start_ns: int
@@ -82,17 +121,27 @@ class KernelEvent:
     grid: tuple[int, int, int] = (0, 0, 0)
     block: tuple[int, int, int] = (0, 0, 0)
     bytes: int = 0
-    # NCCL kernels: their duration includes waiting for other ranks.
     communication: bool = False
 
     @property
     def end_ns(self) -> int:
+        """GPU end on the trace clock: ``start_ns + duration_ns`` (ns)."""
         return self.start_ns + self.duration_ns
 
 
 @dataclass(slots=True)
 class IterationTrace:
-    """One training step: the boundaries measured by the hook and what ran inside them."""
+    """One training step: the boundaries measured by the hook and what ran inside them.
+
+    Attributes:
+        step: the step's number (captured: counted from 0 by the hook; ETS CSV: the file
+            name's ``_<n>`` suffix).
+        start_ns: step start on the trace clock, ns.
+        end_ns: step end, ns; the step is ``[start_ns, end_ns)``.
+        ops: the step's ops in start order (see the module docstring).
+        kernels: the step's GPU records, by start time once decoded; empty for CPU and
+            imported traces.
+    """
 
     step: int
     start_ns: int
@@ -102,15 +151,28 @@ class IterationTrace:
 
     @property
     def duration_ns(self) -> int:
+        """Step wall time ``end_ns - start_ns`` (ns)."""
         return self.end_ns - self.start_ns
 
     def top_level_ops(self) -> Iterator[OpEvent]:
+        """The outermost ops (``depth == 0``) in start order, as a lazy iterator over ``ops``."""
         return (op for op in self.ops if op.depth == 0)
 
 
 @dataclass(slots=True)
 class DeviceInfo:
-    """The device the steps ran on. ``kind`` is "cpu" or "cuda"."""
+    """The device the steps ran on; defaults ("", 0, -1) mean unknown.
+
+    Attributes:
+        kind: ``"cpu"`` or ``"cuda"``.
+        name: device name (``"NVIDIA A100-SXM4-40GB"``); imported traces: e.g. ``"T4"``.
+        index: CUDA device index; -1 for none.
+        uuid: the GPU's UUID.
+        total_memory_bytes: device memory, bytes.
+        multiprocessor_count: number of SMs.
+        compute_capability: ``"<major>.<minor>"``.
+        driver_version: the NVIDIA driver version.
+    """
 
     kind: str = "cpu"
     name: str = ""
@@ -124,6 +186,17 @@ class DeviceInfo:
 
 @dataclass(slots=True)
 class HostInfo:
+    """The host the steps ran on; "" and 0 mean unknown.
+
+    Attributes:
+        hostname: the machine's host name.
+        cpu_model: CPU model name.
+        physical_cores: physical CPU cores.
+        logical_cores: logical CPUs.
+        memory_bytes: host memory, bytes.
+        torch_threads: ``torch.get_num_threads()`` at capture.
+    """
+
     hostname: str = ""
     cpu_model: str = ""
     physical_cores: int = 0
@@ -134,7 +207,17 @@ class HostInfo:
 
 @dataclass(slots=True)
 class CaptureInfo:
-    """How the trace was captured; ``kernel_capture`` says why kernels are absent when they are."""
+    """How the trace was captured; empty for imported traces.
+
+    Attributes:
+        skip_steps: steps timed but not captured before the capture window.
+        capture_steps: steps in the capture window ``[skip_steps, skip_steps + capture_steps)``.
+        op_capture: how ops were captured (free text).
+        kernel_capture: kernel capture status (free text); says why kernels are absent when
+            they are.
+        shapes_recorded: the ``record_shapes`` mode: ``"first"``, ``"all"`` or ``"none"``.
+        dropped_records: GPU activity records the collector lost.
+    """
 
     skip_steps: int = 0
     capture_steps: int = 0
@@ -146,7 +229,22 @@ class CaptureInfo:
 
 @dataclass(slots=True)
 class Trace:
-    """A captured or imported execution trace: a few iterations plus the facts around them."""
+    """A captured or imported execution trace: a few iterations plus the facts around them.
+
+    Attributes:
+        iterations: the captured steps, in step order.
+        device: the device the steps ran on.
+        host: the host machine.
+        capture: capture settings and status.
+        torch_version: ``torch.__version__`` at capture; "" for imported traces.
+        ets_hook_version: the ets-hook version that wrote the trace; "" for imported traces.
+        step_times_s: wall time (s) of every step the hook timed up to the end of capture,
+            step 0 first; empty for imported traces.
+        rank: distributed rank of the process.
+        world_size: number of distributed processes.
+        metadata: free-form, msgpack-serialisable facts: model name, batch size, importer
+            provenance, ...
+    """
 
     iterations: list[IterationTrace] = field(default_factory=list)
     device: DeviceInfo = field(default_factory=DeviceInfo)
@@ -154,11 +252,9 @@ class Trace:
     capture: CaptureInfo = field(default_factory=CaptureInfo)
     torch_version: str = ""
     ets_hook_version: str = ""
-    # Wall time of every step the hook timed up to the end of capture, step 0 first.
     step_times_s: list[float] = field(default_factory=list)
     rank: int = 0
     world_size: int = 1
-    # Free-form, msgpack-serialisable facts: model name, batch size, importer provenance, ...
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def __len__(self) -> int:

@@ -7,7 +7,9 @@ per file, one row per autograd op (forward, then backward, then optimizer rows),
     staticSharedMemory,space,space1,seq,kernels,rduration,kduration,batch,h,w,input_type
 
 Contracts of ``read_ets_csv``:
-- One file → one ``Trace`` with one ``IterationTrace`` (step = the ``_<n>`` file-name suffix).
+- One file → one ``Trace`` with one ``IterationTrace`` (step = the ``_<n>`` file-name suffix, 0
+  without one) spanning the GPU side: the first row's ``kStartTime`` to the last row's
+  ``kEndTime`` plus its gap.
 - Per row one depth-0 ``OpEvent``: name from ``opCodes.dict`` (``"ets_op_<code>"`` when the code is
   not in the table), phase from ``dir`` (1 forward, 2 backward, 3 optimizer), ``start_ns`` /
   ``duration_ns`` = the CPU launch side (``rStartTime``, ``rEndTime``), ``sequence_nr`` = ``seq``,
@@ -68,7 +70,13 @@ OP_CODES_FILE = "opCodes.dict"
 
 @dataclass(frozen=True, slots=True)
 class ETSFileName:
-    """The parts of an artifact file name ``<model>.<config>_<step>.csv``."""
+    """The parts of an artifact file name ``<model>.<config>_<step>.csv``.
+
+    Attributes:
+        model: the model name (``"resnet18"``).
+        config: the configuration part (``"40"``); "" when the name has no parts.
+        step: the step suffix; 0 when the name has no parts.
+    """
 
     model: str
     config: str
@@ -79,7 +87,16 @@ _NAME_RE = re.compile(r"^(?P<model>.+?)\.(?P<config>[^.]+)_(?P<step>\d+)$")
 
 
 def parse_ets_file_name(path: Path | str) -> ETSFileName:
-    """Model, config and step from a file name; the whole stem is the model when it has no parts."""
+    """Model, config and step from a file name.
+
+    Args:
+        path: a path or file name; only its last component is used, a ``.csv`` suffix (any
+            case) dropped.
+
+    Returns:
+        The parts; the whole name is the model (config "", step 0) when it does not match
+        ``<model>.<config>_<step>``.
+    """
     stem = Path(path).name
     if stem.lower().endswith(".csv"):
         stem = stem[:-4]
@@ -90,7 +107,19 @@ def parse_ets_file_name(path: Path | str) -> ETSFileName:
 
 
 def load_op_codes(path: Path | str) -> dict[int, str]:
-    """The artifact's ``opCodes.dict`` (a Python dict literal, op name → code) as code → name."""
+    """The artifact's ``opCodes.dict`` (a Python dict literal, op name → code) as code → name.
+
+    Args:
+        path: the ``opCodes.dict`` file.
+
+    Returns:
+        Code → op name; when several names share a code, the first one wins.
+
+    Raises:
+        ETSCSVError: (line 0) the file is not UTF-8 text holding a Python literal, the literal
+            is not a dict, or an entry is not ``str: int``.
+        OSError: the file cannot be read.
+    """
     path = Path(path)
     try:
         table = ast.literal_eval(path.read_text())
@@ -107,7 +136,15 @@ def load_op_codes(path: Path | str) -> dict[int, str]:
 
 
 def find_op_codes(start: Path | str, levels: int = 3) -> Path | None:
-    """``opCodes.dict`` in ``start`` (a file's folder or a folder) or up to ``levels`` parents."""
+    """Find ``opCodes.dict`` in ``start``'s folder or up to ``levels`` folders above it.
+
+    Args:
+        start: a file (its folder is searched) or a folder.
+        levels: how many parent folders to search after the first one.
+
+    Returns:
+        The nearest ``opCodes.dict``, or None when there is none.
+    """
     here = Path(start)
     if here.is_file():
         here = here.parent
@@ -155,8 +192,25 @@ def read_ets_csv(
 ) -> Trace:
     """Import one artifact CSV file as a ``Trace`` (see the module docstring for the mapping).
 
-    ``op_codes`` maps the ``op`` column's codes to names; by default ``opCodes.dict`` is looked up
-    next to the file and up to three folders above it.
+    Numeric cells may be written as floats; they are rounded to ints.
+
+    Args:
+        path: the CSV file.
+        op_codes: maps the ``op`` column's codes to names. None: ``opCodes.dict`` is looked up
+            next to the file and up to three folders above it (none found: a warning, and
+            names ``"ets_op_<code>"``).
+        device_name: the GPU name for ``trace.device``. None: the file's folder name.
+
+    Returns:
+        One trace holding one iteration; ``metadata`` as in the module docstring.
+
+    Raises:
+        ETSCSVError: missing header columns, a row of the wrong length, a non-numeric or
+            non-finite number, ``dir`` not 1-3, ``input_type`` not 1-2, ``rEndTime`` before
+            ``rStartTime``, a negative ``kduration`` / ``kernels`` / ``flops`` / ``bytes``, a
+            ``params`` cell that is not 30 ints, a file without rows, or a malformed
+            ``opCodes.dict`` found for it.
+        OSError: the file cannot be read.
     """
     path = Path(path)
     if op_codes is None:

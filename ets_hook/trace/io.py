@@ -13,8 +13,8 @@ Layout (all integers little-endian)::
 The payload stores each iteration's ops and kernels as columns of packed numpy arrays (times
 relative to the iteration start), names and dtypes interned in a string table, and each distinct
 (input shapes, input dtypes) signature once. Writes are atomic. The loader checks size, header,
-length, checksum and every index before it builds a single object, and raises a
-``TraceFileError`` subclass naming the problem; it never reads more than ``max_bytes``.
+length and checksum before it decodes anything, checks every index before it uses it, and
+raises a ``TraceFileError`` subclass naming the problem; it never reads more than ``max_bytes``.
 """
 
 from __future__ import annotations
@@ -204,14 +204,38 @@ def _encode(trace: Trace) -> bytes:
 
 
 def dumps(trace: Trace) -> bytes:
-    """The complete file contents for ``trace``."""
+    """Serialise ``trace`` to the complete ``.ets`` file contents (header + payload).
+
+    Args:
+        trace: the trace to encode; ``metadata`` must be msgpack-serialisable.
+
+    Returns:
+        The file's bytes.
+
+    Raises:
+        TypeError: ``trace.metadata`` holds a value msgpack cannot serialise.
+        ValueError: an op's ``phase`` or a kernel's ``kind`` is not a valid enum value.
+        OverflowError: an integer field does not fit its column's width.
+    """
     payload = _encode(trace)
     header = _HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(payload), zlib.crc32(payload))
     return header + payload
 
 
 def save_trace(trace: Trace, path: str | os.PathLike[str]) -> Path:
-    """Write ``trace`` to ``path`` atomically (a reader never sees a half-written file)."""
+    """Write ``trace`` to ``path`` atomically (a reader never sees a half-written file).
+
+    Args:
+        trace: the trace to save.
+        path: the target file; its folder must exist. An existing file is replaced.
+
+    Returns:
+        ``path`` as a ``Path``.
+
+    Raises:
+        TypeError, ValueError, OverflowError: as ``dumps``.
+        OSError: the file cannot be written.
+    """
     target = Path(path)
     atomic_write_bytes(target, dumps(trace))
     return target
@@ -402,7 +426,25 @@ def _decode(payload: Any, source: str) -> Trace:
 
 
 def loads(data: bytes, *, source: str = "<bytes>", max_bytes: int = DEFAULT_MAX_BYTES) -> Trace:
-    """Parse complete file contents; see ``load_trace``."""
+    """Parse complete ``.ets`` file contents.
+
+    Args:
+        data: the whole file.
+        source: names the data in error messages (a path).
+        max_bytes: the largest ``data`` accepted, bytes.
+
+    Returns:
+        The decoded trace.
+
+    Raises:
+        TraceTooLargeError: ``data`` is longer than ``max_bytes``.
+        NotATraceFileError: the magic is wrong.
+        TruncatedTraceError: ``data`` ends inside the header (including empty ``data``) or
+            before the payload length it announces.
+        UnsupportedTraceVersionError: another format version.
+        CorruptTraceError: stray bytes after the payload, checksum mismatch, invalid msgpack,
+            or a payload that breaks the format (missing tables, indices out of range, ...).
+    """
     if len(data) > max_bytes:
         raise TraceTooLargeError(f"{source}: {len(data)} bytes exceeds max_bytes={max_bytes}")
     if len(data) < HEADER_SIZE:
@@ -433,9 +475,21 @@ def loads(data: bytes, *, source: str = "<bytes>", max_bytes: int = DEFAULT_MAX_
 
 
 def load_trace(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES) -> Trace:
-    """Read a ``.ets`` file. Raises a ``TraceFileError`` subclass for anything malformed.
+    """Read a ``.ets`` file.
 
     Memory stays bounded: the size is checked against ``max_bytes`` before anything is read.
+
+    Args:
+        path: the file.
+        max_bytes: the largest file accepted, bytes (default 512 MiB).
+
+    Returns:
+        The decoded trace.
+
+    Raises:
+        TraceFileError: a subclass, as ``loads``, for anything malformed; ``TraceTooLargeError``
+            when the file exceeds ``max_bytes``.
+        OSError: the file cannot be opened (``FileNotFoundError``, ...).
     """
     source = str(path)
     with open(path, "rb") as handle:

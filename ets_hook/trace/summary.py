@@ -9,18 +9,40 @@ from .events import IterationTrace, Trace
 
 @dataclass(frozen=True)
 class IterationSummary:
+    """One row of the ``info`` table.
+
+    Attributes:
+        step: the iteration's step number.
+        duration_ms: step wall time, ms.
+        ops: number of ops.
+        top_level_ops: number of outermost ops.
+        kernels: number of GPU records.
+        correlated_kernels: GPU records linked to an op.
+        cpu_ms: summed duration of the outermost ops, ms.
+        gpu_ms: summed kernel/memcpy/memset time, ms.
+        gaps_ms: summed positive ETS gaps of the outermost ops (host or device gaps), ms.
+    """
+
     step: int
     duration_ms: float
     ops: int
     top_level_ops: int
     kernels: int
     correlated_kernels: int
-    cpu_ms: float  # summed duration of outermost ops
-    gpu_ms: float  # summed kernel/memcpy/memset time
-    gaps_ms: float  # summed ETS gaps of outermost ops (host or device gaps)
+    cpu_ms: float
+    gpu_ms: float
+    gaps_ms: float
 
 
 def summarize_iteration(iteration: IterationTrace) -> IterationSummary:
+    """Summarise one iteration for the ``info`` table.
+
+    Args:
+        iteration: a decoded or imported iteration.
+
+    Returns:
+        Its counts and summed times; only positive gaps are summed (-1 means unknown).
+    """
     top = list(iteration.top_level_ops())
     return IterationSummary(
         step=iteration.step,
@@ -36,6 +58,16 @@ def summarize_iteration(iteration: IterationTrace) -> IterationSummary:
 
 
 def format_info(trace: Trace, source: str) -> str:
+    """The text ``ets-hook info`` prints: a header of trace facts, then one line per iteration.
+
+    Args:
+        trace: the trace to describe.
+        source: what to show as the trace's origin (its path).
+
+    Returns:
+        Multi-line text without a trailing newline; the first 12 step times (ms) are appended
+        when ``trace.step_times_s`` is non-empty.
+    """
     device = trace.device.name or trace.device.kind
     lines = [
         f"trace    {source}",

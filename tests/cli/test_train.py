@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import csv
 import io
 import json
 from pathlib import Path
 
 import pytest
+from support import write_ets_tree
 
 from ets_hook.cli.train import add_evaluate_parser, add_train_parser
 from ets_hook.ets.regressors import Predictor
-from ets_hook.trace.discovery import load_traces
-from ets_hook.trace.events import IterationTrace, OpEvent, Phase, Trace
 from ets_hook.trace.importers import ETS_CSV_COLUMNS
-
-OP_CODES = {"conv2d": 203, "relu": 152, "add_": 12}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -27,52 +23,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _write_csv(path: Path, batch: int, n_layers: int) -> None:
-    rows = []
-    t = 0
-    plan = [(203, 1), (152, 1)] * n_layers + [(152, 2), (203, 2)] * n_layers + [(12, 3)] * n_layers
-    for k, (op, direction) in enumerate(plan):
-        kdur = (3000 if op == 203 else 400) * batch * (2 if direction == 2 else 1)
-        space = 2000 + 100 * (k % 3)
-        params = [batch, 8, 16, 16, 8, 16, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, 4] + [0] * 13
-        row = dict.fromkeys(ETS_CSV_COLUMNS, 0)
-        row.update(
-            op=op,
-            dir=direction,
-            params=str(params),
-            flops=float(1e6 * batch),
-            bytes=4e5 * batch,
-            rStartTime=t,
-            rEndTime=t + 100,
-            kStartTime=t + 50,
-            kEndTime=t + 50 + kdur,
-            space=space,
-            seq=k,
-            kernels=1,
-            kduration=kdur,
-            batch=batch,
-            h=16,
-            w=16,
-            input_type=1,
-        )
-        rows.append(row)
-        t += kdur + space
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(ETS_CSV_COLUMNS))
-        writer.writeheader()
-        writer.writerows(rows)
-
-
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
-    root = tmp_path / "traces"
-    root.mkdir()
-    (root / "opCodes.dict").write_text(repr(OP_CODES))
-    for model, layers in (("net_a", 3), ("net_b", 5), ("net_c", 4)):
-        for batch in (1, 2, 4):
-            _write_csv(root / "T4" / f"{model}.{batch}_7.csv", batch, layers)
-    return root
+    return write_ets_tree(tmp_path / "traces")
 
 
 def test_train_then_evaluate(data_dir: Path, tmp_path: Path) -> None:
@@ -174,26 +127,3 @@ def test_bad_inputs_exit_with_2(data_dir: Path, tmp_path: Path, capsys) -> None:
     bad.write_text(",".join(ETS_CSV_COLUMNS) + "\n1,2\n")
     args = _parser().parse_args(["evaluate", str(tmp_path / "m.npz"), str(bad)])
     assert args.handler(args) == 2  # the model file does not exist
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match=r"no \.csv or \.ets"):
-        load_traces([tmp_path / "empty"])
-
-
-def test_ets_trace_files_are_loaded_through_trace_io(tmp_path: Path) -> None:
-    trace_io = pytest.importorskip("ets_hook.trace.io")
-    ops = [
-        OpEvent(
-            "aten::relu",
-            1000 * k,
-            400,
-            phase=Phase.FORWARD,
-            input_shapes=((8, 8),),
-            input_dtypes=("float",),
-        )
-        for k in range(20)
-    ]
-    trace = Trace(iterations=[IterationTrace(0, 0, 20_000, ops)], metadata={"model": "toy"})
-    trace_io.save_trace(trace, tmp_path / "toy.ets")
-    (loaded,) = load_traces([tmp_path])
-    assert loaded.metadata["file"] == "toy.ets"
-    assert len(loaded.iterations[0].ops) == 20

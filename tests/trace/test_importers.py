@@ -175,23 +175,8 @@ def test_row_length_missing_columns_and_empty_file(tmp_path: Path) -> None:
         read_ets_csv(empty, op_codes={})
 
 
-def test_directories_files_and_op_code_table(tmp_path: Path) -> None:
+def test_op_code_table(tmp_path: Path) -> None:
     (tmp_path / "opCodes.dict").write_text(repr(OP_CODES))
-    _write(tmp_path / "T4" / "a.1_7.csv", _sample_rows())
-    _write(tmp_path / "T4" / "b.2_7.csv", _sample_rows())
-    _write(tmp_path / "2080Ti" / "a.3_7.csv", _sample_rows())
-    (tmp_path / "MANIFEST.csv").write_text("gpu,file\n")
-    traces = load_traces([tmp_path])
-    assert [(t.device.name, t.metadata["file"]) for t in traces] == [
-        ("2080Ti", "a.3_7.csv"),
-        ("T4", "a.1_7.csv"),
-        ("T4", "b.2_7.csv"),
-    ]
-    single = load_traces([tmp_path / "T4" / "b.2_7.csv"], device_name="T4-override")
-    assert single[0].device.name == "T4-override"
-    assert single[0].iterations[0].ops[0].name == "conv2d"
-    with pytest.raises(FileNotFoundError):
-        load_traces([tmp_path / "missing.csv"])
     assert load_op_codes(tmp_path / "opCodes.dict")[203] == "conv2d"
     (tmp_path / "bad.dict").write_text("[1, 2]")
     with pytest.raises(ETSCSVError, match="dict"):

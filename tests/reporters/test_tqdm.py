@@ -1,0 +1,45 @@
+"""reporters.tqdm: postfix on a user's bar, a bar of our own, and tqdm missing."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from support import run_job
+
+from ets_hook.forecast.forecaster import Forecaster
+from ets_hook.forecast.job import JobModel
+from ets_hook.reporters.base import ReportDispatcher
+from ets_hook.reporters.builder import build_reporters
+from ets_hook.reporters.tqdm import TqdmReporter
+
+
+def test_tqdm_on_a_user_bar() -> None:
+    tqdm = pytest.importorskip("tqdm")
+    bar = tqdm.tqdm(total=100, disable=True)
+    f = Forecaster(
+        JobModel(total_steps=100), start_s=0.0, reports=ReportDispatcher([TqdmReporter(bar)])
+    )
+    run_job(f, 10, 0.2)
+    assert "s/step" in bar.postfix and "ETA" in bar.postfix
+    f.close()
+    bar.close()
+
+
+def test_tqdm_bar_of_our_own(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("tqdm")
+    reporter = TqdmReporter(file=sys.stderr, mininterval=0)
+    f = Forecaster(JobModel(total_steps=50), start_s=0.0, reports=ReportDispatcher([reporter]))
+    run_job(f, 50, 0.2)
+    f.close()
+    err = capsys.readouterr().err
+    assert "50/50" in err and "ETA" in err
+    assert reporter._bar is not None and reporter._bar.disable is True  # closed
+
+
+def test_missing_tqdm_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    with pytest.raises(ImportError, match=r"pip install 'ets-hook\[tqdm\]'"):
+        build_reporters(progress=True)
+    with pytest.raises(ValueError, match="must be a tqdm instance"):
+        TqdmReporter(bar=object())
