@@ -25,7 +25,8 @@ import numpy as np
 
 from ..errors import SchemaVersionError
 from ..trace.events import DeviceInfo, IterationTrace, OpEvent, Phase, Trace
-from .flops import OpCost, canonical_op_name, is_backward_name, is_tensor_dtype, op_cost
+from ..trace.names import canonical_op_name, is_backward_name
+from .flops import OpCost, is_tensor_dtype, op_cost
 from .rows import ets_rows, op_direction
 from .targets import iteration_targets
 

@@ -27,11 +27,10 @@ Contracts:
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from ..trace.names import AUTOGRAD_NODE_PREFIX
+from ..trace.names import canonical_op_name, is_backward_name
 
 Shape = tuple[int, ...]
 
@@ -118,55 +117,6 @@ def dtype_size_bytes(dtype: str, default: int = 4) -> int:
 
 # ---------------------------------------------------------------------------------------------
 # op names
-
-_NAMESPACES = ("aten::", "torch::autograd::", "prim::", "c10d::", "torchvision::", "autograd::")
-_BACKWARD_RE = re.compile(r"^([A-Za-z0-9_]+?)Backward\d*$")
-
-
-def _camel_to_snake(name: str) -> str:
-    name = re.sub(r"(\d)D", r"\1d", name)  # MaxPool2DWithIndices -> MaxPool2dWithIndices
-    name = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name)
-    return name.lower()
-
-
-def is_backward_name(name: str) -> bool:
-    """True for an autograd node (``AddmmBackward0``, ``AccumulateGrad``) or its engine wrapper.
-
-    Args:
-        name: a raw op name, with or without namespace. ATen gradient kernels
-            (``aten::convolution_backward``) are not autograd nodes.
-    """
-    stripped = name.strip()
-    if stripped.startswith(AUTOGRAD_NODE_PREFIX):
-        return True
-    for ns in _NAMESPACES:
-        if stripped.startswith(ns):
-            stripped = stripped[len(ns) :]
-            break
-    return bool(_BACKWARD_RE.match(stripped)) or stripped == "AccumulateGrad"
-
-
-def canonical_op_name(name: str) -> str:
-    """A short, stable op type: namespaces stripped, backward nodes mapped to the forward op.
-
-    ``"aten::linear"`` → ``"linear"``; ``"autograd::engine::evaluate_function: AddmmBackward0"``
-    → ``"addmm"``; ``"MaxPool2DWithIndicesBackward0"`` → ``"max_pool2d_with_indices"``;
-    ``"torch::autograd::AccumulateGrad"`` → ``"accumulate_grad"``. Names without a namespace
-    (the ETS artifact's ``"conv2d"``) are returned unchanged.
-    """
-    n = name.strip()
-    if n.startswith(AUTOGRAD_NODE_PREFIX):
-        n = n[len(AUTOGRAD_NODE_PREFIX) :].strip()
-    for ns in _NAMESPACES:
-        if n.startswith(ns):
-            n = n[len(ns) :]
-            break
-    m = _BACKWARD_RE.match(n)
-    if m:
-        return _camel_to_snake(m.group(1))
-    if n and n[0].isupper():  # an autograd node without the Backward suffix: AccumulateGrad
-        return _camel_to_snake(n)
-    return n
 
 
 # ---------------------------------------------------------------------------------------------

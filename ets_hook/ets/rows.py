@@ -8,8 +8,7 @@ backward autograd nodes, optimizer ops, other work on the training threads; prof
 from __future__ import annotations
 
 from ..trace.events import IterationTrace, OpEvent, Phase
-from ..trace.names import NON_ROW_PREFIXES
-from .flops import is_backward_name
+from ..trace.names import NON_ROW_PREFIXES, is_backward_name
 
 
 class _RowFilter:

@@ -24,7 +24,7 @@ from statistics import median
 from types import MappingProxyType
 from typing import Any
 
-from .stats import student_t_quantile
+from .distributions import student_t_quantile
 
 EVAL = "eval"
 CHECKPOINT = "checkpoint"

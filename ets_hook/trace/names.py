@@ -1,12 +1,14 @@
 """The raw-op name vocabulary: which operator events are ops, annotations or autograd nodes.
 
 One place for the names and record scopes that every stage reads off raw operator events (the
-decoder nesting them, the FLOP rules mapping backward nodes to their forward op, the ETS row
-selection). The scope numbers are PyTorch's ``RecordScope`` values, kept here as plain ints so
-that nothing below the capture stage imports torch.
+decoder nesting them, the op types of the FLOP rules and features, with backward nodes mapped to
+their forward op, the ETS row selection). The scope numbers are PyTorch's ``RecordScope``
+values, kept here as plain ints so that nothing below the capture stage imports torch.
 """
 
 from __future__ import annotations
+
+import re
 
 #: The engine's wrapper event around each autograd node ("...: AddmmBackward0").
 AUTOGRAD_NODE_PREFIX = "autograd::engine::evaluate_function:"
@@ -18,9 +20,9 @@ STEP_ANNOTATION_PREFIXES = ("Optimizer.step#", "Optimizer.zero_grad#", "Profiler
 #: step annotations, the DataLoader's iterator annotation and user ``record_function("## ...")``.
 NON_ROW_PREFIXES = (*STEP_ANNOTATION_PREFIXES, "enumerate(DataLoader)", "## ")
 
-#: ``torch.autograd.RecordScope.USER_SCOPE``: ``record_function`` annotations.
+#: ``torch.profiler.RecordScope.USER_SCOPE``: ``record_function`` annotations.
 USER_SCOPE = 7
-#: ``torch.autograd.RecordScope.BACKWARD_FUNCTION``: autograd nodes.
+#: ``torch.profiler.RecordScope.BACKWARD_FUNCTION``: autograd nodes.
 BACKWARD_SCOPE = 1
 
 
@@ -48,3 +50,54 @@ def is_autograd_node(name: str, scope: int) -> bool:
         Whether the event is the engine's evaluation of one autograd node.
     """
     return name.startswith(AUTOGRAD_NODE_PREFIX) or scope == BACKWARD_SCOPE
+
+
+_NAMESPACES = ("aten::", "torch::autograd::", "prim::", "c10d::", "torchvision::", "autograd::")
+
+_BACKWARD_RE = re.compile(r"^([A-Za-z0-9_]+?)Backward\d*$")
+
+
+def _camel_to_snake(name: str) -> str:
+    name = re.sub(r"(\d)D", r"\1d", name)  # MaxPool2DWithIndices -> MaxPool2dWithIndices
+    name = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name)
+    return name.lower()
+
+
+def is_backward_name(name: str) -> bool:
+    """True for an autograd node (``AddmmBackward0``, ``AccumulateGrad``) or its engine wrapper.
+
+    Args:
+        name: a raw op name, with or without namespace. ATen gradient kernels
+            (``aten::convolution_backward``) are not autograd nodes.
+    """
+    stripped = name.strip()
+    if stripped.startswith(AUTOGRAD_NODE_PREFIX):
+        return True
+    for ns in _NAMESPACES:
+        if stripped.startswith(ns):
+            stripped = stripped[len(ns) :]
+            break
+    return bool(_BACKWARD_RE.match(stripped)) or stripped == "AccumulateGrad"
+
+
+def canonical_op_name(name: str) -> str:
+    """A short, stable op type: namespaces stripped, backward nodes mapped to the forward op.
+
+    ``"aten::linear"`` → ``"linear"``; ``"autograd::engine::evaluate_function: AddmmBackward0"``
+    → ``"addmm"``; ``"MaxPool2DWithIndicesBackward0"`` → ``"max_pool2d_with_indices"``;
+    ``"torch::autograd::AccumulateGrad"`` → ``"accumulate_grad"``. Names without a namespace
+    (the ETS artifact's ``"conv2d"``) are returned unchanged.
+    """
+    n = name.strip()
+    if n.startswith(AUTOGRAD_NODE_PREFIX):
+        n = n[len(AUTOGRAD_NODE_PREFIX) :].strip()
+    for ns in _NAMESPACES:
+        if n.startswith(ns):
+            n = n[len(ns) :]
+            break
+    m = _BACKWARD_RE.match(n)
+    if m:
+        return _camel_to_snake(m.group(1))
+    if n and n[0].isupper():  # an autograd node without the Backward suffix: AccumulateGrad
+        return _camel_to_snake(n)
+    return n

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from ets_hook.forecast.distributions import normal_quantile
 from ets_hook.forecast.stats import (
     Estimate,
     StepTimePrior,
@@ -15,9 +16,6 @@ from ets_hook.forecast.stats import (
     estimate_measured,
     fuse,
     mser_truncation,
-    normal_quantile,
-    student_t_cdf,
-    student_t_quantile,
     truncation_point,
 )
 
@@ -55,26 +53,6 @@ def coverage(series: np.ndarray) -> float:
 
 # ---------------------------------------------------------------------------------------------
 # Quantiles
-
-
-@pytest.mark.parametrize(
-    ("df", "expected"),
-    [(1, 12.7062), (2, 4.3027), (3, 3.1824), (5, 2.5706), (10, 2.2281), (30, 2.0423)],
-)
-def test_student_t_quantile_matches_tables(df: float, expected: float) -> None:
-    assert student_t_quantile(0.975, df) == pytest.approx(expected, abs=1e-4)
-    assert student_t_quantile(0.025, df) == pytest.approx(-expected, abs=1e-4)
-
-
-def test_student_t_quantile_inverts_cdf_and_tends_to_normal() -> None:
-    for df in (0.7, 1.5, 4.2, 17.0, 250.0):
-        for p in (0.6, 0.9, 0.995):
-            assert student_t_cdf(student_t_quantile(p, df), df) == pytest.approx(p, abs=1e-9)
-    assert student_t_quantile(0.975, 1e7) == pytest.approx(normal_quantile(0.975), abs=1e-6)
-    with pytest.raises(ValueError, match="df must be > 0"):
-        student_t_quantile(0.975, 0)
-    with pytest.raises(ValueError, match="p must be in"):
-        student_t_quantile(1.0, 3)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -290,19 +268,6 @@ def test_fuse_edge_cases() -> None:
     assert fuse([a, exact]) is exact
 
 
-def test_trace_estimate_validation_and_level_conversion() -> None:
-    with pytest.raises(ValueError, match="iteration_s must be finite and > 0, got 0"):
-        TraceEstimate(0.0, 0.1)
-    with pytest.raises(ValueError, match="ci_s must be finite and >= 0"):
-        TraceEstimate(1.0, math.nan)
-    with pytest.raises(ValueError, match="level"):
-        TraceEstimate(1.0, 0.1, level=1.5)
-    t = TraceEstimate(1.0, 0.1, level=0.68)
-    e = t.as_estimate(0.95)
-    assert e.ci_s == pytest.approx(0.1 * normal_quantile(0.975) / normal_quantile(0.84))
-    assert e.source == "trace"
-
-
 def test_a_lone_spike_among_a_handful_of_steps_is_capped() -> None:
     """3-6 kept steps: one at 5x (a collector pause, the profiler growing its buffer) is capped
     at 1.5x their median; from 7 kept steps on the plain mean applies."""
@@ -315,3 +280,16 @@ def test_a_lone_spike_among_a_handful_of_steps_is_capped() -> None:
     est_many = estimate_measured(many, prior)
     assert est_many is not None and est_many.samples == 8
     assert est_many.iteration_s == pytest.approx((0.2 * 7 + 1.0) / 8, rel=0.02)
+
+
+def test_trace_estimate_validation_and_level_conversion() -> None:
+    with pytest.raises(ValueError, match="iteration_s must be finite and > 0, got 0"):
+        TraceEstimate(0.0, 0.1)
+    with pytest.raises(ValueError, match="ci_s must be finite and >= 0"):
+        TraceEstimate(1.0, math.nan)
+    with pytest.raises(ValueError, match="level"):
+        TraceEstimate(1.0, 0.1, level=1.5)
+    t = TraceEstimate(1.0, 0.1, level=0.68)
+    e = t.as_estimate(0.95)
+    assert e.ci_s == pytest.approx(0.1 * normal_quantile(0.975) / normal_quantile(0.84))
+    assert e.source == "trace"

@@ -13,8 +13,10 @@ from ets_hook.trace.names import (
     AUTOGRAD_NODE_PREFIX,
     BACKWARD_SCOPE,
     USER_SCOPE,
+    canonical_op_name,
     is_annotation,
     is_autograd_node,
+    is_backward_name,
 )
 
 # torch exposes the enum as torch.profiler.RecordScope (the same object as
@@ -102,3 +104,14 @@ def test_prefixes_are_the_names_torch_records() -> None:
     # every wrapper names the node it evaluates, and that node is recorded with BACKWARD_SCOPE
     assert {n.removeprefix(AUTOGRAD_NODE_PREFIX).strip() for n in wrappers} == set(by_scope)
     assert not any(is_autograd_node(n, s) for n, s in events if n.startswith("aten::"))
+
+
+def test_op_types_strip_namespaces_and_map_backward_nodes_to_their_forward_op() -> None:
+    assert canonical_op_name("aten::linear") == "linear"
+    assert canonical_op_name("autograd::engine::evaluate_function: AddmmBackward0") == "addmm"
+    assert canonical_op_name("MaxPool2DWithIndicesBackward0") == "max_pool2d_with_indices"
+    assert canonical_op_name("NativeBatchNormBackward0") == "native_batch_norm"
+    assert canonical_op_name("torch::autograd::AccumulateGrad") == "accumulate_grad"
+    assert canonical_op_name("conv2d") == "conv2d"
+    assert is_backward_name("autograd::engine::evaluate_function: TBackward0")
+    assert not is_backward_name("aten::threshold_backward")
