@@ -92,6 +92,7 @@ class StepDetector:
         self._pre_handles: list[Any] = []  # only needed while the forward hook is installed
         self._forward_handle: Any = None
         self._scaler_original_update: Any = None
+        self._scaler_wrapper: Any = None
 
         self.in_phase = False
         self._in_optimizer_step = 0
@@ -120,7 +121,9 @@ class StepDetector:
 
     def _wrap_scaler(self, scaler: Any) -> None:
         original = scaler.update
-        self._scaler_original_update = original
+        # Put back on close: the instance's own attribute when it had one (a user's wrapper),
+        # else nothing (the class method shows through again).
+        self._scaler_original_update = vars(scaler).get("update")
 
         def update(*args: Any, **kwargs: Any) -> Any:
             result = original(*args, **kwargs)
@@ -129,6 +132,7 @@ class StepDetector:
             return result
 
         scaler.update = update
+        self._scaler_wrapper = update
 
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._in_optimizer_step += 1
@@ -245,7 +249,12 @@ class StepDetector:
             with contextlib.suppress(Exception):
                 self._forward_handle.remove()
             self._forward_handle = None
-        if self._scaler is not None and self._scaler_original_update is not None:
+        wrapper, self._scaler_wrapper = self._scaler_wrapper, None
+        # Only undo our own wrapper, and only while nobody wrapped it again since.
+        if wrapper is not None and vars(self._scaler).get("update") is wrapper:
             with contextlib.suppress(Exception):
-                del self._scaler.update  # restores the class method
-            self._scaler_original_update = None
+                if self._scaler_original_update is not None:
+                    self._scaler.update = self._scaler_original_update
+                else:
+                    del self._scaler.update  # the class method shows through again
+        self._scaler_original_update = None

@@ -11,10 +11,21 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 
 REPORT_STEPS = (1, 2, 3, 5, 10, 20, 50, 100, 200, 500, 1000)
+MIN_STEPS = 10
+#: ``--model`` choice -> the ``cli.zoo`` workload the demo trains (names only: building the
+#: parser must not import torch).
+DEMO_MODELS = {
+    "mlp": "mlp-w512-d3-b64",
+    "cnn": "resnet-w8-x1-b16-s32",
+    "lstm": "lstm-h64-l1-b32-t32",
+    "transformer": "transformer-d64-l2-b16-t32",
+    "gpt": "gpt-d64-l2-b8-t64",
+}
 
 
 @dataclass(frozen=True)
@@ -42,17 +53,28 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     Args:
         parser: the ``demo`` subparser.
     """
-    from .zoo import DEMO_MODELS
-
     parser.add_argument(
         "--model", choices=sorted(DEMO_MODELS), default="transformer", help="built-in model"
     )
-    parser.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
+    parser.add_argument(
+        "--steps", type=_steps, default=300, help=f"training steps, >= {MIN_STEPS} (default 300)"
+    )
     parser.add_argument(
         "--device", default="cpu", help="cpu (default), cuda, or auto (cuda when available)"
     )
     parser.add_argument("--trace", metavar="PATH", help="also write the captured trace here")
     parser.add_argument("--seed", type=int, default=0)
+
+
+def _steps(text: str) -> int:
+    """``--steps``: an int >= ``MIN_STEPS`` (else an argparse usage error, exit 2)."""
+    try:
+        steps = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if steps < MIN_STEPS:
+        raise argparse.ArgumentTypeError(f"must be >= {MIN_STEPS}, got {steps}")
+    return steps
 
 
 def _pct(predicted: float, actual: float) -> str:
@@ -66,25 +88,23 @@ def run_demo(args: argparse.Namespace) -> int:
         args: the parsed namespace (``model``, ``steps``, ``device``, ``trace``, ``seed``).
 
     Returns:
-        0.
-
-    Raises:
-        SystemExit: ``--steps`` below 10, or ``--device cuda...`` without CUDA (message as the
-            exit value: exit code 1).
+        0, or 2 (with a message on stderr) when ``--device cuda`` is asked for without CUDA.
     """
     import torch
 
     from ..hook import ETSHook
     from ..reporters.format import format_duration
-    from .zoo import DEMO_MODELS, workloads
+    from .zoo import workloads
 
-    if args.steps < 10:
-        raise SystemExit(f"ets-hook demo: --steps must be >= 10, got {args.steps}")
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit("ets-hook demo: --device cuda requested but no CUDA device is available")
+        print(
+            "ets-hook demo: --device cuda asked for, but no CUDA device is available",
+            file=sys.stderr,
+        )
+        return 2
     workload = workloads()[DEMO_MODELS[args.model]]
     job = workload.build(device, seed=args.seed)
     batches = job.batches()

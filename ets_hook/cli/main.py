@@ -14,6 +14,7 @@ from dataclasses import asdict
 from typing import Any
 
 from .. import __version__
+from ..errors import ETSCSVError, ModelFileError, TraceFileError
 from ..trace.events import Trace
 from ..trace.summary import format_info, summarize_iteration
 from .demo import add_demo_arguments
@@ -100,24 +101,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: the arguments after the program name; None: ``sys.argv[1:]``.
 
     Returns:
-        The exit code: the handler's (None counts as 0); 2 after printing a
-        ``TraceFileError`` or ``FileNotFoundError`` to stderr; 130 on ``KeyboardInterrupt``.
+        The exit code: the handler's (None counts as 0); 2 after printing one line to stderr
+        for an unreadable or invalid input (a trace, CSV or model file that is malformed,
+        missing, a folder, or not readable); 130 on ``KeyboardInterrupt``.
 
     Raises:
-        SystemExit: from argparse on bad usage (code 2), ``--help`` or ``--version`` (code 0),
-            and from a handler that exits (``demo`` on a bad ``--steps`` or missing CUDA).
-            Other exceptions from a handler propagate.
+        SystemExit: from argparse on bad usage (code 2), ``--help`` or ``--version`` (code 0).
+            Other exceptions from a handler propagate (exit code 1).
     """
     parser = build_parser()
     args = parser.parse_args(argv)
-    from ..errors import TraceFileError
-
     try:
         return int(args.handler(args) or 0)
-    except TraceFileError as exc:
-        print(f"ets-hook: {exc}", file=sys.stderr)
-        return 2
-    except FileNotFoundError as exc:
+    except (TraceFileError, ETSCSVError, ModelFileError, OSError) as exc:
         print(f"ets-hook: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -524,12 +524,3 @@ def workloads() -> dict[str, Workload]:
             )
         )
     return {w.name: w for w in items}
-
-
-DEMO_MODELS = {
-    "mlp": "mlp-w512-d3-b64",
-    "cnn": "resnet-w8-x1-b16-s32",
-    "lstm": "lstm-h64-l1-b32-t32",
-    "transformer": "transformer-d64-l2-b16-t32",
-    "gpt": "gpt-d64-l2-b8-t64",
-}

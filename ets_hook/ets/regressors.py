@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -433,7 +434,7 @@ class Predictor:
         try:
             with np.load(path, allow_pickle=False) as npz:
                 files = {k: npz[k] for k in npz.files}
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
             raise ModelFileError(f"{path}: not a readable .npz weights file ({exc})") from exc
         if _METADATA_KEY not in files:
             raise ModelFileError(f"{path}: no {_METADATA_KEY} entry: not an ets-hook model")

@@ -201,11 +201,6 @@ def test_close_restores_the_scalers_own_update(make) -> None:
     assert events.boundaries == ["grad_scaler"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="StepDetector.close() does `del scaler.update`, dropping an update the instance "
-    "already had (a user's or another detector's wrapper) instead of restoring it",
-)
 def test_close_keeps_an_update_the_scaler_instance_already_had(make) -> None:
     model = tiny_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

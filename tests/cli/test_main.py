@@ -74,12 +74,6 @@ def test_each_subcommand_has_help(command: str) -> None:
     assert run.stdout.startswith(f"usage: ets-hook {command}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cli/main.py builds the demo parser with cli/demo.add_demo_arguments, which imports "
-    "cli/zoo.py, which imports torch at module level: every command imports torch, against "
-    "main.py's 'ets-hook info on a trace does not import torch'",
-)
 def test_info_does_not_import_torch(trace_file: Path) -> None:
     run = subprocess.run(
         [sys.executable, "-X", "importtime", str(ETS_HOOK), "info", str(trace_file)],
@@ -205,12 +199,6 @@ def test_a_file_that_is_not_a_trace_exits_2_naming_it(command: str, tmp_path: Pa
     assert_clean_error(run, 2, str(bad))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cli/main.py main() turns only TraceFileError and FileNotFoundError into exit 2; "
-    "trace/io.load_trace's open() on a folder raises IsADirectoryError, which escapes as a "
-    "traceback with exit 1",
-)
 def test_info_on_a_folder_exits_2_without_traceback(tmp_path: Path) -> None:
     assert_clean_error(ets_hook_cli("info", tmp_path), 2, str(tmp_path))
 
@@ -246,11 +234,6 @@ def test_usage_errors_exit_2(args: list[str], usage: str, message: str) -> None:
     assert run.stdout == ""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cli/demo.py run_demo rejects --steps < 10 with SystemExit(message), which exits 1; "
-    "cli/main.py documents 2 for bad usage",
-)
 def test_demo_too_few_steps_is_a_usage_error() -> None:
     assert_clean_error(ets_hook_cli("demo", "--model", "gpt", "--steps", "3"), 2, "--steps")
 
@@ -421,12 +404,6 @@ def test_evaluate_json(trained: Trained) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="ets/regressors.py Predictor.load catches only (OSError, ValueError) around np.load; "
-    "a truncated or corrupt .npz raises zipfile.BadZipFile, which escapes ets-hook evaluate as "
-    "a traceback with exit 1 instead of ModelFileError / exit 2",
-)
 def test_evaluate_with_a_truncated_model_file_exits_2(trained: Trained, tmp_path: Path) -> None:
     truncated = tmp_path / "truncated.npz"
     truncated.write_bytes(trained.model.read_bytes()[:2000])  # an interrupted copy

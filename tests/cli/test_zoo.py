@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from ets_hook.cli.zoo import DEMO_MODELS, workloads
+from ets_hook.cli.demo import DEMO_MODELS
+from ets_hook.cli.zoo import workloads
 
 ZOO = workloads()
 
