@@ -126,3 +126,12 @@ def test_import_ets_hook_imports_neither_torch_nor_any_integration() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_package_code_never_mentions_the_native_testing_module() -> None:
+    mentions = [
+        str(path.relative_to(PACKAGE))
+        for path in [*PACKAGE.rglob("*.py"), *PACKAGE.rglob("*.pyi")]
+        if "_testing" in path.read_text()
+    ]
+    assert mentions == []

@@ -182,7 +182,7 @@ def _kernel_events(
 def launch_table(records: np.ndarray, *, clock_offset_ns: int = 0) -> np.ndarray:
     """Runtime/driver API records as a ``LAUNCH_DTYPE`` table, by start time.
 
-    Tests name the calls with ``_C._testing.cupti_callback_name(cbid, driver)``.
+    ``cbid`` is CUPTI's callback id of the call (e.g. 211: ``cudaLaunchKernel``).
 
     Args:
         records: a ``RECORD_DTYPE`` array from ``KernelCollector.drain()``.
