@@ -130,6 +130,16 @@ std::string demangle(const std::string& name) {
   return s;
 }
 
+// The external-correlation push/pop as plain C function pointers, for the operator observer
+// (ets_hook._ops, a separate module built against torch) to call on every op start and end.
+struct CorrelationApi {
+  bool (*push)(uint64_t);
+  bool (*pop)();
+};
+bool correlation_push(uint64_t id) { return ets::CuptiController::instance().push_external_id(id); }
+bool correlation_pop() { return ets::CuptiController::instance().pop_external_id().has_value(); }
+const CorrelationApi kCorrelationApi{&correlation_push, &correlation_pop};
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -210,6 +220,9 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("push_external_id", [&ctl](uint64_t id) { return ctl.push_external_id(id); }, "external_id"_a);
   m.def("pop_external_id", [&ctl] { return ctl.pop_external_id(); });
+  m.def("correlation_api", [] {
+    return py::capsule(static_cast<const void*>(&kCorrelationApi), "ets_hook._C.correlation_api");
+  }, "The push/pop pair as a capsule for ets_hook._ops (C function pointers).");
   m.def("cupti_timestamp_ns", [&ctl] { return ctl.timestamp_ns(); });
   m.def("loaded_libraries", &ets::loaded_library_paths, "needle"_a);
 

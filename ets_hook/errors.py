@@ -95,3 +95,11 @@ class DeadlineExceededError(RuntimeError):
         """
         super().__init__(miss.message)
         self.miss = miss
+
+
+class NativeOpsBuildError(RuntimeError):
+    """The native operator observer (``ets_hook._ops``) cannot be built for the running torch.
+
+    The message says why (no compiler, no sources, the compiler's error). The hook never raises
+    it: op capture then uses the torch profiler, and ``capture_status`` says so.
+    """

@@ -31,8 +31,9 @@ from typing import Any, Literal
 import torch
 
 from . import __version__
+from .capture import native_ops
 from .capture.device_timer import CudaStepTimer
-from .capture.ops import OpProfiler, other_profiler_active, read_raw_events
+from .capture.ops import NativeOpCapture, ProfilerOpCapture, other_profiler_active
 from .capture.steps import StepDetector
 from .capture.sysinfo import device_info, host_info, model_device
 from .errors import DeadlineExceededError
@@ -51,6 +52,7 @@ from .trace.io import save_trace
 logger = logging.getLogger("ets_hook")
 
 RECORD_SHAPES_MODES = ("first", "all", "none")
+OP_CAPTURE_MODES = ("auto", "native", "profiler")
 # hook.step_times_s keeps the first this-many raw step times (8 bytes each); the forecaster keeps
 # its own bounded summary for any job length.
 MAX_KEPT_STEP_TIMES = 1 << 20
@@ -172,6 +174,7 @@ class ETSHook:
         deadline_policy: str = "confident",
         grad_scaler: Any = None,
         record_shapes: str = "all",
+        op_capture: str = "auto",
         capture_kernels: bool | None = None,
         trace_estimator: TraceEstimator | Literal["auto"] | None = "auto",
         device: Any = None,
@@ -229,6 +232,11 @@ class ETSHook:
             record_shapes: input shapes in the captured ops: ``"all"`` (every window step),
                 ``"first"`` (first window step only, copied to the aligned ops of the others),
                 ``"none"``.
+            op_capture: how ops are captured: ``"auto"`` (the native RecordFunction observer
+                when it is built for this torch, building it in the background on first use;
+                the torch profiler until then), ``"native"`` (the observer, built now if
+                needed: a one-off compile of a few seconds; the profiler if it cannot be
+                built), ``"profiler"`` (the torch profiler). ``capture_status`` says which ran.
             capture_kernels: kernel capture through CUPTI; None: on when the device is CUDA.
             trace_estimator: turns the decoded trace into a step-time estimate: ``"auto"`` (the
                 shipped model for the device type, else per-op medians; if it cannot be loaded,
@@ -265,6 +273,8 @@ class ETSHook:
             isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1
         ):
             raise ValueError(f"total_steps must be an int >= 1 or None, got {total_steps!r}")
+        if op_capture not in OP_CAPTURE_MODES:
+            raise ValueError(f"op_capture must be one of {OP_CAPTURE_MODES}, got {op_capture!r}")
         if record_shapes not in RECORD_SHAPES_MODES:
             raise ValueError(
                 f"record_shapes must be one of {RECORD_SHAPES_MODES}, got {record_shapes!r}"
@@ -321,8 +331,17 @@ class ETSHook:
 
         self._state = _State.WAITING if capture_steps > 0 else _State.OFF
         self._capture_note = "" if capture_steps > 0 else "capture disabled (capture_steps=0)"
+        self._ops_note = ""  # which op capture path ran (set at the window's start)
         self._failed_once = False
-        self._op_profiler = OpProfiler()
+        self._op_capture_mode = op_capture
+        self._ops: NativeOpCapture | ProfilerOpCapture | None = None  # chosen at window start
+        if capture_steps > 0 and op_capture != "profiler":
+            # Cached: loaded now (fast). Not built yet: "auto" compiles it on a low-priority
+            # thread (the profiler serves meanwhile), "native" compiles it now.
+            if op_capture == "native":
+                native_ops.load(build_if_missing=True)
+            else:
+                native_ops.load_in_background()
         self._collector: Any = None
         self._kernel_status = "not requested"
         self._want_kernels = (
@@ -460,7 +479,8 @@ class ETSHook:
         A note follows after ``": "`` when there is one: why it is off or failed, or that the
         window was cut short by ``close()``.
         """
-        return f"{self._state}: {self._capture_note}" if self._capture_note else self._state
+        notes = "; ".join(note for note in (self._ops_note, self._capture_note) if note)
+        return f"{self._state}: {notes}" if notes else self._state
 
     @property
     def created_ns(self) -> int:
@@ -566,7 +586,7 @@ class ETSHook:
         self._forecaster.on_step_end(step_index, duration_ns / 1e9, now_ns / 1e9)
 
     def _advance_window(self, step_index: int, start_ns: int, end_ns: int) -> None:
-        if self._state == _State.CAPTURING and self._op_profiler.active:
+        if self._state == _State.CAPTURING and self._ops is not None and self._ops.active:
             offset = self._epoch_offset_ns
             self._window_bounds.append(StepBounds(step_index, start_ns + offset, end_ns + offset))
         completed = step_index + 1
@@ -580,10 +600,14 @@ class ETSHook:
                 # an open scope; only a stop+start pair is not). That step has no ops.
                 self._restart_ops()
             elif completed == self.skip_steps + 1 and self.record_shapes == "first":
-                # Shapes were recorded for one step; stop now (safe inside Optimizer.step) and
-                # restart without shapes at the next forward, outside any scope of this session.
-                self._op_profiler.stop()
-                self._restart_pending = True
+                if isinstance(self._ops, NativeOpCapture):
+                    self._ops.set_record_shapes(False)  # swapping the callback is safe anywhere
+                elif self._ops is not None:
+                    # The profiler recorded shapes for one step; stop now (safe inside
+                    # Optimizer.step) and restart without shapes at the next forward, outside
+                    # any scope of this session.
+                    self._ops.stop()
+                    self._restart_pending = True
 
     def _on_forward(self) -> None:
         if self._restart_pending and self._state == _State.CAPTURING:
@@ -592,7 +616,8 @@ class ETSHook:
 
     def _restart_ops(self) -> None:
         self._restart_pending = False
-        self._op_profiler.start(record_shapes=False)
+        if self._ops is not None:
+            self._ops.start(record_shapes=False)
 
     def _on_phase_end(self, name: str, duration_ns: int) -> None:
         self._forecaster.on_phase_end(name, duration_ns / 1e9, time.perf_counter_ns() / 1e9)
@@ -601,16 +626,36 @@ class ETSHook:
     # Capture window
 
     def _start_capture(self) -> None:
-        busy = other_profiler_active()
-        if busy is not None:
-            self._state = _State.OFF
-            self._capture_note = f"op capture backed off: {busy}"
-            self._kernel_status = "off: another profiler is active"
-            logger.warning("ets-hook: %s; timing steps only", self._capture_note)
-            return
+        module = native_ops.load() if self._op_capture_mode != "profiler" else None
+        if module is None:
+            busy = other_profiler_active()
+            if busy is not None:
+                self._state = _State.OFF
+                self._capture_note = f"op capture backed off: {busy}"
+                self._kernel_status = "off: another profiler is active"
+                logger.warning("ets-hook: %s; timing steps only", self._capture_note)
+                return
+            self._ops = ProfilerOpCapture()
+            self._ops_note = f"ops: {self._ops.name}"
+            if self._op_capture_mode != "profiler":
+                reason = native_ops.unavailable_reason() or "not loaded"
+                self._ops_note += f" (native observer: {reason})"
+                logger.info(
+                    "ets-hook: native op observer unavailable (%s); the torch profiler captures "
+                    "this window",
+                    reason,
+                )
+        else:
+            self._ops = NativeOpCapture(module)
+            self._ops_note = f"ops: {self._ops.name}"
         if self._want_kernels:
             self._start_kernel_collector()
-        self._op_profiler.start(record_shapes=self.record_shapes != "none")
+        correlation = None
+        if self._collector is not None and isinstance(self._ops, NativeOpCapture):
+            from .capture.cupti import correlation_api  # the collector imported _C
+
+            correlation = correlation_api()
+        self._ops.start(record_shapes=self.record_shapes != "none", correlation=correlation)
         self._state = _State.CAPTURING
         # The window's steps carry the profiler's cost, and the step after it the profiler's
         # disable (it materialises every event on this thread); decoding extends this (_decode).
@@ -637,7 +682,8 @@ class ETSHook:
 
     def _finish_capture(self, *, truncated: bool) -> None:
         """Window end (training thread): stop collectors, drop observers, hand off decoding."""
-        self._op_profiler.stop()
+        if self._ops is not None:
+            self._ops.stop()
         window_end_event = None
         if self._collector is not None:
             # Disable the activity kinds now (cheap); the blocking flush runs in _decode, after
@@ -650,8 +696,7 @@ class ETSHook:
         self._state = _State.DECODING
         if truncated:
             self._capture_note = f"window cut short after {len(self._window_bounds)} steps"
-        snapshot = (list(self._op_profiler.results), list(self._window_bounds), window_end_event)
-        self._op_profiler.results.clear()
+        snapshot = (self._ops, list(self._window_bounds), window_end_event)
         if self._decode_in_background:
             self._decode_thread = threading.Thread(
                 target=self._decode, args=snapshot, name="ets-hook-decode", daemon=True
@@ -663,25 +708,21 @@ class ETSHook:
     # ------------------------------------------------------------------------------------------
     # Decoding (background thread)
 
-    def _decode(
-        self, results: list[Any], bounds: list[StepBounds], window_end_event: Any = None
-    ) -> None:
+    def _decode(self, ops: Any, bounds: list[StepBounds], window_end_event: Any = None) -> None:
         # One BLAS thread: numpy's OpenBLAS workers would otherwise spin on the training
         # loop's cores for ~0.1 s after the trace model's products (ets_hook.ets.blas). The
         # interpreter's switch interval is left alone: shortening it (0.2 ms) made the training
         # thread pay a GIL hand-off per op and the decode cost it 1.5-2x more in total.
         with single_threaded_blas():
-            self._decode_window(results, bounds, window_end_event)
+            self._decode_window(ops, bounds, window_end_event)
         # Steps that ran while this thread decoded competed with it for the CPU and the GIL.
         self._forecaster.set_perturbed_steps(
             max(self.skip_steps + self.capture_steps + 1, self.steps_completed + 1)
         )
 
-    def _decode_window(
-        self, results: list[Any], bounds: list[StepBounds], window_end_event: Any
-    ) -> None:
+    def _decode_window(self, ops: Any, bounds: list[StepBounds], window_end_event: Any) -> None:
         try:
-            raws = [row for result in results for row in read_raw_events(result)]
+            raws = ops.read() if ops is not None else []
             shapes_step = self.skip_steps if self.record_shapes == "first" and bounds else None
             iterations = build_iterations(raws, bounds, shapes_source_step=shapes_step)
             dropped = 0
@@ -702,10 +743,10 @@ class ETSHook:
                 capture=CaptureInfo(
                     skip_steps=self.skip_steps,
                     capture_steps=self.capture_steps,
-                    op_capture="torch kineto cpu profiler",
+                    op_capture=ops.name if ops is not None else "",
                     kernel_capture=self._kernel_status,
                     shapes_recorded=self.record_shapes,
-                    dropped_records=dropped,
+                    dropped_records=dropped + (ops.dropped if ops is not None else 0),
                 ),
                 torch_version=torch.__version__,
                 ets_hook_version=__version__,
@@ -752,13 +793,12 @@ class ETSHook:
                     exc_info=logger.isEnabledFor(logging.DEBUG),
                 )
             self._capture_note = f"failed: {exc!r}"
-            if self._op_profiler.active:
+            if self._ops is not None and self._ops.active:
                 with contextlib.suppress(Exception):
-                    self._op_profiler.stop()
+                    self._ops.stop()
             if self._collector is not None:
                 with contextlib.suppress(Exception):
                     self._collector.close()
-            self._op_profiler.results.clear()
             with contextlib.suppress(Exception):
                 self._detector.remove_capture_hooks()
             self._state = _State.OFF

@@ -1,10 +1,22 @@
-"""Shared pytest configuration: the ``requires_cuda`` marker skips where no usable GPU exists."""
+"""Shared pytest configuration.
+
+- The ``requires_cuda`` marker skips where no usable GPU exists.
+- The native operator observer (``ets_hook._ops``) is built once per session into a private
+  cache (``ETS_HOOK_CACHE_DIR``, inherited by subprocesses), so every test that captures ops
+  runs the native path; ``tests/capture/test_native_ops.py`` fails if it could not be built.
+"""
 
 from __future__ import annotations
 
 import functools
+import os
+import shutil
+import tempfile
 
 import pytest
+
+_CACHE = tempfile.mkdtemp(prefix="ets-hook-test-cache-")
+os.environ["ETS_HOOK_CACHE_DIR"] = _CACHE
 
 
 @functools.cache
@@ -21,3 +33,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "requires_cuda" in item.keywords and not _cuda_usable():
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def native_ops_built() -> str | None:
+    """Build the observer before the first test; the build error (or None) for tests to show."""
+    from ets_hook.capture import native_ops
+    from ets_hook.errors import NativeOpsBuildError
+
+    try:
+        native_ops.build()
+    except NativeOpsBuildError as exc:
+        return str(exc)
+    return None
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(_CACHE, ignore_errors=True)

@@ -324,7 +324,8 @@ def test_internal_failure_never_reaches_the_training_loop(where, monkeypatch, ca
     if where == "build_iterations":
         monkeypatch.setattr(hook_module, "build_iterations", boom)
     elif where == "start":
-        monkeypatch.setattr(hook_module.OpProfiler, "start", boom)
+        monkeypatch.setattr(hook_module.NativeOpCapture, "start", boom)
+        monkeypatch.setattr(hook_module.ProfilerOpCapture, "start", boom)
     else:
         monkeypatch.setattr(hook_module.StepBounds, "__init__", boom)
     model = tiny_mlp()
@@ -374,12 +375,14 @@ def test_setup_failures_at_creation_never_raise(monkeypatch):
     assert prediction.measured_iteration_s is not None
 
 
-def test_backs_off_when_torch_profiler_is_running(caplog):
+def test_profiler_path_backs_off_when_torch_profiler_is_running(caplog):
     model = tiny_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         with caplog.at_level(logging.WARNING, logger="ets_hook"):
-            hook = ETSHook(model, optimizer=opt, capture_steps=2, skip_steps=0)
+            hook = ETSHook(
+                model, optimizer=opt, capture_steps=2, skip_steps=0, op_capture="profiler"
+            )
             train(model, opt, hook, 4)
             hook.close()
         assert torch.autograd._profiler_enabled(), "the user's profiler is untouched"
@@ -387,13 +390,22 @@ def test_backs_off_when_torch_profiler_is_running(caplog):
     assert hook.steps_completed == 4
     assert "another torch profiler" in hook.capture_status
     assert hook.trace is None
+    assert any("another torch profiler" in r.getMessage() for r in caplog.records)
 
 
-def test_record_shapes_modes():
+@pytest.mark.parametrize("op_capture", ["native", "profiler"])
+def test_record_shapes_modes(op_capture):
     for mode in ("first", "all", "none"):
         model = tiny_mlp()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        hook = ETSHook(model, optimizer=opt, capture_steps=3, skip_steps=1, record_shapes=mode)
+        hook = ETSHook(
+            model,
+            optimizer=opt,
+            capture_steps=3,
+            skip_steps=1,
+            record_shapes=mode,
+            op_capture=op_capture,
+        )
         train(model, opt, hook, 5)
         hook.close()
         trace = hook.wait_for_trace(10)
@@ -401,8 +413,11 @@ def test_record_shapes_modes():
         linears = [op for it in trace.iterations for op in it.ops if op.name == "aten::linear"]
         has_shapes = {bool(op.input_shapes) for op in linears}
         assert has_shapes == ({False} if mode == "none" else {True}), mode
-        expected_partial = [2] if mode == "first" else []
+        # The profiler must stop and restart between steps to drop shapes (the next step is
+        # then captured from its first forward on); the native observer swaps its callback.
+        expected_partial = [2] if mode == "first" and op_capture == "profiler" else []
         assert trace.metadata["partial_steps"] == expected_partial
+        assert op_capture in trace.capture.op_capture
 
 
 def test_close_removes_every_hook_and_context_manager():

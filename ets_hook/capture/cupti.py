@@ -291,6 +291,18 @@ def pop_external_id() -> int | None:
     return None if value is None else int(value)
 
 
+def correlation_api() -> Any:
+    """The external-correlation push/pop as a capsule of C function pointers.
+
+    The native operator observer (``capture.ops.NativeOpCapture``) calls them on every op start
+    and end, without Python, so each kernel links to the op that launched it.
+
+    Returns:
+        An opaque capsule (``"ets_hook._C.correlation_api"``).
+    """
+    return _C.correlation_api()
+
+
 def cupti_timestamp_ns() -> int | None:
     """CUPTI's clock now in ns (``cuptiGetTimestamp``).
 

@@ -1,36 +1,41 @@
-"""Operator capture: PyTorch's Kineto CPU profiler, enabled once for the capture window.
+"""Operator capture for the window: our native RecordFunction observer, the profiler as fallback.
 
-Why this mechanism (measured on a 2-core CPU, see benchmarks/overhead.py and the README): the C++
-RecordFunction observers behind ``torch.autograd._enable_profiler`` see every ATen op and autograd
-node on every thread autograd propagates to, with start/end in ns, at about 1.2 µs per op without
-shapes and 2 µs with (the disable then costs 6 and 16 µs per event). Shapes are recorded for
-every captured step by default (``record_shapes="all"``: no profiler restart inside the
-window); ``record_shapes="first"`` records them for the first captured step only and copies them
-onto the aligned ops of the others. ``TorchDispatchMode`` misses composite ops and autograd
-nodes and costs more; a ``torch.profiler`` context per step costs milliseconds.
-Only CPU activities are requested, so Kineto never touches CUPTI: the kernel side is ours.
+Two ways to see every op (ATen ops, autograd nodes, user annotations, on every thread), both
+started and stopped on the training thread and read back later, off it, as ``RawOp`` rows:
 
-Contract: ``start``/``stop`` run on the training thread and do only the profiler's own
-enable/disable work. Never stop and start again while a ``record_function`` scope that began
-under the first session is still open (e.g. inside ``Optimizer.step#...``, where our step hook
-runs): its end callback would run against the second session and crash. ``stop`` alone is safe
-anywhere; the hook restarts at the next root-module forward. Reading events back
-(``read_raw_events``, ~9 µs per event) happens later, off the training thread.
+- ``NativeOpCapture`` (the default): ``ets_hook._ops``, a global RecordFunction callback that
+  writes fixed-size start/end records into per-thread buffers (built for the running torch by
+  ``capture.native_ops``). No teardown at the window's end (removing the callback costs about
+  0.1 µs), no output on stderr, and it coexists with a user's own ``torch.profiler``. Shapes can
+  be switched off at any step boundary by swapping the callback.
+- ``ProfilerOpCapture`` (fallback when the observer is not built, and the cross-check): PyTorch's
+  Kineto CPU profiler (``torch.autograd._enable_profiler`` with CPU activities only, so Kineto
+  never touches CUPTI). Its disable materialises every event on the training thread (6-16 µs
+  per event), it prints ``USDT`` lines on stderr and it cannot run beside another profiler.
+  Never stop and start it again while a ``record_function`` scope that began under the first
+  session is still open (e.g. inside ``Optimizer.step#...``, where our step hook runs): its end
+  callback would run against the second session and crash. ``stop`` alone is safe anywhere.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+import numpy as np
 import torch
 import torch.autograd as autograd
 from torch._C import _profiler
 
 from ..trace.decode import RawOp
 
+#: Per-thread buffer budget of the native observer (events + input shapes). At 48 bytes per
+#: record and two records per op that is 2.7 M ops on one thread before anything is dropped.
+NATIVE_THREAD_BUDGET_BYTES = 256 << 20
+
 
 def other_profiler_active() -> str | None:
-    """Why op capture must stay off (another profiler owns the session), or None.
+    """Why the profiler path must stay off (another profiler owns the session), or None.
 
     Never raises: when torch's private profiler query fails, the failure is the reason
     returned (op capture stays off).
@@ -41,6 +46,158 @@ def other_profiler_active() -> str | None:
     except Exception as exc:  # private API moved: treat as unknown but safe
         return f"cannot query the torch profiler state ({exc})"
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Native observer
+
+
+class NativeOpCapture:
+    """One capture session of the native observer (``ets_hook._ops``).
+
+    Args:
+        module: the loaded observer module (``capture.native_ops.load()``).
+        thread_budget_bytes: per-thread buffer budget; records past it are dropped and counted.
+
+    Attributes:
+        name: how ``CaptureInfo.op_capture`` and ``capture_status`` name this path.
+    """
+
+    name = "native RecordFunction observer"
+
+    def __init__(self, module: Any, thread_budget_bytes: int = NATIVE_THREAD_BUDGET_BYTES) -> None:
+        self._ops = module
+        self._budget = thread_budget_bytes
+        self._active = False
+        self._dtype = np.dtype(
+            {
+                "names": [f[0] for f in module.record_fields()],
+                "formats": [f[1] for f in module.record_fields()],
+                "offsets": [f[2] for f in module.record_fields()],
+                "itemsize": module.RECORD_ITEMSIZE,
+            }
+        )
+        self.dropped = 0
+
+    @property
+    def active(self) -> bool:
+        """Whether the callback is registered."""
+        return self._active
+
+    def start(self, record_shapes: bool, correlation: Any = None) -> None:
+        """Register the callback; from now on every op on every thread is recorded.
+
+        Args:
+            record_shapes: record each op's input shapes and dtypes.
+            correlation: ``capture.cupti.correlation_api()`` while the CUPTI collector runs
+                (each op then pushes its id as external correlation id), else None.
+
+        Raises:
+            RuntimeError: a session is already open (in this process), or torch refused the
+                callback.
+        """
+        self._ops.reset()  # records of an earlier session, if any, are not ours
+        self._ops.start(record_shapes, self._budget, correlation)
+        self._active = True
+
+    def set_record_shapes(self, record_shapes: bool) -> None:
+        """Record shapes (or not) from the next op on; safe at any point of a step.
+
+        Raises:
+            RuntimeError: no session is open.
+        """
+        self._ops.set_inputs(record_shapes)
+
+    def stop(self) -> None:
+        """Remove the callback (ops still open keep their end records coming). Idempotent."""
+        if self._active:
+            self._active = False
+            self._ops.stop()
+
+    def read(self) -> list[RawOp]:
+        """The recorded ops as ``RawOp`` rows (any order); frees the buffers. Off the training
+        thread, after ``stop``.
+
+        Returns:
+            One row per op, times on the trace clock (CLOCK_REALTIME ns), ``thread`` the OS
+            thread id. An op still open (the window ends inside ``Optimizer.step#...``, whose
+            end comes after the callback is removed) lasts until the drain, so the ops inside it
+            still nest under it.
+        """
+        drained_ns = time.time_ns()
+        chunks = self._ops.drain()
+        self.dropped = int(self._ops.dropped())
+        names = self._ops.names()
+        rows = _native_rows(self._ops, self._dtype, chunks, names, drained_ns)
+        self._ops.reset()
+        return rows
+
+
+def _native_rows(
+    module: Any, dtype: np.dtype, chunks: list[Any], names: list[str], drained_ns: int
+) -> list[RawOp]:
+    if not chunks:
+        return []
+    events = np.concatenate([np.frombuffer(events, dtype=dtype) for _, events, _ in chunks])
+    starts = events[events["kind"] == 1]
+    ends = events[events["kind"] == 2]
+    ends = ends[np.argsort(ends["handle"], kind="stable")]
+    where = np.searchsorted(ends["handle"], starts["handle"])
+    paired = where < len(ends)
+    paired[paired] = ends["handle"][where[paired]] == starts["handle"][paired]
+    end_ns = np.full(len(starts), drained_ns, dtype=np.int64)  # still open: until the drain
+    end_ns[paired] = ends["time_ns"][where[paired]]
+    inputs = _inputs_by_handle(module, [words for _, _, words in chunks])
+    no_inputs: tuple[tuple[tuple[int, ...], ...], tuple[str, ...]] = ((), ())
+    rows: list[RawOp] = []
+    append = rows.append
+    columns = starts[["handle", "name_id", "time_ns", "os_tid", "seq_nr", "scope"]].tolist()
+    for (handle, name_id, start, tid, seq, scope), end in zip(
+        columns, end_ns.tolist(), strict=True
+    ):
+        shapes, dtypes = inputs.get(handle, no_inputs)
+        append(RawOp(names[name_id], start, max(end - start, 0), tid, seq, scope, shapes, dtypes))
+    return rows
+
+
+def _inputs_by_handle(
+    module: Any, buffers: list[bytes]
+) -> dict[int, tuple[tuple[tuple[int, ...], ...], tuple[str, ...]]]:
+    """Parse the side buffers: [handle, n_words, (code, ndim, dims...)...] per op."""
+    dtype_names = module.dtype_names()
+    special = {
+        module.INPUT_SCALAR: "Scalar",
+        module.INPUT_TENSOR_LIST: "TensorList",
+        module.INPUT_SCALAR_LIST: "ScalarList",
+        module.INPUT_OTHER: "",
+    }
+    pad = -(2**63)
+    out: dict[int, tuple[tuple[tuple[int, ...], ...], tuple[str, ...]]] = {}
+    for raw in buffers:
+        words = np.frombuffer(raw, dtype="<i8").tolist()
+        i, n = 0, len(words)
+        while i + 1 < n:
+            if words[i] == pad:
+                i += 1
+                continue
+            handle, size = words[i], words[i + 1]
+            if size < 2 or i + size > n:
+                break  # torn tail (a producer still writing): nothing after it is complete
+            shapes: list[tuple[int, ...]] = []
+            dtypes: list[str] = []
+            j, stop = i + 2, i + size
+            while j + 1 < stop:
+                code, ndim = words[j], words[j + 1]
+                shapes.append(tuple(words[j + 2 : j + 2 + ndim]))
+                dtypes.append(dtype_names[code] if code >= 0 else special.get(code, ""))
+                j += 2 + ndim
+            out[handle] = (tuple(shapes), tuple(dtypes))
+            i = stop
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Profiler fallback
 
 
 def _config(record_shapes: bool) -> Any:
@@ -56,15 +213,19 @@ def _config(record_shapes: bool) -> Any:
     )
 
 
-class OpProfiler:
-    """Owns one Kineto CPU-only profiling session at a time on the calling thread.
+class ProfilerOpCapture:
+    """Kineto CPU-only profiling sessions on the calling thread (the fallback path).
 
     ``results`` holds the opaque ``_ProfilerResult`` of each finished session (shapes session
-    first); they are converted by ``read_raw_events`` off the training thread.
+    first); ``read`` converts them off the training thread.
 
     Attributes:
+        name: how ``CaptureInfo.op_capture`` and ``capture_status`` name this path.
         results: one opaque ``_ProfilerResult`` per finished session, oldest first.
     """
+
+    name = "torch kineto cpu profiler"
+    dropped = 0
 
     def __init__(self) -> None:
         self.results: list[Any] = []
@@ -75,11 +236,12 @@ class OpProfiler:
         """Whether a session started by ``start`` is still running."""
         return self._active
 
-    def start(self, record_shapes: bool) -> None:
+    def start(self, record_shapes: bool, correlation: Any = None) -> None:
         """Enable a Kineto CPU-only profiling session on the calling thread.
 
         Args:
             record_shapes: record input shapes and dtypes of every op.
+            correlation: ignored (the profiler path links kernels by launch time).
 
         Raises:
             RuntimeError: this profiler already has an active session. Errors of torch's
@@ -105,6 +267,15 @@ class OpProfiler:
         self._active = False
         self.results.append(autograd._disable_profiler())
 
+    def read(self) -> list[RawOp]:
+        """Every finished session's events as ``RawOp`` rows, then forgets the sessions.
+
+        Returns:
+            The rows of all sessions, in session order.
+        """
+        results, self.results = self.results, []
+        return [row for result in results for row in read_raw_events(result)]
+
 
 def read_raw_events(result: Any) -> list[RawOp]:
     """Convert one profiler result to ``RawOp`` rows (slow: call off the training thread).
@@ -113,7 +284,7 @@ def read_raw_events(result: Any) -> list[RawOp]:
     already return Python ints and lists of ints, so no per-value conversion is added.
 
     Args:
-        result: one entry of ``OpProfiler.results``.
+        result: one entry of ``ProfilerOpCapture.results``.
 
     Returns:
         One ``RawOp`` per CPU event, in the profiler's event order (times in ns); shapes and
