@@ -18,6 +18,7 @@ from pathlib import Path
 
 from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
 from setuptools import setup
+from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
 SOURCES = [
@@ -96,5 +97,24 @@ def _extension() -> Pybind11Extension:
     )
 
 
+# The operator observer (ets_hook._ops) is compiled at run time against the torch the job imports
+# (ets_hook/capture/native_ops.py), so its sources ship inside the package.
+OPS_SOURCES = ("ops_observer.cpp", "string_table.cpp", "string_table.h")
+
+
+class build_py_with_ops_sources(build_py):
+    """build_py that also copies the observer's C++ sources to ets_hook/capture/_ops_src/."""
+
+    def run(self) -> None:
+        super().run()
+        target = Path(self.build_lib) / "ets_hook" / "capture" / "_ops_src"
+        self.mkpath(str(target))
+        for name in OPS_SOURCES:
+            self.copy_file(str(HERE / "csrc" / name), str(target / name))
+
+
 ParallelCompile("MAX_JOBS", default=0).install()
-setup(ext_modules=[_extension()], cmdclass={"build_ext": build_ext})
+setup(
+    ext_modules=[_extension()],
+    cmdclass={"build_ext": build_ext, "build_py": build_py_with_ops_sources},
+)

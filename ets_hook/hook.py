@@ -724,7 +724,10 @@ class ETSHook:
         try:
             raws = ops.read() if ops is not None else []
             shapes_step = self.skip_steps if self.record_shapes == "first" and bounds else None
-            iterations = build_iterations(raws, bounds, shapes_source_step=shapes_step)
+            positions: dict[int, tuple[int, int]] = {}
+            iterations = build_iterations(
+                raws, bounds, shapes_source_step=shapes_step, positions=positions
+            )
             dropped = 0
             if self._collector is not None:
                 from .capture.gpu_records import decode_activity  # the collector imported _C
@@ -734,7 +737,20 @@ class ETSHook:
                 records, clock_offset_ns, dropped = self._collector.collect()
                 self._collector.close()
                 activity = decode_activity(records, clock_offset_ns=clock_offset_ns)
-                correlated = attach_kernels(iterations, activity.kernels, activity.launches)
+                # Ops of the native observer pushed their handle as external correlation id.
+                op_of_handle = {raws[i].handle: at for i, at in positions.items() if raws[i].handle}
+                op_by_correlation = {
+                    corr: op_of_handle[ext]
+                    for corr, ext in zip(
+                        activity.external_ids["correlation_id"].tolist(),
+                        activity.external_ids["external_id"].tolist(),
+                        strict=True,
+                    )
+                    if ext in op_of_handle
+                }
+                correlated = attach_kernels(
+                    iterations, activity.kernels, activity.launches, op_by_correlation
+                )
                 self._kernel_status += f"; {100 * correlated:.1f}% of kernels linked to an op"
             self._trace = Trace(
                 iterations=iterations,

@@ -156,7 +156,8 @@ def _native_rows(
         columns, end_ns.tolist(), strict=True
     ):
         shapes, dtypes = inputs.get(handle, no_inputs)
-        append(RawOp(names[name_id], start, max(end - start, 0), tid, seq, scope, shapes, dtypes))
+        duration = max(end - start, 0)
+        append(RawOp(names[name_id], start, duration, tid, seq, scope, shapes, dtypes, handle))
     return rows
 
 

@@ -92,6 +92,7 @@ def run_demo(args: argparse.Namespace) -> int:
     """
     import torch
 
+    from ..capture import native_ops
     from ..hook import ETSHook
     from ..reporters.format import format_duration
     from .zoo import workloads
@@ -113,6 +114,12 @@ def run_demo(args: argparse.Namespace) -> int:
         f"batch {workload.batch_size}, torch {torch.__version__}, {torch.get_num_threads()} threads"
     )
 
+    started = time.perf_counter()
+    observer = native_ops.load(build_if_missing=True)  # one-off compile, a few seconds
+    if observer is None:
+        print(f"op capture: torch profiler (native observer: {native_ops.unavailable_reason()})")
+    elif time.perf_counter() - started > 0.5:
+        print(f"op capture: built the native observer in {time.perf_counter() - started:.1f} s")
     hook = ETSHook(
         job.model, optimizer=job.optimizer, total_steps=args.steps, trace_path=args.trace
     )

@@ -1,4 +1,4 @@
-"""The ``ets-hook`` command line: info, export, demo, train, evaluate.
+"""The ``ets-hook`` command line: info, export, demo, build-ops, train, evaluate.
 
 Subcommands import what they need lazily, so ``ets-hook info`` on a trace does not import torch.
 Exit codes: 0 success, 1 runtime failure, 2 bad usage or unreadable input, 130 interrupted.
@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
 from .. import __version__
-from ..errors import ETSCSVError, ModelFileError, TraceFileError
+from ..errors import ETSCSVError, ModelFileError, NativeOpsBuildError, TraceFileError
 from ..trace.events import Trace
 from ..trace.summary import format_info, summarize_iteration
 from .demo import add_demo_arguments
@@ -54,6 +55,29 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_build_ops(args: argparse.Namespace) -> int:
+    from ..capture import native_ops
+
+    started = time.perf_counter()
+    try:
+        path = native_ops.build(force=args.force)
+    except NativeOpsBuildError as exc:
+        print(f"ets-hook: {exc}", file=sys.stderr)
+        return 1
+    module = native_ops.load()
+    if module is None:
+        print(
+            f"ets-hook: built {path} but cannot load it: {native_ops.unavailable_reason()}",
+            file=sys.stderr,
+        )
+        return 1
+    print(
+        f"native op observer for torch {module.TORCH_VERSION}: {path} "
+        f"({time.perf_counter() - started:.1f} s)"
+    )
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -88,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_demo_arguments(demo)
     demo.set_defaults(handler=_cmd_demo)
+
+    build_ops = commands.add_parser(
+        "build-ops",
+        help="compile the native op observer for the installed torch (cached; else on first use)",
+    )
+    build_ops.add_argument("--force", action="store_true", help="rebuild even when cached")
+    build_ops.set_defaults(handler=_cmd_build_ops)
 
     add_train_parser(commands)
     add_evaluate_parser(commands)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 import difflib
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,11 +53,14 @@ class RawOp:
         name: the event's name as recorded.
         start_ns: start on the trace clock, int ns.
         duration_ns: duration, ns.
-        thread: profiler thread id.
+        thread: the recording thread (the native observer: its OS thread id; the profiler:
+            its own thread id).
         sequence_nr: autograd sequence number; -1: none.
         scope: the ``RecordScope`` value (``trace.names``).
         input_shapes: one shape per positional argument; empty when not recorded.
         input_dtypes: the arguments' dtype strings; empty when not recorded.
+        handle: the op's unique id, pushed as CUPTI external correlation id by the native
+            observer (ties kernels to it); 0 when unknown.
     """
 
     name: str
@@ -68,6 +71,7 @@ class RawOp:
     scope: int
     input_shapes: tuple[tuple[int, ...], ...]
     input_dtypes: tuple[str, ...]
+    handle: int = 0
 
 
 def _is_annotation(raw: RawOp) -> bool:
@@ -126,7 +130,11 @@ def _fill_shapes(target: list[OpEvent], source: list[OpEvent]) -> None:
 
 
 def build_iterations(
-    raws: Sequence[RawOp], bounds: Sequence[StepBounds], *, shapes_source_step: int | None = None
+    raws: Sequence[RawOp],
+    bounds: Sequence[StepBounds],
+    *,
+    shapes_source_step: int | None = None,
+    positions: dict[int, tuple[int, int]] | None = None,
 ) -> list[IterationTrace]:
     """Split raw profiler events into iterations of ``OpEvent``s with phase, depth and parent.
 
@@ -136,6 +144,8 @@ def build_iterations(
         shapes_source_step: the step whose ops carry recorded shapes; the ops of the other
             iterations that lack shapes get them copied by op-name alignment
             (``record_shapes="first"``). None (or a step not in ``bounds``): no copying.
+        positions: when given, filled with ``raw index -> (iteration index, op index)`` for
+            every raw event that became an op of the returned iterations.
 
     Returns:
         One ``IterationTrace`` per bound, sorted by start, without kernels: its ops in start
@@ -184,7 +194,7 @@ def build_iterations(
         members[slot].append(index)
 
     iterations: list[IterationTrace] = []
-    for bound, indices in zip(ordered_bounds, members):
+    for slot, (bound, indices) in enumerate(zip(ordered_bounds, members)):
         last_backward_start = max(
             (raws[i].start_ns for i in indices if in_backward[i]), default=None
         )
@@ -216,6 +226,8 @@ def build_iterations(
                     input_dtypes=raw.input_dtypes,
                 )
             )
+            if positions is not None:
+                positions[raw_index] = (slot, len(ops) - 1)
         iterations.append(
             IterationTrace(step=bound.step, start_ns=bound.start_ns, end_ns=bound.end_ns, ops=ops)
         )
@@ -267,20 +279,28 @@ def _innermost_op(starts: list[int], ops: list[OpEvent], indices: list[int], tim
 
 
 def attach_kernels(
-    iterations: list[IterationTrace], kernels: Sequence[KernelEvent], launches: np.ndarray
+    iterations: list[IterationTrace],
+    kernels: Sequence[KernelEvent],
+    launches: np.ndarray,
+    op_by_correlation: Mapping[int, tuple[int, int]] | None = None,
 ) -> float:
     """Link kernels to ops, file them under iterations and fill the GPU ETS targets.
 
-    A kernel is filed under the iteration holding its launch call, or, when its launch cannot
-    be found (or lies outside every step), under the one holding its own start, with
-    ``op_index = -1``. Kernels in no iteration are dropped. Each iteration's kernels end up
-    sorted by start and ``fill_device_targets`` runs on every iteration.
+    A kernel whose CUPTI correlation id is in ``op_by_correlation`` (the op that pushed the
+    external correlation id its launch carried) is filed under that op. Any other kernel is
+    filed under the iteration holding its launch call, linked to the innermost op holding the
+    launch on the launching thread, or, when its launch cannot be found (or lies outside every
+    step), under the iteration holding its own start, with ``op_index = -1``. Kernels in no
+    iteration are dropped. Each iteration's kernels end up sorted by start and
+    ``fill_device_targets`` runs on every iteration.
 
     Args:
         iterations: from ``build_iterations`` (sorted by start); modified in place.
         kernels: the GPU records; the filed ones get their ``op_index`` set.
         launches: structured array with ``correlation_id``, ``thread_id`` (host OS thread) and
             ``start_ns`` (already on the trace clock) of the runtime launch calls.
+        op_by_correlation: CUPTI correlation id -> (index into ``iterations``, op index), from
+            the external correlation records; None: link by launch time only.
 
     Returns:
         The fraction of the filed kernels linked to an op; 1.0 when none was filed.
@@ -323,10 +343,11 @@ def attach_kernels(
         thread_map.setdefault(os_thread, profiler_thread)
 
     correlated = 0
+    exact = op_by_correlation or {}
     for kernel in kernels:
         launch = launch_by_corr.get(kernel.correlation_id)
-        slot, op_index = -1, -1
-        if launch is not None:
+        slot, op_index = exact.get(kernel.correlation_id, (-1, -1))
+        if slot < 0 and launch is not None:
             os_thread, start_ns = launch
             slot = locate(start_ns)
             profiler_thread = thread_map.get(os_thread)
