@@ -402,7 +402,26 @@ PyObject* set_error(const char* what) {
   return nullptr;
 }
 
-// start(with_inputs, thread_budget_bytes, correlation=None)
+// Stops accepting late callbacks, waits for those in flight, forgets all records and trims every
+// buffer to one chunk. Only with no callback registered. Returns the bytes freed.
+std::size_t forget_records() {
+  g_accepting.store(false, std::memory_order_seq_cst);
+  std::size_t freed = 0;
+  Py_BEGIN_ALLOW_THREADS;
+  {
+    std::lock_guard<std::mutex> lock(g_threads_mutex);
+    for (auto& b : g_threads) {
+      while (b->busy.load(std::memory_order_seq_cst) != 0) {
+      }
+      freed += b->events.reset() + b->inputs.reset();
+      b->dropped.store(0, std::memory_order_relaxed);
+    }
+  }
+  Py_END_ALLOW_THREADS;
+  return freed;
+}
+
+// start(with_inputs, thread_budget_bytes, correlation=None): forgets earlier records, registers.
 PyObject* py_start(PyObject*, PyObject* args) {
   int with_inputs = 0;
   unsigned long long budget = 0;
@@ -419,10 +438,14 @@ PyObject* py_start(PyObject*, PyObject* args) {
     api = static_cast<const CorrelationApi*>(PyCapsule_GetPointer(capsule, "ets_hook._C.correlation_api"));
     if (api == nullptr) return nullptr;
   }
+  forget_records();
   g_thread_budget.store(budget, std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lock(g_threads_mutex);
-    for (auto& b : g_threads) b->budget_bytes = budget;  // reset() left each at most one chunk
+    for (auto& b : g_threads) {  // each holds at most its first chunk now
+      b->budget_bytes = budget - std::min(budget, static_cast<unsigned long long>(
+                                                      b->events.allocated_bytes() + b->inputs.allocated_bytes()));
+    }
   }
   g_correlation.store(api, std::memory_order_release);
   g_accepting.store(true, std::memory_order_seq_cst);
@@ -510,20 +533,7 @@ PyObject* py_dropped(PyObject*, PyObject*) {
 // reset(): close the session for late callbacks, wait for those in flight, forget all records.
 PyObject* py_reset(PyObject*, PyObject*) {
   if (g_handle != at::INVALID_CALLBACK_HANDLE) return set_error("stop() the session before reset()");
-  g_accepting.store(false, std::memory_order_seq_cst);
-  std::size_t freed = 0;
-  Py_BEGIN_ALLOW_THREADS;
-  {
-    std::lock_guard<std::mutex> lock(g_threads_mutex);
-    for (auto& b : g_threads) {
-      while (b->busy.load(std::memory_order_seq_cst) != 0) {
-      }
-      freed += b->events.reset() + b->inputs.reset();
-      b->dropped.store(0, std::memory_order_relaxed);
-    }
-  }
-  Py_END_ALLOW_THREADS;
-  return PyLong_FromSize_t(freed);
+  return PyLong_FromSize_t(forget_records());
 }
 
 PyObject* py_allocated_bytes(PyObject*, PyObject*) {

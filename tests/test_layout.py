@@ -25,7 +25,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "capture": ("trace", "errors", "_C"),
     "hook": ("capture", "forecast", "reporters", "ets", "trace", "errors", "__version__"),
     "integrations": ("hook", "capture", "forecast", "reporters", "ets", "trace", "errors"),
-    "cli": ("hook", "forecast", "reporters", "ets", "trace", "errors", "__version__"),
+    "cli": ("hook", "capture", "forecast", "reporters", "ets", "trace", "errors", "__version__"),
 }
 
 

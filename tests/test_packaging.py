@@ -227,3 +227,35 @@ def test_the_installed_command_line_runs(installed: Installed, tmp_path: Path) -
     run = run_installed(installed, code, tmp_path, "--version")
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == f"ets-hook {ets_hook.__version__}"
+
+
+def test_the_installed_package_builds_the_op_observer_from_its_own_sources(
+    installed: Installed, tmp_path: Path
+) -> None:
+    code = textwrap.dedent(
+        """
+        import json
+        from ets_hook.capture import native_ops
+        module = native_ops.load(build_if_missing=True)
+        print(json.dumps({
+            "sources": str(native_ops.source_dir()),
+            "module": getattr(module, "__file__", None),
+            "torch": getattr(module, "TORCH_VERSION", None),
+            "reason": native_ops.unavailable_reason(),
+        }))
+        """
+    )
+    work = tmp_path / "cwd"
+    work.mkdir()
+    run = subprocess.run(
+        [str(installed.python), "-I", "-c", code],
+        cwd=work, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "ETS_HOOK_CACHE_DIR": str(tmp_path / "cache")},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert installed.site_packages in Path(report["sources"]).parents, report
+    assert report["module"] and Path(report["module"]).is_relative_to(tmp_path / "cache"), report
+    import torch
+
+    assert report["torch"] == torch.__version__

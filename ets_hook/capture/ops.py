@@ -96,8 +96,7 @@ class NativeOpCapture:
             RuntimeError: a session is already open (in this process), or torch refused the
                 callback.
         """
-        self._ops.reset()  # records of an earlier session, if any, are not ours
-        self._ops.start(record_shapes, self._budget, correlation)
+        self._ops.start(record_shapes, self._budget, correlation)  # forgets older records
         self._active = True
 
     def set_record_shapes(self, record_shapes: bool) -> None:

@@ -1,0 +1,335 @@
+"""The native operator observer (ets_hook._ops): built for this torch, complete and nested events
+on every thread, shapes and dtypes, no callback left after the window, coexistence with a user's
+torch.profiler, the same ops as the profiler path, dropped records counted, and the fallback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ets_hook import ETSHook, Phase
+from ets_hook.capture import native_ops
+from ets_hook.capture.ops import NativeOpCapture, ProfilerOpCapture
+from ets_hook.trace.decode import RawOp, StepBounds, build_iterations
+from ets_hook.trace.names import AUTOGRAD_NODE_PREFIX, BACKWARD_SCOPE, USER_SCOPE
+
+
+@pytest.fixture(scope="module")
+def ops(native_ops_built: str | None):
+    assert native_ops_built is None, f"the native observer must build here: {native_ops_built}"
+    module = native_ops.load()
+    assert module is not None, native_ops.unavailable_reason()
+    return module
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+def sgd_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
+    opt.zero_grad()
+    model(x).sum().backward()
+    opt.step()
+
+
+def capture(ops, fn, *, record_shapes: bool = True) -> list[RawOp]:
+    cap = NativeOpCapture(ops)
+    cap.start(record_shapes)
+    try:
+        fn()
+    finally:
+        cap.stop()
+    return cap.read()
+
+
+def contains(outer: RawOp, inner: RawOp) -> bool:
+    return (
+        outer.thread == inner.thread
+        and outer.start_ns <= inner.start_ns
+        and inner.start_ns + inner.duration_ns <= outer.start_ns + outer.duration_ns
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The path that runs
+
+
+def test_the_hook_runs_the_native_observer_by_default(ops) -> None:
+    """CI guard: a silent fallback to the profiler fails here."""
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(model, optimizer=opt, capture_steps=3, skip_steps=1, log_every=None)
+    for _ in range(6):
+        sgd_step(model, opt, torch.randn(8, 16))
+    hook.close()
+    trace = hook.wait_for_trace(30)
+    assert trace is not None, hook.capture_status
+    assert trace.capture.op_capture == NativeOpCapture.name
+    assert "native RecordFunction observer" in hook.capture_status
+    assert torch.__version__ == ops.TORCH_VERSION
+    phases = [{op.phase for op in it.top_level_ops()} for it in trace.iterations]
+    assert all({Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER} <= p for p in phases)
+
+
+def test_the_callback_is_gone_after_the_window_while_training_goes_on(ops) -> None:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(model, optimizer=opt, capture_steps=2, skip_steps=1, log_every=None)
+    seen = []
+    for step in range(5):
+        sgd_step(model, opt, torch.randn(8, 16))
+        seen.append((step, ops.registered(), ops.has_global_callbacks()))
+    hook.close()
+    # the window is steps 1-2: registered after step 0 ends, removed when step 2 ends
+    assert seen == [
+        (0, True, True),
+        (1, True, True),
+        (2, False, False),
+        (3, False, False),
+        (4, False, False),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Events
+
+
+def test_forward_backward_optimizer_and_annotations_are_complete_and_nested(ops) -> None:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 16)
+
+    def step() -> None:
+        with torch.autograd.profiler.record_function("## user block"):
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+
+    rows = capture(ops, step)
+    by_name = Counter(r.name for r in rows)
+    assert by_name["aten::linear"] == 2 and by_name["aten::addmm"] == 2
+    assert by_name["autograd::engine::evaluate_function: AddmmBackward0"] == 2
+    assert by_name["Optimizer.step#SGD.step"] == 1
+    assert all(r.duration_ns >= 0 and r.start_ns > 0 for r in rows)
+    (block,) = [r for r in rows if r.name == "## user block"]
+    assert block.scope == USER_SCOPE
+    assert all(contains(block, r) for r in rows if r is not block and r.thread == block.thread)
+    for linear in (r for r in rows if r.name == "aten::linear"):
+        assert any(r.name == "aten::addmm" and contains(linear, r) for r in rows)
+    # the autograd nodes themselves carry their forward op's sequence number
+    nodes = [r for r in rows if r.scope == BACKWARD_SCOPE and r.name.endswith("Backward0")]
+    assert {r.name for r in nodes} >= {"AddmmBackward0", "SumBackward0"}
+    assert all(r.sequence_nr >= 0 for r in nodes)
+    forward_seq = {r.sequence_nr for r in rows if r.name == "aten::addmm"}
+    assert forward_seq <= {r.sequence_nr for r in nodes}  # the forward <-> backward link
+
+    bounds = [StepBounds(0, block.start_ns - 1, block.start_ns + block.duration_ns + 1)]
+    (iteration,) = build_iterations(rows, bounds)
+    phases = Counter(op.phase for op in iteration.top_level_ops())
+    assert phases[Phase.FORWARD] and phases[Phase.BACKWARD] and phases[Phase.OPTIMIZER]
+
+
+def test_a_backward_on_another_thread_is_recorded_there(ops) -> None:
+    model = mlp()
+    x = torch.randn(8, 16)
+    worker_tid: list[int] = []
+
+    def step() -> None:
+        loss = model(x).sum()
+
+        def backward() -> None:
+            worker_tid.append(threading.get_native_id())
+            loss.backward()
+
+        thread = threading.Thread(target=backward)
+        thread.start()
+        thread.join()
+
+    rows = capture(ops, step)
+    main_tid = threading.get_native_id()
+    backward = [r for r in rows if r.name.startswith(AUTOGRAD_NODE_PREFIX)]
+    assert backward and {r.thread for r in backward} == {worker_tid[0]}
+    assert {r.thread for r in rows if r.name == "aten::linear"} == {main_tid}
+    # events of the worker thread nest among themselves
+    (outer,) = [r for r in backward if r.name.endswith("SumBackward0")]
+    assert all(r.start_ns >= outer.start_ns for r in backward)
+
+
+def test_a_checkpointed_backward_recomputes_the_forward_inside_the_backward(ops) -> None:
+    model = mlp()
+    x = torch.randn(8, 16, requires_grad=True)
+
+    def step() -> None:
+        checkpoint(model, x, use_reentrant=False).sum().backward()
+
+    rows = capture(ops, step)
+    linears = sorted((r for r in rows if r.name == "aten::linear"), key=lambda r: r.start_ns)
+    assert len(linears) == 4  # 2 in the forward, 2 recomputed in the backward
+    first_backward = min(r.start_ns for r in rows if r.name.startswith(AUTOGRAD_NODE_PREFIX))
+    assert [r.start_ns > first_backward for r in linears] == [False, False, True, True]
+
+
+def test_names_are_stable_and_shapes_and_dtypes_right(ops) -> None:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 16)
+    first = capture(ops, lambda: sgd_step(model, opt, x))
+    second = capture(ops, lambda: sgd_step(model, opt, x))
+    key = lambda r: (r.thread, r.start_ns)  # noqa: E731
+    assert [r.name for r in sorted(first, key=key)] == [r.name for r in sorted(second, key=key)]
+    (linear, *_) = [r for r in first if r.name == "aten::linear"]
+    assert linear.input_shapes == ((8, 16), (32, 16), (32,))
+    assert linear.input_dtypes == ("float", "float", "float")
+
+    def mixed() -> None:
+        b = torch.ones(3, dtype=torch.bfloat16)
+        torch.add(b, b, alpha=2)
+        torch.cat([torch.ones(2, dtype=torch.int64), torch.zeros(3, dtype=torch.int64)])
+
+    rows = capture(ops, mixed)
+    (add,) = [r for r in rows if r.name == "aten::add"]
+    assert add.input_shapes == ((3,), (3,), ())
+    assert add.input_dtypes == ("c10::BFloat16", "c10::BFloat16", "Scalar")
+    (cat,) = [r for r in rows if r.name == "aten::cat"]
+    assert cat.input_dtypes[0] == "TensorList"
+    without = capture(ops, lambda: sgd_step(model, opt, x), record_shapes=False)
+    assert without and all(r.input_shapes == () for r in without)
+
+
+def test_the_same_steps_seen_by_both_paths_agree(ops) -> None:
+    """Cross-check: our observer and the torch profiler running on the same steps."""
+    model = mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x = torch.randn(8, 16)
+    sgd_step(model, opt, x)  # lazy state out of the way
+    native, profiler = NativeOpCapture(ops), ProfilerOpCapture()
+    native.start(True)
+    profiler.start(True)
+    bounds = []
+    for step in range(2):
+        start = time.time_ns()
+        sgd_step(model, opt, x)
+        bounds.append(StepBounds(step, start, time.time_ns()))
+    profiler.stop()
+    native.stop()
+    ours = build_iterations(native.read(), bounds)
+    theirs = build_iterations(profiler.read(), bounds)
+    for a, b in zip(ours, theirs, strict=True):
+        assert [op.name for op in a.ops] == [op.name for op in b.ops]
+        assert [op.depth for op in a.ops] == [op.depth for op in b.ops]
+        assert [op.phase for op in a.ops] == [op.phase for op in b.ops]
+        assert [op.input_shapes for op in a.ops] == [op.input_shapes for op in b.ops]
+        assert [op.input_dtypes for op in a.ops] == [op.input_dtypes for op in b.ops]
+
+
+def test_a_users_profiler_during_the_window_gets_its_full_trace_and_so_do_we(ops) -> None:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(model, optimizer=opt, capture_steps=3, skip_steps=1, log_every=None)
+    sgd_step(model, opt, torch.randn(8, 16))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(3):  # the whole window
+            sgd_step(model, opt, torch.randn(8, 16))
+    hook.close()
+    trace = hook.wait_for_trace(30)
+    assert trace is not None, hook.capture_status
+    assert [it.step for it in trace.iterations] == [1, 2, 3]
+    ours = [sum(op.name == "aten::linear" for op in it.ops) for it in trace.iterations]
+    assert ours == [2, 2, 2]
+    theirs = [e for e in prof.events() if e.name == "aten::linear"]
+    assert len(theirs) == 6  # their three steps, complete
+    assert not torch.autograd._profiler_enabled()
+
+
+def test_records_past_the_budget_are_dropped_and_counted(ops) -> None:
+    capture(ops, lambda: None)  # every buffer trimmed to one chunk
+    held = ops.allocated_bytes()
+    cap = NativeOpCapture(ops, thread_budget_bytes=ops.CHUNK_BYTES)
+    a = torch.ones(2)
+    cap.start(False)
+    for _ in range(20_000):  # 40,000 records: far past one chunk of events
+        torch.add(a, a)
+    cap.stop()
+    rows = cap.read()
+    assert 0 < len(rows) < 20_000
+    assert cap.dropped > 0
+    assert ops.allocated_bytes() == held  # read() trimmed the buffers again
+
+
+def test_a_second_session_is_refused_while_one_is_open(ops) -> None:
+    first = NativeOpCapture(ops)
+    first.start(False)
+    try:
+        with pytest.raises(RuntimeError, match="already open"):
+            NativeOpCapture(ops).start(False)
+    finally:
+        first.stop()
+        first.read()
+
+
+# ---------------------------------------------------------------------------------------------
+# Build and fallback
+
+
+def test_the_cache_key_follows_torch_and_sources(tmp_path: Path, monkeypatch) -> None:
+    plan = native_ops.build_plan()
+    assert plan.torch_version == torch.__version__
+    assert plan.output.name.startswith("_ops") and torch.__version__ in plan.output.parent.name
+    assert "-DNDEBUG" in plan.command
+    monkeypatch.setenv("ETS_HOOK_CACHE_DIR", str(tmp_path))
+    assert native_ops.build_plan().output.parent.parent == tmp_path
+
+
+FALLBACK = textwrap.dedent(
+    """
+    import logging, sys, torch
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout)
+    from ets_hook import ETSHook
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(model, optimizer=opt, capture_steps=2, skip_steps=1, op_capture=sys.argv[1])
+    for _ in range(4):
+        opt.zero_grad(); model(torch.randn(3, 4)).sum().backward(); opt.step()
+    hook.close()
+    trace = hook.wait_for_trace(30)
+    print("STATUS", hook.capture_status)
+    print("OPS", trace.capture.op_capture, len(trace.iterations[0].ops))
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["auto", "native"])
+def test_without_a_compiler_the_profiler_captures_and_says_why(tmp_path: Path, mode: str) -> None:
+    env = {**os.environ, "ETS_HOOK_CACHE_DIR": str(tmp_path / "empty"), "CXX": "no-such-cxx"}
+    env["PATH"] = "/nonexistent"  # no g++ either
+    run = subprocess.run(
+        [sys.executable, "-c", FALLBACK, mode], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr
+    assert "STATUS done: ops: torch kineto cpu profiler (native observer: " in run.stdout
+    assert "no C++ compiler" in run.stdout
+    ops_line = next(line for line in run.stdout.splitlines() if line.startswith("OPS"))
+    assert ops_line.startswith("OPS torch kineto cpu profiler") and int(ops_line.split()[-1]) > 0
+    assert sum("native op observer unavailable" in line for line in run.stdout.splitlines()) == 1
+
+
+def test_the_observer_can_be_switched_off(tmp_path: Path) -> None:
+    env = {**os.environ, "ETS_HOOK_NATIVE_OPS": "0"}
+    run = subprocess.run(
+        [sys.executable, "-c", FALLBACK, "auto"], env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "disabled by ETS_HOOK_NATIVE_OPS" in run.stdout
