@@ -214,7 +214,13 @@ struct CorrelationApi {
 std::atomic<const CorrelationApi*> g_correlation{nullptr};
 
 thread_local ThreadBuffer* t_buffer = nullptr;
-thread_local uint64_t t_pushed[kCorrelationDepth];
+// Handles this thread pushed as external correlation ids, innermost last, with the API each was
+// pushed through: the end of an op that outlives stop() still pops what its start pushed.
+struct Pushed {
+  uint64_t handle;
+  const CorrelationApi* api;
+};
+thread_local Pushed t_pushed[kCorrelationDepth];
 thread_local int t_pushed_depth = 0;
 
 ets::StringTable& names() {
@@ -345,7 +351,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     r->os_tid = b->os_tid;
     const CorrelationApi* api = g_correlation.load(std::memory_order_acquire);
     if (api != nullptr && t_pushed_depth < kCorrelationDepth && api->push(handle)) {
-      t_pushed[t_pushed_depth++] = handle;
+      t_pushed[t_pushed_depth++] = Pushed{handle, api};
     }
     r->time_ns = now_ns();  // last: the op's own time starts after our bookkeeping
     b->events.publish();
@@ -360,10 +366,9 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   ThreadBuffer* b = thread_buffer();
   if (b == nullptr) return;
   const uint64_t handle = fn.handle();
-  if (t_pushed_depth > 0 && t_pushed[t_pushed_depth - 1] == handle) {
+  if (t_pushed_depth > 0 && t_pushed[t_pushed_depth - 1].handle == handle) {
     --t_pushed_depth;
-    const CorrelationApi* api = g_correlation.load(std::memory_order_acquire);
-    if (api != nullptr) api->pop();
+    t_pushed[t_pushed_depth].api->pop();
   }
   BusyScope scope(b);
   if (!scope.open) return;

@@ -107,3 +107,64 @@ def test_kernels_are_captured_and_linked_to_the_launching_op(fake_cupti):
         assert op.start_ns <= kernel.start_ns - 5_000 <= op.end_ns  # launch inside the op
         assert top.kernel_duration_ns == 20_000 and top.kernel_count == 1
     assert cupti._active is None, "the collector is closed after the window"
+
+
+_stacks: list[list[int]] = []
+
+
+@torch.library.custom_op("ets_test::fake_gpu_op_ext", mutates_args=())
+def fake_gpu_op_ext(x: torch.Tensor) -> torch.Tensor:
+    """Launches with a runtime record stamped 10 s ago (no op holds it: linking by launch time
+    fails) and the external correlation record CUPTI would emit for the id pushed last."""
+    corr = next(_correlation)
+    stack = T.fake_external_stack()
+    _stacks.append(stack)
+    now_ns = time.time_ns()
+    records = [
+        {"kind": "runtime", "cbid": CBID_LAUNCH_KERNEL, "start": now_ns - 10**10,
+         "end": now_ns - 10**10 + 2_000, "threadId": threading.get_native_id(),
+         "correlationId": corr},
+        {"kind": "concurrent_kernel", "name": "fake_kernel", "start": now_ns + 5_000,
+         "end": now_ns + 25_000, "streamId": 7, "correlationId": corr},
+    ]  # fmt: skip
+    if stack:
+        records.append(
+            {"kind": "external_correlation", "externalKind": cupti.EXTERNAL_CORRELATION_KIND,
+             "externalId": stack[-1], "correlationId": corr}
+        )  # fmt: skip
+    T.queue_activity_buffer(T.build_activity_buffer(records))
+    return x * 2
+
+
+@fake_gpu_op_ext.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+fake_gpu_op_ext.register_autograd(_backward, setup_context=_setup_context)
+
+
+def test_native_ops_push_their_ids_and_kernels_link_through_them(fake_cupti):
+    """The native observer pushes each op's handle as CUPTI external correlation id (popped at
+    its end) and the decode links a kernel to the op its launch was correlated with."""
+    model = nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(model, optimizer=opt, capture_steps=2, skip_steps=1, capture_kernels=True)
+    _stacks.clear()
+    for _ in range(4):
+        opt.zero_grad()
+        fake_gpu_op_ext(model(torch.randn(4, 8))).sum().backward()
+        opt.step()
+    hook.close()
+    trace = hook.wait_for_trace(30)
+    assert trace is not None, hook.capture_status
+    assert trace.capture.op_capture == "native RecordFunction observer"
+    # ids pushed only inside the window (steps 1 and 2), every push popped again
+    assert [bool(s) for s in _stacks] == [False, True, True, False]
+    assert T.fake_external_stack() == []
+    assert "100.0% of kernels linked" in hook.kernel_capture_status
+    for iteration in trace.iterations:
+        (kernel,) = iteration.kernels
+        op = iteration.ops[kernel.op_index]
+        assert "fake_gpu_op_ext" in op.name
+        assert op.start_ns <= kernel.start_ns <= op.end_ns + 30_000
