@@ -149,6 +149,7 @@ def run_job(
     seed: int = 0,
     models_dir: Path | None = None,
     record_shapes: str = "all",
+    op_capture: str = "auto",
 ) -> Run:
     workload = workloads()[spec.workload]
     job = workload.build(device, seed=seed)
@@ -165,6 +166,7 @@ def run_job(
         deadline=False,
         trace_estimator=held_out_estimator(models_dir, workload.family),
         record_shapes=record_shapes,
+        op_capture=op_capture,
     )
     t0_ns = hook.created_ns
     pending_phase_s = 0.0
@@ -380,6 +382,9 @@ def main(argv: list[str] | None = None) -> int:
         "--record-shapes", default="all", choices=("first", "all", "none"), help="hook setting"
     )
     parser.add_argument(
+        "--op-capture", default="native", choices=("native", "profiler"), help="hook setting"
+    )
+    parser.add_argument(
         "--held-out-models",
         type=Path,
         default=None,
@@ -407,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             args.seed,
             args.held_out_models,
             args.record_shapes,
+            args.op_capture,
         )
         errors = errors_for(run)
         runs.append(run)

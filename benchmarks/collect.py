@@ -34,11 +34,14 @@ import torch
 from ets_hook import ETSHook
 from ets_hook.cli.zoo import Workload, workloads
 from ets_hook.trace.events import Trace
+from ets_hook.trace.io import save_trace
 
 EARLY_SKIP, WINDOW = 1, 5
 
 
-def collect_one(workload: Workload, steps: int, device: str, seed: int) -> Trace:
+def collect_one(
+    workload: Workload, steps: int, device: str, seed: int, op_capture: str = "auto"
+) -> Trace:
     """Run one job; return its early + steady trace with targets in the metadata."""
     steady_start = max(EARLY_SKIP + WINDOW + 10, steps - WINDOW - 5)
     job = workload.build(device, seed=seed)
@@ -51,6 +54,7 @@ def collect_one(workload: Workload, steps: int, device: str, seed: int) -> Trace
         capture_steps=WINDOW,
         log_every=None,
         deadline=False,
+        op_capture=op_capture,
     )
     steady_hook: ETSHook | None = None
     for step in range(steps):
@@ -63,6 +67,7 @@ def collect_one(workload: Workload, steps: int, device: str, seed: int) -> Trace
                 log_every=None,
                 deadline=False,
                 trace_estimator=None,
+                op_capture=op_capture,
             )
         job.train_step(next(batches))
     early_hook.close()
@@ -99,6 +104,7 @@ def collect_one(workload: Workload, steps: int, device: str, seed: int) -> Trace
             "steady_step_s": statistics.median(settled),
             "step_times_s": list(times),
             "machine": platform.node(),
+            "op_capture": early.capture.op_capture,
         }
     )
     return early
@@ -112,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", default="", help="comma-separated subset (default: all)")
     parser.add_argument("--seeds", type=int, default=1, help="runs per configuration")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--op-capture", default="native", choices=("native", "profiler"), help="hook setting"
+    )
     args = parser.parse_args(argv)
     if args.steps < 2 * (EARLY_SKIP + WINDOW) + 15:
         parser.error(f"--steps must be >= {2 * (EARLY_SKIP + WINDOW) + 15}, got {args.steps}")
@@ -134,9 +143,9 @@ def main(argv: list[str] | None = None) -> int:
             workload = zoo[name].with_batch_size(max(1, round(zoo[name].batch_size * scale)))
             for seed in range(args.seeds):
                 t0 = time.perf_counter()
-                trace = collect_one(workload, args.steps, args.device, seed)
+                trace = collect_one(workload, args.steps, args.device, seed, args.op_capture)
                 path = out / f"{workload.name}.s{seed}.ets"
-                trace.save(path)
+                save_trace(trace, path)
                 meta = trace.metadata
                 index = [job for job in index if job["file"] != path.name]
                 index.append(

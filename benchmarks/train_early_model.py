@@ -43,7 +43,7 @@ from ets_hook.forecast.trace_estimators import (  # noqa: E402
     predict_step_ns,
     training_example,
 )
-from ets_hook.trace.events import Trace  # noqa: E402
+from ets_hook.trace.io import load_trace  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from ets_paper import KIND_LABEL, KINDS  # noqa: E402
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     files = sorted(args.dataset.glob("*.ets"))
     if not files:
         ap.error(f"no .ets files in {args.dataset}")
-    traces = [Trace.load(f) for f in files]
+    traces = [load_trace(f) for f in files]
     kinds = [k for k in args.kinds.split(",") if k]
     families = sorted({str(t.metadata.get("family", "")) for t in traces})
     print(f"{len(traces)} jobs, families {families}", file=sys.stderr)

@@ -660,7 +660,8 @@ class ETSHook:
         # The window's steps carry the profiler's cost, and the step after it the profiler's
         # disable (it materialises every event on this thread); decoding extends this (_decode).
         window_end = self.skip_steps + self.capture_steps
-        self._forecaster.set_capture_window(self.skip_steps, window_end)
+        costs = self._ops.cpu_costs if self._device.type == "cpu" else {}
+        self._forecaster.set_capture_window(self.skip_steps, window_end, **costs)
         self._forecaster.set_perturbed_steps(window_end + 1)
         # Step `skip_steps` starts now (its boundary just passed, or the hook was just created).
 

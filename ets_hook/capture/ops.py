@@ -20,7 +20,8 @@ started and stopped on the training thread and read back later, off it, as ``Raw
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -64,6 +65,13 @@ class NativeOpCapture:
     """
 
     name = "native RecordFunction observer"
+    #: What this capture costs a CPU job (``forecast.stats.StepTimePrior`` fields): a window
+    #: step / the steady step, and the extra time of the steps after the window (decode) in
+    #: steady steps, ~95% ranges (``benchmarks/capture_priors.py`` over a collected dataset).
+    cpu_costs: ClassVar[Mapping[str, tuple[float, float]]] = {
+        "capture_ratio": (1.0, 1.5),
+        "capture_spike_steps": (2.0, 26.0),
+    }
 
     def __init__(self, module: Any, thread_budget_bytes: int = NATIVE_THREAD_BUDGET_BYTES) -> None:
         self._ops = module
@@ -226,6 +234,13 @@ class ProfilerOpCapture:
 
     name = "torch kineto cpu profiler"
     dropped = 0
+    #: As ``NativeOpCapture.cpu_costs``: window steps 1.01-1.64x (10-90%), median 1.21x, over
+    #: the 72 jobs of benchmarks/collect.py; disable + decode 2.5-42 steady steps (2.5-97.5%),
+    #: median 13, over 56 runs of the accuracy benchmark's jobs.
+    cpu_costs: ClassVar[Mapping[str, tuple[float, float]]] = {
+        "capture_ratio": (1.0, 1.5),
+        "capture_spike_steps": (2.0, 26.0),
+    }
 
     def __init__(self) -> None:
         self.results: list[Any] = []

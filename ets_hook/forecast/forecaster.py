@@ -31,6 +31,7 @@ Failures inside the forecaster are logged once and never propagate, except
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import sys
@@ -289,7 +290,14 @@ class Forecaster:
             self._trace = estimate
             self._version += 1
 
-    def set_capture_window(self, start_step: int, end_step: int) -> None:
+    def set_capture_window(
+        self,
+        start_step: int,
+        end_step: int,
+        *,
+        capture_ratio: tuple[float, float] | None = None,
+        capture_spike_steps: tuple[float, float] | None = None,
+    ) -> None:
         """Steps ``[start_step, end_step)`` ran inside the capture window: slower by the prior's
         ``capture_ratio``. Steps from ``end_step`` up to ``set_perturbed_steps`` are left out of
         the measured estimate while they are not yet warm-up (profiler disable, decoding).
@@ -299,13 +307,22 @@ class Forecaster:
         Args:
             start_step: first local step index inside the window.
             end_step: local step index just after the window.
+            capture_ratio: replaces the prior's ``capture_ratio`` (the op capture that runs
+                decides it); None: keep it.
+            capture_spike_steps: replaces the prior's ``capture_spike_steps``; None: keep it.
 
         Raises:
-            ValueError: not ``0 <= start_step <= end_step``.
+            ValueError: not ``0 <= start_step <= end_step``, or a range the prior refuses.
         """
         if not 0 <= start_step <= end_step:
             raise ValueError(f"need 0 <= start_step <= end_step, got {start_step}, {end_step}")
+        prior = dataclasses.replace(
+            self.prior,
+            capture_ratio=capture_ratio or self.prior.capture_ratio,
+            capture_spike_steps=capture_spike_steps or self.prior.capture_spike_steps,
+        )
         with self._lock:
+            self.prior = prior
             self._capture = (start_step, end_step)
             self._perturbed_end = max(self._perturbed_end, end_step)
             self._version += 1

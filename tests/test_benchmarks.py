@@ -1,0 +1,42 @@
+"""The benchmark scripts still run against the package (smoke runs on the smallest settings;
+their measurements are not asserted here)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )  # fmt: skip
+
+
+def test_collect_then_capture_priors_on_one_small_job(tmp_path: Path) -> None:
+    out = tmp_path / "dataset"
+    collected = run(
+        "collect.py", "--out", str(out), "--workloads", "mlp-w128-d2-b32",
+        "--batch-scales", "1", "--steps", "30",
+    )  # fmt: skip
+    assert collected.returncode == 0, collected.stderr
+    assert len(list(out.glob("*.ets"))) == 1
+    priors = run("capture_priors.py", str(out))
+    assert priors.returncode == 0, priors.stderr
+    assert "native RecordFunction observer" in priors.stdout
+    assert "capture_spike_steps" in priors.stdout
+
+
+def test_scale_run_reports_no_drops_for_a_small_op_count(tmp_path: Path) -> None:
+    result = run("scale_ops.py", "--ops-per-step", "3000", "--steps", "8")
+    assert result.returncode == 0, result.stderr
+    lines = dict(line.strip().split(": ", 1) for line in result.stdout.splitlines() if ": " in line)
+    assert int(lines["dropped_records"]) == 0
+    assert int(lines["ops_per_step_seen"]) >= 3000 * 0.9
