@@ -479,8 +479,11 @@ def main(argv: list[str] | None = None) -> int:
     }
     out.with_suffix(".json").write_text(json.dumps(document, indent=1))
     out.with_suffix(".md").write_text(report + "\n")
-    plot(table, out.with_suffix(".png"))
-    print(f"\nwrote {out.with_suffix('.json')}, .md, .png")
+    try:
+        plot(table, out.with_suffix(".png"))
+        print(f"\nwrote {out.with_suffix('.json')}, .md, .png")
+    except ImportError:  # the plot needs the [bench] extra (matplotlib)
+        print(f"\nwrote {out.with_suffix('.json')}, .md (no .png: pip install 'ets-hook[bench]')")
     return 0
 
 

@@ -65,12 +65,14 @@ class NativeOpCapture:
     """
 
     name = "native RecordFunction observer"
-    #: What this capture costs a CPU job (``forecast.stats.StepTimePrior`` fields): a window
-    #: step / the steady step, and the extra time of the steps after the window (decode) in
-    #: steady steps, ~95% ranges (``benchmarks/capture_priors.py`` over a collected dataset).
+    #: What this capture costs a CPU job (``forecast.stats.StepTimePrior`` fields, whose range
+    #: midpoint is the correction and half-width its uncertainty): window steps / the steady
+    #: step 1.02-1.45 (10-90%), median 1.13; the two steps after the window (the decode on a
+    #: shared GIL) 0.8-43 steady steps (2.5-97.5%), median 5.6; over the 72 jobs of
+    #: ``benchmarks/collect.py`` (``benchmarks/capture_priors.py``).
     cpu_costs: ClassVar[Mapping[str, tuple[float, float]]] = {
-        "capture_ratio": (1.0, 1.5),
-        "capture_spike_steps": (2.0, 26.0),
+        "capture_ratio": (1.0, 1.3),
+        "capture_spike_steps": (0.5, 11.0),
     }
 
     def __init__(self, module: Any, thread_budget_bytes: int = NATIVE_THREAD_BUDGET_BYTES) -> None:
