@@ -25,7 +25,6 @@ import time
 from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -35,7 +34,14 @@ from .capture import native_ops
 from .capture.device_timer import CudaStepTimer
 from .capture.ops import NativeOpCapture, ProfilerOpCapture, other_profiler_active
 from .capture.steps import StepDetector
-from .capture.sysinfo import device_info, host_info, model_device
+from .capture.sysinfo import (
+    device_info,
+    distributed_rank,
+    host_info,
+    machine_facts,
+    model_device,
+    rank_trace_path,
+)
 from .errors import DeadlineExceededError
 from .ets.blas import single_threaded_blas
 from .forecast.forecaster import Forecaster
@@ -46,7 +52,7 @@ from .reporters.base import ReportDispatcher
 from .reporters.builder import build_reporters
 from .reporters.deadline import DeadlineMiss
 from .trace.decode import StepBounds, attach_kernels, build_iterations
-from .trace.events import CaptureInfo, DeviceInfo, HostInfo, Trace
+from .trace.events import CaptureInfo, Trace
 from .trace.io import save_trace
 
 logger = logging.getLogger("ets_hook")
@@ -58,18 +64,6 @@ OP_CAPTURE_MODES = ("auto", "native", "profiler")
 MAX_KEPT_STEP_TIMES = 1 << 20
 
 TraceEstimator = Callable[[Trace], "TraceEstimate | None"]
-
-
-def _machine_facts(device: torch.device) -> tuple[DeviceInfo | None, HostInfo | None]:
-    """Device and host facts for the trace (None where gathering them failed: decode retries)."""
-    facts: list[Any] = []
-    for gather in (lambda: device_info(device), host_info):
-        try:
-            facts.append(gather())
-        except Exception as exc:
-            logger.debug("ets-hook: machine facts unavailable now: %r", exc)
-            facts.append(None)
-    return facts[0], facts[1]
 
 
 def _resolve_trace_estimator(
@@ -94,42 +88,6 @@ class _State:
     DECODING = "decoding"
     DONE = "done"
     OFF = "off"
-
-
-def _distributed_rank() -> tuple[int, int]:
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-    except Exception:
-        pass
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-
-
-def rank_trace_path(path: str | os.PathLike[str], rank: int, world_size: int) -> Path:
-    """The trace path of one rank: fill a ``{rank}`` placeholder, or add ``.rank<N>`` under DDP.
-
-    Args:
-        path: the path the user gave; ``{rank}`` in it is filled whatever the world size.
-        rank: this process's rank.
-        world_size: number of processes; above 1 (and without ``{rank}``), ``run.ets`` becomes
-            ``run.rank<rank>.ets``.
-
-    Returns:
-        The path for this rank (``path`` unchanged for a single process without ``{rank}``).
-
-    Raises:
-        KeyError, IndexError, ValueError: ``path`` holds ``{rank}`` and other ``{...}`` fields or
-            stray braces (it goes through ``str.format``).
-    """
-    text = os.fspath(path)
-    if "{rank}" in text:
-        return Path(text.format(rank=rank))
-    if world_size > 1:
-        target = Path(text)
-        return target.with_name(f"{target.stem}.rank{rank}{target.suffix}")
-    return Path(text)
 
 
 class ETSHook:
@@ -308,7 +266,7 @@ class ETSHook:
         self.record_shapes = record_shapes
         self._decode_in_background = decode_in_background
         self._device = torch.device(device if device is not None else model_device(model))
-        self._rank, self._world_size = _distributed_rank()
+        self._rank, self._world_size = distributed_rank()
         self.trace_path = (
             rank_trace_path(trace_path, self._rank, self._world_size)
             if trace_path is not None
@@ -350,7 +308,7 @@ class ETSHook:
         # Resolved now, before training starts, like the machine facts below: importing the model
         # code and loading its weights (~0.1 s), psutil and NVML on the decode thread would hold
         # the GIL against the training loop.
-        facts = _machine_facts(self._device) if capture_steps > 0 else (None, None)
+        facts = machine_facts(self._device) if capture_steps > 0 else (None, None)
         self._device_info, self._host_info = facts
         self._trace_estimator = (
             _resolve_trace_estimator(trace_estimator, self._device.type)
@@ -731,7 +689,10 @@ class ETSHook:
             )
             dropped = 0
             if self._collector is not None:
-                from .capture.gpu_records import decode_activity  # the collector imported _C
+                from .capture.gpu_records import (  # the collector imported _C
+                    decode_activity,
+                    ops_by_correlation,
+                )
 
                 if window_end_event is not None:
                     window_end_event.synchronize()  # this thread only: the window's kernels ran
@@ -740,17 +701,11 @@ class ETSHook:
                 activity = decode_activity(records, clock_offset_ns=clock_offset_ns)
                 # Ops of the native observer pushed their handle as external correlation id.
                 op_of_handle = {raws[i].handle: at for i, at in positions.items() if raws[i].handle}
-                op_by_correlation = {
-                    corr: op_of_handle[ext]
-                    for corr, ext in zip(
-                        activity.external_ids["correlation_id"].tolist(),
-                        activity.external_ids["external_id"].tolist(),
-                        strict=True,
-                    )
-                    if ext in op_of_handle
-                }
                 correlated = attach_kernels(
-                    iterations, activity.kernels, activity.launches, op_by_correlation
+                    iterations,
+                    activity.kernels,
+                    activity.launches,
+                    ops_by_correlation(activity.external_ids, op_of_handle),
                 )
                 self._kernel_status += f"; {100 * correlated:.1f}% of kernels linked to an op"
             self._trace = Trace(

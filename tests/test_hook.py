@@ -360,7 +360,8 @@ def test_setup_failures_at_creation_never_raise(monkeypatch):
     def broken_model(device_type):
         raise RuntimeError("model file unreadable")
 
-    monkeypatch.setattr(hook_module, "host_info", flaky_host_info)
+    monkeypatch.setattr(hook_module, "host_info", flaky_host_info)  # the decode's retry
+    monkeypatch.setattr("ets_hook.capture.sysinfo.host_info", flaky_host_info)  # at creation
     monkeypatch.setattr("ets_hook.forecast.trace_estimators.default_trace_estimator", broken_model)
     model = tiny_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

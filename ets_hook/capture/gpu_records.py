@@ -15,6 +15,7 @@ Input is a ``RECORD_DTYPE`` array from ``KernelCollector.drain()``; all interpre
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -260,3 +261,26 @@ def decode_activity(
         external_ids=external_correlation_table(records),
         invalid=invalid,
     )
+
+
+def ops_by_correlation(
+    external_ids: np.ndarray, op_of_handle: Mapping[int, tuple[int, int]]
+) -> dict[int, tuple[int, int]]:
+    """CUPTI correlation id -> the op whose handle its launch carried as external id.
+
+    Args:
+        external_ids: ``EXTERNAL_DTYPE`` rows (``GpuActivity.external_ids``).
+        op_of_handle: op handle (``RawOp.handle``) -> (iteration index, op index).
+
+    Returns:
+        The mapping for the launches whose external id is a known op handle.
+    """
+    return {
+        corr: op_of_handle[ext]
+        for corr, ext in zip(
+            external_ids["correlation_id"].tolist(),
+            external_ids["external_id"].tolist(),
+            strict=True,
+        )
+        if ext in op_of_handle
+    }

@@ -8,12 +8,16 @@ found by the device's UUID, never by its index.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import platform
 import socket
+from pathlib import Path
 from typing import Any
 
 from ..trace.events import DeviceInfo, HostInfo
+
+logger = logging.getLogger("ets_hook")
 
 
 def _cpu_model() -> str:
@@ -133,3 +137,60 @@ def model_device(model: Any) -> Any:
     except Exception:
         pass
     return "cpu"
+
+
+def machine_facts(device: Any) -> tuple[DeviceInfo | None, HostInfo | None]:
+    """Device and host facts for the trace, gathered up front (never raises).
+
+    Args:
+        device: the training device.
+
+    Returns:
+        ``(device facts, host facts)``; None where gathering failed (the decode retries).
+    """
+    facts: list[Any] = []
+    for gather in (lambda: device_info(device), host_info):
+        try:
+            facts.append(gather())
+        except Exception as exc:
+            logger.debug("ets-hook: machine facts unavailable now: %r", exc)
+            facts.append(None)
+    return facts[0], facts[1]
+
+
+def distributed_rank() -> tuple[int, int]:
+    """This process's ``(rank, world size)``: from ``torch.distributed`` when initialised, else
+    the launcher's ``RANK`` / ``WORLD_SIZE`` variables, else ``(0, 1)``. Never raises."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except Exception:
+        pass
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def rank_trace_path(path: str | os.PathLike[str], rank: int, world_size: int) -> Path:
+    """The trace path of one rank: fill a ``{rank}`` placeholder, or add ``.rank<N>`` under DDP.
+
+    Args:
+        path: the path the user gave; ``{rank}`` in it is filled whatever the world size.
+        rank: this process's rank.
+        world_size: number of processes; above 1 (and without ``{rank}``), ``run.ets`` becomes
+            ``run.rank<rank>.ets``.
+
+    Returns:
+        The path for this rank (``path`` unchanged for a single process without ``{rank}``).
+
+    Raises:
+        KeyError, IndexError, ValueError: ``path`` holds ``{rank}`` and other ``{...}`` fields or
+            stray braces (it goes through ``str.format``).
+    """
+    text = os.fspath(path)
+    if "{rank}" in text:
+        return Path(text.format(rank=rank))
+    if world_size > 1:
+        target = Path(text)
+        return target.with_name(f"{target.stem}.rank{rank}{target.suffix}")
+    return Path(text)
