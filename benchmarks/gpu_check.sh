@@ -76,6 +76,9 @@ run_step build 200 bash -c '
     || "$PYTHON" setup.py build_ext --inplace'
 
 
+# The native op observer, compiled against the CUDA build of torch there (ets-hook build-ops).
+run_step build_ops 120 "$PYTHON" -m ets_hook.cli.main build-ops
+
 run_step cupti_status 60 "$PYTHON" - <<EOF
 import json
 from ets_hook import _C
@@ -94,6 +97,10 @@ EOF
 
 run_step gpu_tests 200 "$PYTHON" -m pytest -m requires_cuda tests/gpu -v -rs \
   -p no:cacheprovider --junitxml="$OUT_DIR/gpu_tests.xml"
+
+# Native ops on CUDA: external correlation ids pushed per op, kernels linked through them.
+run_step native_ops_gpu 120 "$PYTHON" -m pytest tests/capture/test_native_ops.py tests/gpu -v -rs \
+  -p no:cacheprovider --junitxml="$OUT_DIR/native_ops_gpu.xml"
 
 run_step ring_throughput 90 "$PYTHON" benchmarks/ring_throughput.py --runs 5 \
   --json "$OUT_DIR/ring_throughput.json"

@@ -12,11 +12,16 @@ from ets_hook.cli.zoo import workloads
 pytestmark = pytest.mark.requires_cuda
 
 
+@pytest.mark.parametrize("op_capture", ["native", "profiler"])
 @pytest.mark.parametrize("name", ["resnet-w16-x2-b32-s32", "transformer-d128-l4-b16-t64"])
-def test_kernels_in_a_captured_step_are_linked_to_ops(name):
+def test_kernels_in_a_captured_step_are_linked_to_ops(name, op_capture):
+    """On the native path kernels link through the external ids each op pushed; on the
+    profiler path through launch times."""
     job = workloads()[name].build("cuda")
     batches = job.batches()
-    hook = ETSHook(job.model, optimizer=job.optimizer, total_steps=12, capture_steps=3)
+    hook = ETSHook(
+        job.model, optimizer=job.optimizer, total_steps=12, capture_steps=3, op_capture=op_capture
+    )
     for _ in range(12):
         job.train_step(next(batches))
     torch.cuda.synchronize()
@@ -25,6 +30,7 @@ def test_kernels_in_a_captured_step_are_linked_to_ops(name):
     assert trace is not None, hook.capture_status
     assert hook.kernel_capture_status.startswith("on"), hook.kernel_capture_status
     assert trace.device.kind == "cuda" and trace.device.name
+    assert op_capture in trace.capture.op_capture
     for iteration in trace.iterations:
         kernels = [k for k in iteration.kernels if k.kind.value == "kernel"]
         assert len(kernels) >= 10
