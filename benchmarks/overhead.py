@@ -14,7 +14,11 @@ variant alike, and no variant always follows the same one). Round 0 is a warm-up
 - ``profiler_shapes``,     the same with ``op_capture="profiler"`` (Kineto CPU profiler);
   ``profiler``:
 - ``torch_profiler_shapes``, a bare ``torch.profiler.profile(activities=[CPU],
-  ``torch_profiler``:      record_shapes=True / False)`` block around 5 steps.
+  ``torch_profiler``:      record_shapes=True / False)`` block around 5 steps;
+- ``observer_shapes``,     the native observer alone, no hook (``NativeOpCapture`` started
+  ``observer``:            before and stopped after 5 steps; its ``read`` is timed apart): the
+                           observer's own cost, apples to apples with the bare torch.profiler
+                           block; the hook variants add the hook's per-step Python work.
 
 Measured per variant:
 
@@ -93,15 +97,27 @@ VARIANTS: dict[str, tuple[str, str | None, bool]] = {
     "profiler": ("hook", "profiler", False),
     "torch_profiler_shapes": ("bare", None, True),
     "torch_profiler": ("bare", None, False),
+    "observer_shapes": ("observer", "native", True),
+    "observer": ("observer", "native", False),
 }
 HOOK_VARIANTS = tuple(name for name, spec in VARIANTS.items() if spec[0] == "hook")
 BARE_VARIANTS = tuple(name for name, spec in VARIANTS.items() if spec[0] == "bare")
+OBSERVER_VARIANTS = tuple(name for name, spec in VARIANTS.items() if spec[0] == "observer")
 #: (label, numerator, denominator) of the added-cost ratios reported
 RATIOS = (
     ("native/torch.prof shapes", "native_shapes", "torch_profiler_shapes"),
     ("native/torch.prof", "native", "torch_profiler"),
     ("native/ets-prof shapes", "native_shapes", "profiler_shapes"),
     ("native/ets-prof", "native", "profiler"),
+    ("observer/torch.prof shapes", "observer_shapes", "torch_profiler_shapes"),
+    ("observer/torch.prof", "observer", "torch_profiler"),
+)
+#: the ratios of the markdown table
+MD_RATIOS = (
+    "native/torch.prof shapes",
+    "native/torch.prof",
+    "observer/torch.prof shapes",
+    "observer/torch.prof",
 )
 PER_STEP_TARGET = 0.6
 CAPTURE_TARGET, CAPTURE_STRETCH = 1.0, 0.5
@@ -226,6 +242,25 @@ def _bare_block(job: Any, batches: Any, shapes: bool) -> dict[str, Any]:
     return {"steady": steps[STEADY], "block_s": total, "events_per_step": events / WINDOW}
 
 
+def _observer_block(job: Any, batches: Any, shapes: bool) -> dict[str, Any]:
+    capture = NativeOpCapture(native_ops.load())
+    _sync(job.device)
+    started = time.perf_counter_ns()
+    capture.start(shapes)
+    steps = _timed_steps(job, batches, WINDOW, None)
+    capture.stop()
+    _sync(job.device)
+    stopped = time.perf_counter_ns()
+    rows = len(capture.read())
+    read_s = (time.perf_counter_ns() - stopped) / 1e9
+    return {
+        "steady": steps[STEADY],
+        "block_s": (stopped - started) / 1e9,
+        "read_s": read_s,
+        "events_per_step": rows / WINDOW,
+    }
+
+
 def count_ops(job: Any, batches: Any, steps: int = 3) -> dict[str, float]:
     """Ops per timed step (``train_step`` only), seen by the native observer and the profiler."""
     out: dict[str, float] = {}
@@ -299,6 +334,8 @@ def measure(
                 assert op_capture is not None
                 extra = after_steps if variant == "native_shapes" else 0
                 result = _hook_block(job, batches, op_capture, shapes, extra)
+            elif kind == "observer":
+                result = _observer_block(job, batches, shapes)
             else:
                 result = _bare_block(job, batches, shapes)
             if round_index >= warmup_rounds:
@@ -374,7 +411,7 @@ def summarize(
             "trace_steps": min(b["trace_steps"] for b in blocks[v]),
             "op_capture": sorted({b["op_capture"] for b in blocks[v]}),
         }
-    for v in BARE_VARIANTS:
+    for v in BARE_VARIANTS + OBSERVER_VARIANTS:
         if not blocks.get(v):
             continue
         block_ms = [
@@ -382,6 +419,10 @@ def summarize(
         ]
         capture[v] = {
             "block_ms": spread(block_ms),
+            "none_steps_ms": 1e3 * WINDOW * statistics.median(base),
+            "read_ms": (
+                spread([1e3 * b["read_s"] for b in blocks[v]]) if "read_s" in blocks[v][0] else None
+            ),
             "events_per_step": statistics.median(b["events_per_step"] for b in blocks[v]),
         }
 
@@ -397,6 +438,9 @@ def summarize(
         if v in capture
     }
     capture_ratios["native/torch_profiler"] = _ratio(cost("native"), cost("torch_profiler"))
+    for v, den in (("observer_shapes", "torch_profiler_shapes"), ("observer", "torch_profiler")):
+        if v in capture:
+            capture_ratios[f"{v}/{den}"] = _ratio(cost(v), cost(den))
 
     # Noise floor: none across rounds, and the A/A difference none_aa - none.
     n = step_ms["none"]
@@ -568,6 +612,11 @@ def print_workload(r: dict[str, Any]) -> None:
             print(
                 f"   {v + ' (block)':24} {'':>18} {'':>18} {'':>5} "
                 f"{_pm(c['block_ms'], '.1f'):>24} {c['events_per_step']:14.0f}"
+                + (
+                    f"  (+ read {_pm(c['read_ms'], '.1f')} ms)"
+                    if c.get("read_ms")
+                    else f"  (5 steps without hook: {c['none_steps_ms']:.1f} ms)"
+                )
             )
     ratios = "  ".join(f"{k} {_fmt(v, '.2f')}" for k, v in r["capture_ratio"].items())
     print(
@@ -593,10 +642,12 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "| workload | ops/step | step (no hook) | noise (none IQR) | A/A µs/op "
         + "".join(f"| {v} µs/op " for v in VARIANTS if v not in ("none", "none_aa"))
-        + "| native/torch.prof shapes | native/torch.prof |",
+        + "".join(f"| {label} " for label in MD_RATIOS)
+        + "|",
         "|---|---:|---:|---:|---:"
         + "".join("|---:" for v in VARIANTS if v not in ("none", "none_aa"))
-        + "|---:|---:|",
+        + "|---:" * len(MD_RATIOS)
+        + "|",
     ]
     for r in report["results"]:
         aa = r["noise"].get("aa_us_per_op")
@@ -610,19 +661,21 @@ def markdown(report: dict[str, Any]) -> str:
                 continue
             a = r["added_us_per_op"].get(v)
             row += f" | {_pm(a, '.2f')}" if a else " | "
-        for label in ("native/torch.prof shapes", "native/torch.prof"):
+        for label in MD_RATIOS:
             row += f" | {_fmt(r['added_ratio'].get(label), '.2f')}"
         lines.append(row + " |")
     lines += [
         "",
         "Whole capture, extra wall time over no hook (ms; steps 0-5 + decoding until the trace "
-        "is ready) vs a bare 5-step torch.profiler block:",
+        "is ready) vs a bare 5-step torch.profiler block (enter + 5 steps + exit) and the bare "
+        "observer (start + 5 steps + stop; its read not included). Ratios: whole capture / "
+        "torch.profiler(shapes) block; native / torch.profiler block:",
         "",
         "| workload | "
         + " | ".join(HOOK_VARIANTS)
-        + " | torch.profiler(shapes) block | torch.profiler block | native_shapes ratio |"
-        + " native ratio |",
-        "|---|" + "---:|" * (len(HOOK_VARIANTS) + 4),
+        + " | torch.profiler(shapes) block | torch.profiler block | observer(shapes) block"
+        + " | observer block | native_shapes ratio | native ratio |",
+        "|---|" + "---:|" * (len(HOOK_VARIANTS) + 6),
     ]
     for r in report["results"]:
         c = r["capture"]
@@ -632,7 +685,10 @@ def markdown(report: dict[str, Any]) -> str:
             else ""
             for v in HOOK_VARIANTS
         ]
-        cells += [f"{c[v]['block_ms']['median']:.1f}" if v in c else "" for v in BARE_VARIANTS]
+        cells += [
+            f"{c[v]['block_ms']['median']:.1f}" if v in c else ""
+            for v in BARE_VARIANTS + OBSERVER_VARIANTS
+        ]
         cells += [
             _fmt(r["capture_ratio"].get("native_shapes/torch_profiler_shapes"), ".2f"),
             _fmt(r["capture_ratio"].get("native/torch_profiler"), ".2f"),
