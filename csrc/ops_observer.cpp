@@ -22,6 +22,9 @@
 //   after stop() (the window ends inside Optimizer.step#...) is still recorded, as its start was.
 // - Memory: buffers live for the process (a late end callback may write to them); reset() trims
 //   them to one chunk, after waiting for any callback in flight on each of them (busy flag).
+// - Scopes: ATen ops, autograd nodes, TorchScript functions and user annotations (what the decode
+//   reads); listening to a scope costs PyTorch work each time a thread's RecordFunction state is
+//   set (per autograd node), so the others (mobile, static runtime, build features) are left out.
 // - Times: CLOCK_REALTIME ns, the clock CUPTI timestamps use on Linux and time.time_ns().
 // - Correlation: when the Python side hands in a push/pop pair (a capsule from ets_hook._C), each
 //   op start pushes its handle as CUPTI external correlation id and the matching end pops it, so
@@ -99,13 +102,15 @@ constexpr int64_t kPadWord = INT64_MIN;
 // Per-thread buffers
 
 // Append-only chunked log of T with one producer; readers see the first `published` items.
-template <typename T>
+template <typename T, std::size_t kChunkItems>
 class ChunkedLog {
  public:
   static constexpr std::size_t kMaxChunks = 4096;
+  static constexpr std::size_t chunk_items_ = kChunkItems;
+  static_assert((kChunkItems & (kChunkItems - 1)) == 0, "a power of two: / and % are shifts");
 
   // `pad` fills the unused tail of a chunk when a multi-item slot does not fit in it.
-  ChunkedLog(std::size_t chunk_items, T pad) : chunk_items_(chunk_items), pad_(pad) {
+  explicit ChunkedLog(T pad) : pad_(pad) {
     for (auto& c : chunks_) c.store(nullptr, std::memory_order_relaxed);
   }
   ~ChunkedLog() {
@@ -175,7 +180,6 @@ class ChunkedLog {
   }
 
  private:
-  const std::size_t chunk_items_;
   const T pad_;
   std::atomic<T*> chunks_[kMaxChunks];
   std::size_t written_ = 0;  // producer only
@@ -188,12 +192,34 @@ constexpr std::size_t kChunkInputWords = 32768;   // 256 KiB of input words per 
 constexpr std::size_t kMaxInputWords = 4096;      // one op's inputs (longer: recorded as none)
 constexpr int kCorrelationDepth = 256;
 
+struct CorrelationApi;
+
+// Handles this thread pushed as external correlation ids, innermost last, with the API each was
+// pushed through: the end of an op that outlives stop() still pops what its start pushed.
+struct Pushed {
+  uint64_t handle;
+  const CorrelationApi* api;
+};
+
+// Interned name ids cached per thread: by the name's pointer (checked against the interned
+// bytes: RecordFunction names are not stable pointers), then by the name's bytes (autograd
+// nodes' names live in a fresh string each time), before the shared table and its lock.
+struct NameCacheEntry {
+  const char* key = nullptr;
+  const char* interned = nullptr;
+  uint32_t id = 0;
+};
+constexpr std::size_t kNameCache = 1024;
+
 struct ThreadBuffer {
-  explicit ThreadBuffer(uint32_t tid)
-      : os_tid(tid), events(kChunkRecords, OpRecord{}), inputs(kChunkInputWords, kPadWord) {}
+  explicit ThreadBuffer(uint32_t tid) : os_tid(tid), events(OpRecord{}), inputs(kPadWord) {}
   const uint32_t os_tid;
-  ChunkedLog<OpRecord> events;
-  ChunkedLog<int64_t> inputs;
+  ChunkedLog<OpRecord, kChunkRecords> events;
+  ChunkedLog<int64_t, kChunkInputWords> inputs;
+  NameCacheEntry names_by_pointer[kNameCache];
+  NameCacheEntry names_by_bytes[kNameCache];
+  Pushed pushed[kCorrelationDepth];
+  int pushed_depth = 0;
   std::size_t budget_bytes = 0;                  // producer (and reset, with no producer)
   std::atomic<uint64_t> dropped{0};
   std::atomic<int> busy{0};                      // a callback of this thread is running
@@ -213,23 +239,16 @@ struct CorrelationApi {
 };
 std::atomic<const CorrelationApi*> g_correlation{nullptr};
 
+// The callbacks' one thread-local access (each one costs a __tls_get_addr call in a dlopen'ed
+// module): everything else per thread hangs off this buffer.
 thread_local ThreadBuffer* t_buffer = nullptr;
-// Handles this thread pushed as external correlation ids, innermost last, with the API each was
-// pushed through: the end of an op that outlives stop() still pops what its start pushed.
-struct Pushed {
-  uint64_t handle;
-  const CorrelationApi* api;
-};
-thread_local Pushed t_pushed[kCorrelationDepth];
-thread_local int t_pushed_depth = 0;
 
 ets::StringTable& names() {
   static ets::StringTable* table = new ets::StringTable();  // never destroyed: callbacks may run late
   return *table;
 }
 
-ThreadBuffer* thread_buffer() noexcept {
-  if (t_buffer != nullptr) return t_buffer;
+ThreadBuffer* new_thread_buffer() noexcept {
   try {
     auto buffer = std::make_unique<ThreadBuffer>(static_cast<uint32_t>(syscall(SYS_gettid)));
     std::lock_guard<std::mutex> lock(g_threads_mutex);
@@ -242,32 +261,35 @@ ThreadBuffer* thread_buffer() noexcept {
   return t_buffer;
 }
 
+inline ThreadBuffer* thread_buffer() noexcept {
+  ThreadBuffer* b = t_buffer;
+  return b != nullptr ? b : new_thread_buffer();
+}
+
 inline int64_t now_ns() noexcept {
   timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
-// Interned name id: a per-thread cache keyed by the name's pointer, checked against the interned
-// bytes (RecordFunction names are not stable pointers), then the shared table.
-struct NameCacheEntry {
-  const char* key = nullptr;
-  const char* interned = nullptr;
-  uint32_t id = 0;
-};
-constexpr std::size_t kNameCache = 1024;
-thread_local NameCacheEntry t_names[kNameCache];
-
-uint32_t intern(const char* name) noexcept {
+// Interned name id (see NameCacheEntry): pointer cache, then bytes cache, then the shared table.
+uint32_t intern(ThreadBuffer* b, const char* name) noexcept {
   if (name == nullptr) return 0;
-  NameCacheEntry& e = t_names[(reinterpret_cast<uintptr_t>(name) >> 3) % kNameCache];
-  if (e.key == name && e.interned != nullptr && std::strcmp(e.interned, name) == 0) return e.id;
+  NameCacheEntry& by_pointer = b->names_by_pointer[(reinterpret_cast<uintptr_t>(name) >> 3) % kNameCache];
+  if (by_pointer.key == name && std::strcmp(by_pointer.interned, name) == 0) return by_pointer.id;
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a over the bytes
+  for (const char* c = name; *c != 0; ++c) hash = (hash ^ static_cast<unsigned char>(*c)) * 1099511628211ull;
+  NameCacheEntry& by_bytes = b->names_by_bytes[hash % kNameCache];
+  if (by_bytes.interned != nullptr && std::strcmp(by_bytes.interned, name) == 0) {
+    by_pointer = NameCacheEntry{name, by_bytes.interned, by_bytes.id};
+    return by_bytes.id;
+  }
   const uint32_t id = names().intern(std::string_view(name));
   std::string_view stored;
   if (id != 0 && names().lookup(id, &stored)) {
-    e.key = name;
-    e.interned = stored.data();  // the table stores a NUL after each name
-    e.id = id;
+    // The table stores a NUL after each name and never moves or frees it.
+    by_bytes = NameCacheEntry{nullptr, stored.data(), id};
+    by_pointer = NameCacheEntry{name, stored.data(), id};
   }
   return id;
 }
@@ -343,15 +365,15 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     r->kind = kStart;
     r->scope = static_cast<uint8_t>(fn.scope());
     r->flags = flags;
-    r->name_id = intern(fn.name());
+    r->name_id = intern(b, fn.name());
     r->handle = handle;
     r->seq_nr = fn.seqNr();
     r->fwd_thread = fn.forwardThreadId();
     r->rf_thread = static_cast<uint32_t>(fn.threadId());
     r->os_tid = b->os_tid;
     const CorrelationApi* api = g_correlation.load(std::memory_order_acquire);
-    if (api != nullptr && t_pushed_depth < kCorrelationDepth && api->push(handle)) {
-      t_pushed[t_pushed_depth++] = Pushed{handle, api};
+    if (api != nullptr && b->pushed_depth < kCorrelationDepth && api->push(handle)) {
+      b->pushed[b->pushed_depth++] = Pushed{handle, api};
     }
     r->time_ns = now_ns();  // last: the op's own time starts after our bookkeeping
     b->events.publish();
@@ -366,9 +388,9 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   ThreadBuffer* b = thread_buffer();
   if (b == nullptr) return;
   const uint64_t handle = fn.handle();
-  if (t_pushed_depth > 0 && t_pushed[t_pushed_depth - 1].handle == handle) {
-    --t_pushed_depth;
-    t_pushed[t_pushed_depth].api->pop();
+  if (b->pushed_depth > 0 && b->pushed[b->pushed_depth - 1].handle == handle) {
+    --b->pushed_depth;
+    b->pushed[b->pushed_depth].api->pop();
   }
   BusyScope scope(b);
   if (!scope.open) return;
@@ -386,8 +408,15 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
 }
 
 bool register_callback(bool with_inputs) {
-  g_handle = at::addGlobalCallback(
-      at::RecordFunctionCallback(&on_start, &on_end).needsInputs(with_inputs).needsIds(true));
+  // Only the scopes the decode reads: every scope a callback listens to costs PyTorch work each
+  // time a thread's RecordFunction state is set (the autograd engine does it per node).
+  g_handle = at::addGlobalCallback(at::RecordFunctionCallback(&on_start, &on_end)
+                                       .needsInputs(with_inputs)
+                                       .needsIds(true)
+                                       .scopes({at::RecordScope::FUNCTION,
+                                                at::RecordScope::BACKWARD_FUNCTION,
+                                                at::RecordScope::TORCHSCRIPT_FUNCTION,
+                                                at::RecordScope::USER_SCOPE}));
   g_with_inputs = with_inputs;
   return g_handle != at::INVALID_CALLBACK_HANDLE;
 }

@@ -100,12 +100,14 @@ def _nest(raws: Sequence[RawOp]) -> list[int]:
     return parents
 
 
-def _training_thread(raws: Sequence[RawOp], parents: list[int]) -> int:
+def _training_thread(
+    raws: Sequence[RawOp], parents: list[int], annotation: list[bool], autograd: list[bool]
+) -> int:
     """The thread that runs the forward: most outermost non-autograd, non-annotation events."""
     counts: Counter[int] = Counter(
         raw.thread
-        for raw, parent in zip(raws, parents)
-        if parent == -1 and not _is_autograd_node(raw) and not _is_annotation(raw)
+        for raw, parent, is_ann, is_node in zip(raws, parents, annotation, autograd)
+        if parent == -1 and not is_node and not is_ann
     )
     if not counts:
         counts = Counter(raw.thread for raw in raws)
@@ -153,7 +155,13 @@ def build_iterations(
         (``fill_host_gaps``).
     """
     parents = _nest(raws)
-    training_thread = _training_thread(raws, parents)
+    annotation = [_is_annotation(raw) for raw in raws]
+    autograd = [_is_autograd_node(raw) for raw in raws]
+    optimizer_annotation = [
+        is_ann and raw.name.startswith(OPTIMIZER_ANNOTATION_PREFIX)
+        for raw, is_ann in zip(raws, annotation)
+    ]
+    training_thread = _training_thread(raws, parents, annotation, autograd)
     ordered_bounds = sorted(bounds, key=lambda b: b.start_ns)
     starts = [b.start_ns for b in ordered_bounds]
 
@@ -164,29 +172,25 @@ def build_iterations(
     op_parent = [-1] * len(raws)  # nearest non-annotation ancestor
     depth = [0] * len(raws)
     order = sorted(range(len(raws)), key=lambda i: (raws[i].start_ns, -raws[i].duration_ns))
-    position = {index: rank for rank, index in enumerate(order)}
-    for index in sorted(range(len(raws)), key=lambda i: position[i]):
-        raw, parent = raws[index], parents[index]
+    position = [0] * len(raws)
+    for rank, index in enumerate(order):
+        position[index] = rank
+    for index in order:
+        parent = parents[index]
         if parent >= 0 and position[parent] > position[index]:
             parent = -1  # defensive: a parent never follows its child
         if parent >= 0:
             roots[index] = roots[parent]
-            in_optimizer[index] = in_optimizer[parent] or (
-                _is_annotation(raws[parent])
-                and raws[parent].name.startswith(OPTIMIZER_ANNOTATION_PREFIX)
-            )
-            in_backward[index] = in_backward[parent] or _is_autograd_node(raws[parent])
-            op_parent[index] = parent if not _is_annotation(raws[parent]) else op_parent[parent]
-            depth[index] = depth[parent] + (0 if _is_annotation(raws[parent]) else 1)
-        if _is_annotation(raw):
-            in_optimizer[index] = in_optimizer[index] or raw.name.startswith(
-                OPTIMIZER_ANNOTATION_PREFIX
-            )
-        in_backward[index] = in_backward[index] or _is_autograd_node(raw)
+            in_optimizer[index] = in_optimizer[parent] or optimizer_annotation[parent]
+            in_backward[index] = in_backward[parent] or autograd[parent]
+            op_parent[index] = op_parent[parent] if annotation[parent] else parent
+            depth[index] = depth[parent] + (0 if annotation[parent] else 1)
+        in_optimizer[index] = in_optimizer[index] or optimizer_annotation[index]
+        in_backward[index] = in_backward[index] or autograd[index]
 
     members: list[list[int]] = [[] for _ in ordered_bounds]
     for index in order:
-        if _is_annotation(raws[index]):
+        if annotation[index]:
             continue
         slot = bisect.bisect_right(starts, raws[roots[index]].start_ns) - 1
         if slot < 0 or raws[roots[index]].start_ns >= ordered_bounds[slot].end_ns:
