@@ -22,14 +22,16 @@ import logging
 import os
 import threading
 import time
+import weakref
 from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from . import __version__
+from . import __version__, exits
 from .capture import native_ops
 from .capture.device_timer import CudaStepTimer
 from .capture.ops import NativeOpCapture, ProfilerOpCapture, other_profiler_active
@@ -64,6 +66,65 @@ OP_CAPTURE_MODES = ("auto", "native", "profiler")
 MAX_KEPT_STEP_TIMES = 1 << 20
 
 TraceEstimator = Callable[[Trace], "TraceEstimate | None"]
+
+#: Set to 1 (or true/yes/on) to turn every ETSHook into a no-op without a code change.
+DISABLE_ENV = "ETS_HOOK_DISABLE"
+#: Seconds ``close`` waits for a running decode when the interpreter is exiting.
+EXIT_DECODE_WAIT_S = 10.0
+
+# The live hook of each model: a new hook on the same model replaces it (notebook cell re-runs).
+_hook_of_model: weakref.WeakKeyDictionary[torch.nn.Module, weakref.ref[ETSHook]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def hooks_disabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``ETS_HOOK_DISABLE`` turns hooks off (``1``, ``true``, ``yes`` or ``on``).
+
+    Args:
+        environ: the environment to read; None: ``os.environ``.
+    """
+    value = (os.environ if environ is None else environ).get(DISABLE_ENV, "")
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _checked_trace_path(
+    trace_path: str | os.PathLike[str] | None, rank: int, world_size: int
+) -> Path | None:
+    """This rank's trace path (``rank_trace_path``), checked before training starts.
+
+    Raises:
+        ValueError: ``trace_path`` is not a path, holds ``{...}`` fields other than ``{rank}``,
+            names a directory, or its directory does not exist.
+    """
+    if trace_path is None:
+        return None
+    try:
+        path = rank_trace_path(trace_path, rank, world_size)
+    except (TypeError, KeyError, IndexError, ValueError) as exc:
+        raise ValueError(
+            f"trace_path must be a path whose only field is {{rank}}, got {trace_path!r} ({exc!r})"
+        ) from exc
+    if path.is_dir():
+        raise ValueError(f"trace_path is a directory: {path}")
+    if not path.parent.is_dir():
+        raise ValueError(f"trace_path's directory does not exist: {path.parent}")
+    return path
+
+
+class _NoSteps:
+    """The step detector of a disabled hook: installs nothing, marks nothing."""
+
+    in_phase = False
+
+    def explicit_step(self) -> None:
+        return None
+
+    def remove_capture_hooks(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
 
 
 def _resolve_trace_estimator(
@@ -216,8 +277,6 @@ class ETSHook:
                 an item of ``optimizer`` not an optimizer; ``progress`` not a tqdm bar;
                 ``status_path``'s directory missing or ``status_path`` a directory.
             ImportError: ``progress=True`` and tqdm is not installed.
-            TypeError: ``optimizer`` is neither an optimizer nor iterable.
-            KeyError, IndexError: ``trace_path`` has ``{rank}`` and other ``{...}`` fields.
         """
         if not isinstance(model, torch.nn.Module):
             raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -238,6 +297,9 @@ class ETSHook:
                 f"record_shapes must be one of {RECORD_SHAPES_MODES}, got {record_shapes!r}"
             )
         optimizers = self._optimizer_list(optimizer)
+        rank, world_size = distributed_rank()
+        rank_trace = _checked_trace_path(trace_path, rank, world_size)
+        disabled = hooks_disabled()
         job = JobModel.from_args(
             total_steps=total_steps,
             epochs=epochs,
@@ -258,6 +320,14 @@ class ETSHook:
             on_deadline=on_deadline,
             deadline_policy=deadline_policy,
         )
+        if disabled:
+            reporters, capture_steps = [], 0
+            logger.info("ets-hook: disabled by %s; this hook does nothing", DISABLE_ENV)
+        previous = _hook_of_model.get(model)
+        previous_hook = previous() if previous is not None else None
+        if previous_hook is not None and not previous_hook._closed:
+            logger.info("ets-hook: a new ETSHook on this model replaces the previous one")
+            previous_hook.close()
 
         self.model = model
         self.total_steps = job.total_steps
@@ -266,12 +336,8 @@ class ETSHook:
         self.record_shapes = record_shapes
         self._decode_in_background = decode_in_background
         self._device = torch.device(device if device is not None else model_device(model))
-        self._rank, self._world_size = distributed_rank()
-        self.trace_path = (
-            rank_trace_path(trace_path, self._rank, self._world_size)
-            if trace_path is not None
-            else None
-        )
+        self._rank, self._world_size = rank, world_size
+        self.trace_path = rank_trace
 
         # Clocks: steps are timed with perf_counter_ns; the trace uses the profiler's Unix-epoch
         # clock, reached through one offset measured here.
@@ -288,7 +354,11 @@ class ETSHook:
         self._restart_pending = False
 
         self._state = _State.WAITING if capture_steps > 0 else _State.OFF
-        self._capture_note = "" if capture_steps > 0 else "capture disabled (capture_steps=0)"
+        self._capture_note = (
+            f"disabled by {DISABLE_ENV}"
+            if disabled
+            else ("" if capture_steps > 0 else "capture disabled (capture_steps=0)")
+        )
         self._ops_note = ""  # which op capture path ran (set at the window's start)
         self._failed_once = False
         self._op_capture_mode = op_capture
@@ -319,6 +389,12 @@ class ETSHook:
         self._decode_thread: threading.Thread | None = None
         self._trace_ready = threading.Event()
         self._closed = False
+        self._close_lock = threading.Lock()
+        # A close() from another thread while the profiler path captures: the training thread
+        # (the only one that can end that session) finishes closing at its next hook call.
+        self._close_pending: tuple[str, str | None] | None = None
+        self._capture_thread = 0  # thread ident that started op capture
+        self._profiler_buried = False  # our profiler session lies under a user's session
 
         self._forecaster = Forecaster(
             job,
@@ -332,14 +408,21 @@ class ETSHook:
             self._cuda_timer = CudaStepTimer()
             self._cuda_timer.record(0)
 
-        self._detector = StepDetector(
-            model,
-            optimizers,
-            self._guarded(self._on_boundary),
-            grad_scaler=grad_scaler,
-            on_first_activity=self._guarded(self._on_first_activity),
-            on_forward=self._guarded(self._on_forward),
+        self._detector: StepDetector | _NoSteps = (
+            _NoSteps()
+            if disabled
+            else StepDetector(
+                model,
+                optimizers,
+                self._guarded(self._on_boundary),
+                grad_scaler=grad_scaler,
+                on_first_activity=self._guarded(self._on_first_activity),
+                on_forward=self._guarded(self._on_forward),
+            )
         )
+        if not disabled:
+            _hook_of_model[model] = weakref.ref(self)
+            exits.register(self)
         if self._state == _State.WAITING and skip_steps == 0:
             self._guarded(self._start_capture)()
 
@@ -414,10 +497,9 @@ class ETSHook:
     def wait_for_trace(self, timeout_s: float | None = None) -> Trace | None:
         """Wait for the decoded trace.
 
-        Returns None at once while capture has not ended yet (waiting or capturing). Otherwise
-        blocks until decoding finishes or fails. If capture never ran (``capture_steps=0``, or
-        it backed off because another profiler was active), nothing ever signals, so the call
-        waits out the whole timeout (forever with None).
+        Returns at once while capture has not ended yet (waiting or capturing) and when it is
+        off (``capture_steps=0``, backed off, failed, disabled). Otherwise blocks until decoding
+        finishes or fails.
 
         Args:
             timeout_s: seconds to wait at most; None: no limit.
@@ -425,8 +507,8 @@ class ETSHook:
         Returns:
             The trace, or None (capture not over, failed, off, or the timeout passed).
         """
-        if self._state in (_State.WAITING, _State.CAPTURING):
-            return None
+        if self._state in (_State.WAITING, _State.CAPTURING, _State.OFF):
+            return self._trace
         self._trace_ready.wait(timeout_s)
         return self._trace
 
@@ -457,26 +539,60 @@ class ETSHook:
         """Stop capture, remove every hook, wait for decoding, hand out the final prediction.
 
         A window still open is cut short and decoded. Reporters get their ``on_close`` (final
-        log line, status file marked closed, ...). Safe to call twice; never raises.
+        log line, status file marked closed, ...). Safe to call twice and from any thread;
+        never raises. On the native path every op callback is gone when it returns. On the
+        profiler path, whose session only the thread that started it can end, a call from
+        another thread during the window leaves the hooks in place until the training thread's
+        next step boundary (or hook call) ends the session and finishes closing; the final
+        prediction is handed out then.
 
         Args:
             timeout_s: seconds to wait at most for the decode thread; after that, decoding
                 goes on in the background and ``trace`` may appear later.
         """
-        if self._closed:
-            return
-        self._closed = True
+        self._close(timeout_s, exits.CLOSED, None)
+
+    def close_at_exit(self, outcome: str, error: str | None) -> None:
+        """Close as the interpreter exits (``ets_hook.exits``): a window still open is stopped
+        without decoding, a running decode gets ``EXIT_DECODE_WAIT_S``; the status file records
+        ``outcome``. Never raises.
+
+        Args:
+            outcome: ``"closed"``, ``"interrupted"`` or ``"failed"``.
+            error: the exception's type name for ``"failed"``, else None.
+        """
+        try:
+            if self._state == _State.CAPTURING:
+                self._abandon_capture("window cut short: the process exited")
+        except Exception as exc:
+            self._fail(exc)
+        self._close(EXIT_DECODE_WAIT_S, outcome, error)
+
+    def _close(self, timeout_s: float, outcome: str, error: str | None) -> None:
+        with self._close_lock:
+            if self._closed:
+                return
+            if (
+                self._state == _State.CAPTURING
+                and isinstance(self._ops, ProfilerOpCapture)
+                and threading.get_ident() != self._capture_thread
+            ):
+                self._close_pending = (outcome, error)  # _guarded finishes on the right thread
+                return
+            self._closed = True
+        exits.unregister(self)
         try:
             if self._state == _State.CAPTURING:
                 self._finish_capture(truncated=True)
             self._detector.close()
+            self._unbury_profiler(final=True)
             if self._decode_thread is not None:
                 self._decode_thread.join(timeout_s)
         except Exception as exc:
             self._fail(exc)
         finally:
             self._detector.close()
-            self._forecaster.close()
+            self._forecaster.close(outcome, error)
 
     def __enter__(self) -> ETSHook:
         return self
@@ -491,9 +607,16 @@ class ETSHook:
     def _optimizer_list(optimizer: Any) -> list[torch.optim.Optimizer]:
         if optimizer is None:
             return []
-        optimizers = (
-            [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else list(optimizer)
-        )
+        if isinstance(optimizer, torch.optim.Optimizer):
+            optimizers = [optimizer]
+        else:
+            try:
+                optimizers = list(optimizer)
+            except TypeError:
+                raise ValueError(
+                    f"optimizer must be a torch.optim.Optimizer or a list of them, got "
+                    f"{optimizer!r}"
+                ) from None
         for item in optimizers:
             if not isinstance(item, torch.optim.Optimizer):
                 raise ValueError(
@@ -503,6 +626,11 @@ class ETSHook:
 
     def _guarded(self, function: Callable[..., None]) -> Callable[..., None]:
         def call(*args: Any) -> None:
+            pending = self._close_pending
+            if pending is not None:  # close() came from another thread: finish it here
+                self._close_pending = None
+                self._close(60.0, *pending)
+                return
             try:
                 function(*args)
             except DeadlineExceededError:
@@ -534,6 +662,8 @@ class ETSHook:
         try:
             if self._state == _State.CAPTURING or self._state == _State.WAITING:
                 self._advance_window(step_index, start_ns, now_ns)
+            if self._profiler_buried:
+                self._unbury_profiler()
             if self._cuda_timer is not None:
                 self._cuda_timer.record(step_index + 1)
                 for index, device_s in self._cuda_timer.poll():
@@ -544,6 +674,8 @@ class ETSHook:
         self._forecaster.on_step_end(step_index, duration_ns / 1e9, now_ns / 1e9)
 
     def _advance_window(self, step_index: int, start_ns: int, end_ns: int) -> None:
+        if self._user_profiler_took_over():
+            return
         if self._state == _State.CAPTURING and self._ops is not None and self._ops.active:
             offset = self._epoch_offset_ns
             self._window_bounds.append(StepBounds(step_index, start_ns + offset, end_ns + offset))
@@ -574,8 +706,64 @@ class ETSHook:
 
     def _restart_ops(self) -> None:
         self._restart_pending = False
-        if self._ops is not None:
+        if self._ops is not None and not self._user_profiler_took_over():
             self._ops.start(record_shapes=False)
+
+    # ------------------------------------------------------------------------------------------
+    # Sharing the torch profiler with the user's own sessions (profiler path only)
+
+    def _user_profiler_took_over(self) -> bool:
+        """On the profiler path, a user's ``torch.profiler`` session opened inside the window
+        stacks on ours: disabling ours would end theirs. Back off (timing steps only) and leave
+        our session under theirs until it ends (``_unbury_profiler``)."""
+        if not (
+            self._state == _State.CAPTURING
+            and isinstance(self._ops, ProfilerOpCapture)
+            and ProfilerOpCapture.user_session_active()
+        ):
+            return False
+        self._profiler_buried = self._ops.active
+        self._restart_pending = False
+        self._abandon_capture(
+            "op capture backed off: a torch.profiler session was opened inside the capture "
+            "window (left alone; ets-hook times steps only)",
+            stop_ops=False,
+        )
+        logger.warning("ets-hook: %s", self._capture_note)
+        return True
+
+    def _unbury_profiler(self, final: bool = False) -> None:
+        """Forget our profiler session once the user's session that replaced it has ended.
+
+        torch keeps one Kineto session per thread: the user's ``enable`` took ours over, and
+        their ``disable`` ended it (calling ours then finds nothing). We only check that nothing
+        is left behind.
+        """
+        if not self._profiler_buried or self._ops is None:
+            return
+        if ProfilerOpCapture.user_session_active():
+            if final:
+                logger.info(
+                    "ets-hook: closing while the user's torch.profiler session (opened inside "
+                    "the capture window) is still open; it is left alone"
+                )
+            return
+        self._profiler_buried = False
+        self._ops.forget()
+
+    def _abandon_capture(self, note: str, *, stop_ops: bool = True) -> None:
+        """Stop capturing without decoding; the hook goes on timing steps."""
+        if stop_ops and self._ops is not None and self._ops.active:
+            with contextlib.suppress(Exception):
+                self._ops.stop()
+        if self._collector is not None:
+            with contextlib.suppress(Exception):
+                self._collector.close()
+        with contextlib.suppress(Exception):
+            self._detector.remove_capture_hooks()
+        self._state = _State.OFF
+        self._capture_note = note
+        self._trace_ready.set()
 
     def _on_phase_end(self, name: str, duration_ns: int) -> None:
         self._forecaster.on_phase_end(name, duration_ns / 1e9, time.perf_counter_ns() / 1e9)
@@ -614,6 +802,7 @@ class ETSHook:
 
             correlation = correlation_api()
         self._ops.start(record_shapes=self.record_shapes != "none", correlation=correlation)
+        self._capture_thread = threading.get_ident()
         self._state = _State.CAPTURING
         # The window's steps carry the profiler's cost, and the step after it the profiler's
         # disable (it materialises every event on this thread); decoding extends this (_decode).

@@ -17,13 +17,24 @@ PACKAGE = Path(__file__).resolve().parents[1] / "ets_hook"
 # left out). A part may always import its own modules.
 ALLOWED: dict[str, tuple[str, ...]] = {
     "errors": (),
+    # closes the live hooks on every exit path; knows nothing of what they are
+    "exits": (),
     "trace": ("errors",),
     "ets": ("trace", "errors"),
     "forecast": ("ets", "trace", "errors"),
     # reporters know the Prediction (and its phases), never the forecaster or the capture
     "reporters": ("forecast.prediction", "forecast.job", "trace", "errors"),
     "capture": ("trace", "errors", "_C"),
-    "hook": ("capture", "forecast", "reporters", "ets", "trace", "errors", "__version__"),
+    "hook": (
+        "exits",
+        "capture",
+        "forecast",
+        "reporters",
+        "ets",
+        "trace",
+        "errors",
+        "__version__",
+    ),
     "integrations": ("hook", "capture", "forecast", "reporters", "ets", "trace", "errors"),
     "cli": ("hook", "capture", "forecast", "reporters", "ets", "trace", "errors", "__version__"),
 }

@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 import torch.autograd as autograd
+import torch.autograd.profiler as autograd_profiler
 from torch._C import _profiler
 
 from ..trace.decode import RawOp
@@ -273,6 +274,14 @@ class ProfilerOpCapture:
         autograd._enable_profiler(config, activities)
         self._active = True
 
+    @staticmethod
+    def user_session_active() -> bool:
+        """Whether a session of torch's Python profiler API (``torch.profiler.profile``,
+        ``torch.autograd.profiler.profile``) is open: torch sets this flag for those, never
+        for the sessions ``start`` opens. Such a session opened during ours stacks on it, and
+        ``stop`` would then end the user's session instead of ours."""
+        return bool(getattr(autograd_profiler, "_is_profiler_enabled", False))
+
     def stop(self) -> None:
         """End the current session and append its result to ``results``; no-op when inactive.
 
@@ -283,6 +292,12 @@ class ProfilerOpCapture:
             return
         self._active = False
         self.results.append(autograd._disable_profiler())
+
+    def forget(self) -> None:
+        """Mark the session ended without disabling it: a user's session replaced it and
+        ended it (``user_session_active``); its events went with it."""
+        self._active = False
+        self.results = []
 
     def read(self) -> list[RawOp]:
         """Every finished session's events as ``RawOp`` rows, then forgets the sessions.

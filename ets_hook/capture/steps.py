@@ -6,8 +6,9 @@ One authority decides at a time, so a boundary is never counted twice:
    skips ``optimizer.step()`` on inf/NaN gradients).
 2. ``optimizer`` given (one or several): a step ends once every given optimizer has stepped since
    the last boundary (two optimizers stepping per iteration make one step). ``hook.step()`` calls
-   are then absorbed, except when no optimizer step happened since the previous ``hook.step()``:
-   that is an iteration whose optimizer step was skipped (e.g. by a GradScaler), and it counts.
+   are then absorbed, except when a training forward but no optimizer step happened since the
+   previous ``hook.step()``: that is an iteration whose optimizer step was skipped (e.g. by a
+   GradScaler), and it counts. A second call in the same iteration (no forward since) does not.
 3. No optimizer given: explicit ``hook.step()`` calls, from the first one on.
 4. Neither: any optimizer's step (``register_optimizer_step_post_hook``; with several optimizers,
    once all optimizers seen so far have stepped), else the root module's forward in training
@@ -99,6 +100,7 @@ class StepDetector:
         self._stepped_since_boundary: set[int] = set()
         self._seen_optimizers: set[int] = set()
         self._optimizer_since_explicit = False
+        self._forward_since_explicit = False
         self._explicit_absorbed = 0
         self._forward_started = False
         self._active = True
@@ -166,6 +168,7 @@ class StepDetector:
             or not torch.is_grad_enabled()
         ):
             return
+        self._forward_since_explicit = True
         if not self._forward_started:
             self._forward_started = True
             if self._on_first_activity is not None:
@@ -183,10 +186,10 @@ class StepDetector:
 
         With ``FORWARD``/``ANY_OPTIMIZER`` authority the first call switches to ``EXPLICIT``
         and counts unless an optimizer has stepped (then it is the automatic boundary's twin);
-        with ``EXPLICIT`` every call counts; with ``OPTIMIZER`` a call counts only when no
-        optimizer stepped since the previous call (a skipped optimizer step; the very first call
-        never counts); with ``SCALER`` calls never count. Ignored inside a marked phase and
-        after ``close()``.
+        with ``EXPLICIT`` every call counts; with ``OPTIMIZER`` a call counts only when a training
+        forward but no optimizer step happened since the previous call (a skipped optimizer
+        step; the very first call never counts, nor does a repeated call); with ``SCALER`` calls
+        never count. Ignored inside a marked phase and after ``close()``.
         """
         if not self._active or self.in_phase:
             return
@@ -201,21 +204,39 @@ class StepDetector:
         elif self.authority is Authority.EXPLICIT:
             self._on_boundary(Authority.EXPLICIT.value)
         else:  # OPTIMIZER / SCALER: absorbed unless the iteration's optimizer step was skipped
-            if self._optimizer_since_explicit or self.authority is Authority.SCALER:
-                self._optimizer_since_explicit = False
-                self._explicit_absorbed += 1
-            elif self._explicit_absorbed:
+            skipped_step = (
+                self.authority is Authority.OPTIMIZER
+                and not self._optimizer_since_explicit
+                and self._forward_since_explicit
+                and self._explicit_absorbed > 0
+            )
+            self._optimizer_since_explicit = False
+            self._forward_since_explicit = False
+            if skipped_step:
                 self._stepped_since_boundary.clear()
                 self._on_boundary(Authority.EXPLICIT.value)
-            else:
-                self._explicit_absorbed += 1  # first call came before any optimizer step
+            else:  # the optimizer's twin, a repeated call, or a call before any step
+                self._explicit_absorbed += 1
+            if self.authority is Authority.OPTIMIZER:
+                self._watch_forwards()
 
     # -- lifecycle -------------------------------------------------------------------------
 
     @property
     def needs_forward_hook(self) -> bool:
-        """Whether forwards still mark the steps (authority ``FORWARD``)."""
-        return self.authority is Authority.FORWARD
+        """Whether forwards still matter after the window: they mark the steps (authority
+        ``FORWARD``), or tell a skipped optimizer step from a repeated ``hook.step()``."""
+        return self.authority is Authority.FORWARD or (
+            self.authority is Authority.OPTIMIZER and self._explicit_absorbed > 0
+        )
+
+    def _watch_forwards(self) -> None:
+        """(Re)install the module hook and the optimizer pre-hooks if the window removed them."""
+        if self._forward_handle is not None or not self._active:
+            return
+        self._forward_handle = self._model.register_forward_pre_hook(self._forward_pre)
+        for optimizer in self._optimizers:
+            self._pre_handles.append(optimizer.register_step_pre_hook(self._optimizer_pre))
 
     def remove_capture_hooks(self) -> None:
         """After the capture window: drop the module hook unless forwards mark the steps.

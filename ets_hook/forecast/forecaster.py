@@ -103,8 +103,16 @@ class ReportSink(Protocol):
                 ``on_deadline="raise"``; the forecaster lets it through.
         """
 
-    def close(self, prediction: Prediction | None) -> None:
-        """Hand over the final prediction; nothing is dispatched afterwards."""
+    def close(
+        self, prediction: Prediction | None, outcome: str = "closed", error: str | None = None
+    ) -> None:
+        """Hand over the final prediction and how the job ended; nothing is dispatched after.
+
+        Args:
+            prediction: the final prediction, or None.
+            outcome: ``"closed"``, ``"interrupted"`` or ``"failed"``.
+            error: the exception's type name for ``"failed"``, else None.
+        """
 
 
 class _NoReports:
@@ -118,7 +126,9 @@ class _NoReports:
     ) -> None:
         return None
 
-    def close(self, prediction: Prediction | None) -> None:
+    def close(
+        self, prediction: Prediction | None, outcome: str = "closed", error: str | None = None
+    ) -> None:
         return None
 
 
@@ -536,10 +546,14 @@ class Forecaster:
                 self._next_index = min(self._next_index, self._dispatch.next_count - 1)
                 self._next_s = self._dispatch.next_s
 
-    def close(self) -> Prediction | None:
-        """Final prediction to every reporter (status file marked closed). Idempotent.
+    def close(self, outcome: str = "closed", error: str | None = None) -> Prediction | None:
+        """Final prediction to every reporter, with how the job ended. Idempotent.
 
         Never raises (a ``DeadlineExceededError`` from the reporters is logged too).
+
+        Args:
+            outcome: ``"closed"`` (the status file's state), ``"interrupted"`` or ``"failed"``.
+            error: the exception's type name for ``"failed"``, else None.
 
         Returns:
             The final prediction; None when there is none or closing failed. Later calls return
@@ -551,7 +565,7 @@ class Forecaster:
         try:
             prediction = self.prediction
             if not self._failed:
-                self._dispatch.close(prediction)
+                self._dispatch.close(prediction, outcome, error)
             return prediction
         except Exception as exc:
             self._fail(exc)

@@ -58,8 +58,8 @@ class JobModel:
             a read-only copy.
 
     Raises:
-        ValueError: at construction, a field is not an int in its range (bools rejected), or a
-            phase name is not a non-empty string.
+        ValueError: at construction, a field is not an int in its range (bools rejected), a
+            phase name is not a non-empty string, or ``initial_step`` > ``total_steps``.
     """
 
     total_steps: int | None = None
@@ -75,6 +75,11 @@ class JobModel:
             _positive_int("steps_per_epoch", self.steps_per_epoch)
         _positive_int("grad_accum_steps", self.grad_accum_steps)
         _positive_int("initial_step", self.initial_step, minimum=0)
+        if self.total_steps is not None and self.initial_step > self.total_steps:
+            raise ValueError(
+                f"initial_step ({self.initial_step}) is past the job's end: total_steps is "
+                f"{self.total_steps} (a resumed job's total_steps counts the steps done before)"
+            )
         for name, period in self.phase_periods.items():
             if not isinstance(name, str) or not name:
                 raise ValueError(f"phase names must be non-empty strings, got {name!r}")
@@ -131,7 +136,7 @@ class JobModel:
                 ``dataloader`` and ``batches_per_epoch`` are given; ``dataloader`` has no
                 ``len()``; ``steps_per_epoch`` contradicts the batches per epoch; ``epochs`` is
                 not a finite number > 0 or comes without steps per epoch; a ``phase_every``
-                name is empty or not a string.
+                name is empty or not a string; ``initial_step`` exceeds the total steps.
         """
         k = _positive_int("grad_accum_steps", grad_accum_steps)
         if dataloader is not None:

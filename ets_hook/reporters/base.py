@@ -37,6 +37,9 @@ logger = logging.getLogger("ets_hook")
 
 _NEVER = sys.maxsize
 
+#: How a job can end, as ``Reporter.on_end`` and the status file's ``state`` say it.
+JOB_OUTCOMES = ("closed", "interrupted", "failed")
+
 
 # --------------------------------------------------------------------------------------------
 # Base class and dispatch
@@ -109,6 +112,19 @@ class Reporter:
         Args:
             prediction: the final prediction, or None if there never was one.
         """
+
+    def on_end(self, prediction: Prediction | None, outcome: str, error: str | None) -> None:
+        """The job ended, and how: what the dispatcher calls at close (instead of ``on_close``).
+
+        The default calls ``on_close(prediction)``; override it to record the outcome.
+
+        Args:
+            prediction: the final prediction, or None if there never was one.
+            outcome: ``"closed"`` (``close()``, end of the script, ``sys.exit``),
+                ``"interrupted"`` (Ctrl-C, SIGTERM) or ``"failed"`` (an uncaught exception).
+            error: the exception's type name when ``outcome`` is ``"failed"``, else None.
+        """
+        self.on_close(prediction)
 
 
 @dataclass(slots=True)
@@ -190,20 +206,37 @@ class ReportDispatcher:
             self.next_count = min((s.next_count for s in active), default=_NEVER)
             self.next_s = min((s.next_s for s in active), default=math.inf)
 
-    def close(self, prediction: Prediction | None) -> None:
-        """Call ``on_close`` of every active reporter once and deactivate it.
+    def close(
+        self, prediction: Prediction | None, outcome: str = "closed", error: str | None = None
+    ) -> None:
+        """Call ``on_end`` of every active reporter once and deactivate it.
 
         Args:
             prediction: the final prediction, or None.
+            outcome: how the job ended (``JOB_OUTCOMES``).
+            error: the exception's type name for ``"failed"``, else None.
 
         Raises:
-            DeadlineExceededError: from a reporter's ``on_close``; later reporters are then not
-                closed. Other exceptions are logged.
+            ValueError: ``outcome`` is not one of ``JOB_OUTCOMES``.
+            DeadlineExceededError: from a reporter's ``on_end``, raised once every reporter
+                has been closed. Other exceptions are logged.
         """
+        if outcome not in JOB_OUTCOMES:
+            raise ValueError(f"outcome must be one of {JOB_OUTCOMES}, got {outcome!r}")
+        deadline: DeadlineExceededError | None = None
         for slot in self._slots:
             if slot.active:
-                self._call(slot, slot.reporter.on_close, prediction)
+                try:
+                    self._call(
+                        slot,
+                        lambda p, r=slot.reporter: r.on_end(p, outcome, error),
+                        prediction,
+                    )
+                except DeadlineExceededError as exc:
+                    deadline = deadline or exc
                 slot.active = False
+        if deadline is not None:
+            raise deadline
 
     @staticmethod
     def _call(slot: _Slot, method: Callable[[Any], None], prediction: Prediction | None) -> None:

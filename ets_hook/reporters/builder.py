@@ -11,6 +11,7 @@ from .base import Reporter
 from .callback import CallbackReporter
 from .deadline import (
     DEADLINE_ACTIONS,
+    DEADLINE_POLICIES,
     DeadlineGuard,
     DeadlineMiss,
     slurm_deadline,
@@ -66,9 +67,8 @@ def build_reporters(
         The reporters, in dispatch order (possibly empty).
 
     Raises:
-        ValueError: a bad value of any argument above (from the reporters' constructors).
-            ``deadline_policy`` and ``deadline_margin_s`` are only checked when a guard is
-            built (an explicit deadline, or one found under Slurm).
+        ValueError: a bad value of any argument above (from the reporters' constructors),
+            the deadline's settings included when no deadline is in effect.
         ImportError: ``progress=True`` and tqdm is not installed.
     """
     reporters: list[Reporter] = []
@@ -92,6 +92,17 @@ def build_reporters(
         reporters.append(
             DeadlineGuard(resolved, on_deadline, policy=deadline_policy, margin_s=deadline_margin_s)
         )
-    elif not callable(on_deadline) and on_deadline not in DEADLINE_ACTIONS:
-        raise ValueError(f"on_deadline must be 'warn', 'raise' or a callable, got {on_deadline!r}")
+    else:  # checked all the same: a wrong value must not wait for the first Slurm job to fail
+        if not callable(on_deadline) and on_deadline not in DEADLINE_ACTIONS:
+            raise ValueError(
+                f"on_deadline must be 'warn', 'raise' or a callable, got {on_deadline!r}"
+            )
+        if deadline_policy not in DEADLINE_POLICIES:
+            raise ValueError(
+                f"deadline_policy must be one of {DEADLINE_POLICIES}, got {deadline_policy!r}"
+            )
+        if isinstance(deadline_margin_s, bool) or not (
+            isinstance(deadline_margin_s, (int, float)) and deadline_margin_s >= 0
+        ):
+            raise ValueError(f"deadline_margin_s must be a number >= 0, got {deadline_margin_s!r}")
     return reporters

@@ -3,36 +3,58 @@
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import socket
+import time
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..trace.atomic import atomic_write_bytes
-from .base import Reporter, ReportSchedule
+from .base import JOB_OUTCOMES, Reporter, ReportSchedule
 
 if TYPE_CHECKING:
     from ..forecast.prediction import Prediction
 
+logger = logging.getLogger("ets_hook")
 
 STATUS_FORMAT = "ets-hook-status"
-STATUS_VERSION = 1
+#: Bumped on every change of the document (``ets_hook/data/status.schema.json``).
+STATUS_VERSION = 2
+#: Every ``state`` a status file can hold.
+STATUS_STATES = ("running", *JOB_OUTCOMES)
+#: Keys of the document that ``extra`` may not replace.
+RESERVED_KEYS = ("format", "version", "state", "error", "pid", "host", "updated_at", "prediction")
+#: Seconds before retrying after a failed write, doubled per failure up to the maximum.
+RETRY_FIRST_S, RETRY_MAX_S = 1.0, 300.0
+#: Attempts of the final write at close, and the pause between them.
+CLOSE_ATTEMPTS, CLOSE_PAUSE_S = 3, 0.1
+
+
+def status_schema_path() -> Path:
+    """Where the JSON Schema of the status document ships (``ets_hook/data``)."""
+    return Path(__file__).resolve().parents[1] / "data" / "status.schema.json"
 
 
 class StatusFileReporter(Reporter):
     """Rewrites a JSON status file atomically (temp file in the same directory, fsync,
-    ``os.replace``): a reader always sees a complete, valid document, even if the process is
-    killed mid-write. Written for the first prediction, then at most every ``interval_s``, and at
-    close (``"state": "closed"``). Document::
+    ``os.replace``; created with the process umask): a reader always sees a complete, valid
+    document, even if the process is killed mid-write. Written for the first prediction, then at
+    most every ``interval_s``, and when the job ends. Document (JSON Schema:
+    ``ets_hook/data/status.schema.json``, ``status_schema_path()``)::
 
-        {"format": "ets-hook-status", "version": 1, "state": "running" | "closed",
+        {"format": "ets-hook-status", "version": 2,
+         "state": "running" | "closed" | "interrupted" | "failed",
+         "error": exception type name (state "failed") | null,
          "pid": ..., "host": ..., "updated_at": ISO 8601, **extra,
          "prediction": Prediction.to_dict() | null}
 
-    A failed write (``OSError``, or ``ValueError`` for a NaN or infinity in ``extra``) disables
-    the reporter through ``ReportDispatcher``.
+    A failed write is logged (naming the path) and retried with back-off (1 s, doubling up to
+    5 min) at the next due predictions; the final write at close is tried three times. The
+    reporter is never disabled by a failed write.
     """
 
     def __init__(
@@ -48,13 +70,12 @@ class StatusFileReporter(Reporter):
             path: the status file; its directory must exist.
             interval_s: seconds (> 0) between rewrites while running; None: first prediction
                 and close only.
-            extra: JSON-serialisable keys added to every document (they override the standard
-                keys of the same name, except ``prediction``).
+            extra: JSON-serialisable keys added to every document (not the standard keys).
 
         Raises:
-            ValueError: the directory of ``path`` does not exist, ``path`` is a directory, or
-                ``interval_s`` is not > 0.
-            TypeError: ``extra`` holds a value ``json.dumps`` cannot serialise.
+            ValueError: the directory of ``path`` does not exist, ``path`` is a directory,
+                ``interval_s`` is not > 0, ``extra`` names a standard key or holds a value JSON
+                cannot carry (NaN, infinity, an object ``json.dumps`` cannot serialise).
         """
         self.path = Path(path)
         if not self.path.parent.is_dir():
@@ -63,23 +84,40 @@ class StatusFileReporter(Reporter):
             raise ValueError(f"status_path is a directory: {self.path}")
         self.schedule = ReportSchedule(first_steps=1, interval_s=interval_s)
         self.extra = dict(extra or {})
-        json.dumps(self.extra)  # fail early on non-JSON extras
+        clash = sorted(k for k in self.extra if k in RESERVED_KEYS)
+        if clash:
+            raise ValueError(f"status file extra may not replace the standard keys {clash}")
+        try:
+            json.dumps(self.extra, allow_nan=False)  # fail early on extras JSON cannot carry
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"status file extra is not JSON-serialisable: {exc}") from exc
         self._host = socket.gethostname()
+        self._failures = 0
+        self._retry_at = -math.inf
 
-    def document(self, state: str, prediction: Prediction | None) -> dict[str, Any]:
+    def document(
+        self, state: str, prediction: Prediction | None, error: str | None = None
+    ) -> dict[str, Any]:
         """Build the status document.
 
         Args:
-            state: ``"running"`` or ``"closed"`` (not checked).
+            state: one of ``STATUS_STATES``.
             prediction: the prediction to embed, or None (``"prediction": null``).
+            error: the exception's type name (state ``"failed"``), else None.
 
         Returns:
             The document as a dict (``updated_at``: now, UTC, ISO 8601).
+
+        Raises:
+            ValueError: ``state`` is not one of ``STATUS_STATES``.
         """
+        if state not in STATUS_STATES:
+            raise ValueError(f"state must be one of {STATUS_STATES}, got {state!r}")
         return {
             "format": STATUS_FORMAT,
             "version": STATUS_VERSION,
             "state": state,
+            "error": error,
             "pid": os.getpid(),
             "host": self._host,
             "updated_at": datetime.now(timezone.utc).isoformat(),
@@ -87,20 +125,53 @@ class StatusFileReporter(Reporter):
             "prediction": prediction.to_dict() if prediction is not None else None,
         }
 
-    def write(self, state: str, prediction: Prediction | None) -> None:
-        """Write ``document(state, prediction)`` as JSON, atomically (replaces the file).
+    def write(self, state: str, prediction: Prediction | None, error: str | None = None) -> None:
+        """Write ``document(state, prediction, error)`` as JSON, atomically (replaces the file).
 
         Raises:
             OSError: the file cannot be written.
-            ValueError: the document holds a NaN or infinity (only possible through ``extra``).
+            ValueError: ``state`` is unknown.
         """
-        data = json.dumps(self.document(state, prediction), allow_nan=False, indent=1)
+        data = json.dumps(self.document(state, prediction, error), allow_nan=False, indent=1)
         atomic_write_bytes(self.path, data.encode())
 
     def on_prediction(self, prediction: Prediction) -> None:
-        """Write the document with ``"state": "running"``."""
-        self.write("running", prediction)
+        """Write the document with ``"state": "running"`` (skipped while backing off)."""
+        now = time.monotonic()
+        if now < self._retry_at:
+            return
+        self._attempt("running", prediction, None, now)
 
     def on_close(self, prediction: Prediction | None) -> None:
         """Write the document with ``"state": "closed"``."""
-        self.write("closed", prediction)
+        self.on_end(prediction, "closed", None)
+
+    def on_end(self, prediction: Prediction | None, outcome: str, error: str | None) -> None:
+        """Write the final document (``state``: the outcome), trying up to three times."""
+        for attempt in range(CLOSE_ATTEMPTS):
+            if attempt:
+                time.sleep(CLOSE_PAUSE_S)
+            if self._attempt(outcome, prediction, error, time.monotonic()):
+                return
+
+    def _attempt(
+        self, state: str, prediction: Prediction | None, error: str | None, now: float
+    ) -> bool:
+        try:
+            self.write(state, prediction, error)
+        except OSError as exc:
+            self._failures += 1
+            delay = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (self._failures - 1))
+            self._retry_at = now + delay
+            logger.warning(
+                "ets-hook: cannot write the status file %s (%s); retrying in %.0f s",
+                self.path,
+                exc,
+                delay,
+            )
+            return False
+        if self._failures:
+            logger.info("ets-hook: status file %s written again", self.path)
+        self._failures = 0
+        self._retry_at = -math.inf
+        return True

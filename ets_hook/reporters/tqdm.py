@@ -62,9 +62,12 @@ class TqdmReporter(Reporter):
 
     @staticmethod
     def postfix(p: Prediction) -> str:
-        """The bar's postfix: ``0.412 s/step ±1.1% · ETA 13m32s`` (no ETA while it is unknown)."""
+        """The bar's postfix: ``0.412 s/step ±1.1% · ETA 13m32s``; no ETA while it is unknown,
+        ``done`` once no step remains."""
         text = f"{format_step_time(p.iteration_s)} {format_relative(p.iteration_rel_ci)}"
-        if p.eta_s is not None:
+        if p.remaining_steps == 0:
+            text += " · done"
+        elif p.eta_s is not None:
             text += f" · ETA {format_duration(p.eta_s)}"
         return text
 
@@ -87,8 +90,13 @@ class TqdmReporter(Reporter):
         self._bar.update(prediction.step - self._bar.n)
 
     def on_close(self, prediction: Prediction | None) -> None:
-        """Close our own bar, after moving it to the final step; a user's bar is left alone."""
-        if self._own and self._bar is not None:
+        """Show the final prediction (a bar at its last step says ``done``, not a stale ETA);
+        close our own bar after moving it to the final step; a user's bar stays open."""
+        if self._bar is None:
+            return
+        if prediction is not None:
+            self._bar.set_postfix_str(self.postfix(prediction), refresh=not self._own)
+        if self._own:
             if prediction is not None:
                 self._bar.update(prediction.step - self._bar.n)
             self._bar.close()

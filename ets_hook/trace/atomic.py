@@ -1,17 +1,97 @@
-"""Atomic file writes: a reader sees the old file or the new one, never a half-written one."""
+"""Atomic file writes: a reader sees the old file or the new one, never a half-written one.
+
+The temp file lives beside the target as ``.<name>.<host>.<pid>.<random>.tmp`` and gets the mode
+a plain ``open()`` would give (``0o666`` less the process umask: 0644 under umask 022), so
+schedulers and dashboards running as other users can read the result. A writer killed with
+``kill -9`` between creating and renaming its temp file leaves it behind; the first write of a
+process to a target removes such leftovers of dead writers on the same host.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import tempfile
+import threading
 from pathlib import Path
+
+_lock = threading.Lock()
+_swept: set[Path] = set()
+
+
+def process_umask() -> int:
+    """The process umask, read without changing it where Linux allows (``/proc``).
+
+    Returns:
+        The umask bits (e.g. ``0o022``).
+    """
+    with (
+        contextlib.suppress(OSError, ValueError),
+        open("/proc/self/status", encoding="ascii", errors="replace") as status,
+    ):
+        for line in status:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    with _lock:  # elsewhere: set and restore (briefly visible to other threads)
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
+def _host() -> str:
+    return socket.gethostname().replace(".", "_").replace(os.sep, "_") or "host"
+
+
+def _temp_prefix(target: Path) -> str:
+    return f".{target.name}.{_host()}."
+
+
+def remove_orphan_temp_files(target: str | os.PathLike[str]) -> list[Path]:
+    """Delete temp files of ``target`` left by dead writers on this host.
+
+    Args:
+        target: the file whose writers' leftovers to look for (in its folder).
+
+    Returns:
+        The temp files removed. Files of live processes, of other hosts, or not matching the
+        pattern are left alone; errors (a folder that cannot be listed) remove nothing.
+    """
+    target = Path(target)
+    prefix = _temp_prefix(target)
+    removed: list[Path] = []
+    with contextlib.suppress(OSError), os.scandir(target.parent) as entries:
+        for entry in entries:
+            name = entry.name
+            if not (name.startswith(prefix) and name.endswith(".tmp")):
+                continue
+            pid_text = name[len(prefix) :].split(".", 1)[0]
+            if not pid_text.isdigit() or _alive(int(pid_text)):
+                continue
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True  # exists (another user's), or cannot tell: keep its file
+    return True
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, fsync: bool = True) -> None:
     """Write ``data`` to ``path`` via a temp file in the same directory and ``os.replace``.
 
-    The temp file is removed if anything fails, so no partial file is ever left behind.
+    The temp file is removed if anything fails, so no partial file is ever left behind. The
+    file gets mode ``0o666 & ~umask``. The first write of this process to ``path`` also removes
+    temp files of dead writers (``remove_orphan_temp_files``).
 
     Args:
         path: the target file; its folder must exist. An existing file is replaced.
@@ -22,9 +102,18 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, fsync: bool
         OSError: the temp file cannot be created, written or renamed onto ``path``.
     """
     target = Path(path)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    key = target.absolute()
+    with _lock:
+        sweep = key not in _swept
+        _swept.add(key)
+    if sweep:
+        remove_orphan_temp_files(target)
+    fd, tmp_name = tempfile.mkstemp(
+        prefix=f"{_temp_prefix(target)}{os.getpid()}.", suffix=".tmp", dir=target.parent
+    )
     try:
         with os.fdopen(fd, "wb") as tmp:
+            os.fchmod(tmp.fileno(), 0o666 & ~process_umask())
             tmp.write(data)
             if fsync:
                 tmp.flush()

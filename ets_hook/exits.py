@@ -1,0 +1,156 @@
+"""Every way a training script ends closes its live hooks first, before torch is torn down.
+
+A hook left capturing at interpreter exit leaves the torch profiler (or an op callback) active
+while torch's own ``atexit`` handlers and module teardown run: on the profiler path that ended
+in a segmentation fault (exit 139) after the user's traceback. And a status file left at
+``"running"`` tells a scheduler nothing. This module keeps a registry of live hooks and closes
+them on every exit path, recording how the job ended:
+
+- normal end of the main module, ``sys.exit`` (any code): ``"closed"``;
+- an uncaught exception: ``"failed"`` (with the exception's type name), seen through a
+  ``sys.excepthook`` wrapper that then calls the previous hook (the traceback prints as usual);
+- ``KeyboardInterrupt`` (Ctrl-C): ``"interrupted"``;
+- ``SIGTERM`` (schedulers, ``torchrun`` stopping workers): ``"interrupted"``, then the process
+  dies of the signal as it would have (default handler), or the handler that was installed
+  before ours runs.
+
+The ``atexit`` handler is registered when the first hook registers, i.e. after ``import torch``:
+``atexit`` runs handlers last-registered first, so ours runs before torch's. Nothing here
+imports torch or the rest of the package.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+import weakref
+from collections.abc import Callable
+from types import FrameType, TracebackType
+from typing import Any, Protocol
+
+logger = logging.getLogger("ets_hook")
+
+#: The ways a job can end, as the status file's ``state`` records them.
+CLOSED, INTERRUPTED, FAILED = "closed", "interrupted", "failed"
+
+
+class ExitListener(Protocol):
+    """What the registry calls at exit (``ETSHook`` implements it)."""
+
+    def close_at_exit(self, outcome: str, error: str | None) -> None:
+        """Close for good; never raises. ``outcome``: one of ``CLOSED``/``INTERRUPTED``/
+        ``FAILED``; ``error``: the exception's type name for ``FAILED``, else None."""
+
+
+_lock = threading.Lock()
+_live: weakref.WeakSet[Any] = weakref.WeakSet()
+_installed = False
+_outcome: tuple[str, str | None] | None = None
+_previous_excepthook: Callable[..., Any] | None = None
+_previous_sigterm: Any = None
+
+
+def register(listener: ExitListener) -> None:
+    """Close ``listener`` at exit unless it is unregistered first. Installs the handlers once.
+
+    Args:
+        listener: a live hook (held weakly: a hook that is garbage-collected drops out).
+    """
+    global _installed
+    with _lock:
+        _live.add(listener)
+        if _installed:
+            return
+        _installed = True
+    atexit.register(_at_exit)
+    _install_excepthook()
+    _install_sigterm_handler()
+
+
+def unregister(listener: ExitListener) -> None:
+    """Forget ``listener`` (it closed itself). Never raises."""
+    with _lock:
+        _live.discard(listener)
+
+
+def outcome() -> tuple[str, str | None]:
+    """How the process is ending as seen so far: ``(state, error type name or None)``."""
+    return _outcome or (CLOSED, None)
+
+
+def close_all(state: str, error: str | None = None) -> None:
+    """Close every live hook with ``state``; never raises (used at exit and on SIGTERM)."""
+    with _lock:
+        listeners = list(_live)
+        _live.clear()
+    for listener in listeners:
+        try:
+            listener.close_at_exit(state, error)
+        except Exception:  # a hook's close must not stop the others, nor the exit
+            logger.debug("ets-hook: closing a hook at exit failed", exc_info=True)
+
+
+def _at_exit() -> None:
+    state, error = outcome()
+    close_all(state, error)
+
+
+def _record(exc_type: type[BaseException] | None) -> None:
+    global _outcome
+    if exc_type is None or _outcome is not None:
+        return
+    if issubclass(exc_type, KeyboardInterrupt):
+        _outcome = (INTERRUPTED, None)
+    elif not issubclass(exc_type, SystemExit):
+        _outcome = (FAILED, exc_type.__name__)
+
+
+def _excepthook(
+    exc_type: type[BaseException],
+    exc: BaseException,
+    traceback: TracebackType | None,
+) -> None:
+    with contextlib.suppress(Exception):
+        _record(exc_type)
+    previous = _previous_excepthook or sys.__excepthook__
+    previous(exc_type, exc, traceback)
+
+
+def _install_excepthook() -> None:
+    global _previous_excepthook
+    _previous_excepthook = sys.excepthook
+    sys.excepthook = _excepthook
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    global _outcome
+    if _outcome is None:
+        _outcome = (INTERRUPTED, None)
+    close_all(INTERRUPTED)
+    previous = _previous_sigterm
+    if callable(previous):
+        previous(signum, frame)
+        return
+    # The default action: die of the signal, as the process would have without us.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _install_sigterm_handler() -> None:
+    """Wrap SIGTERM's handler (main thread only: Python allows no other; elsewhere, skipped)."""
+    global _previous_sigterm
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous is None or previous == signal.SIG_IGN:  # set from C, or ignored: leave it
+            return
+        _previous_sigterm = previous
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError, AttributeError):  # no signals here (embedded interpreter)
+        _previous_sigterm = None

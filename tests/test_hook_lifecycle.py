@@ -1,0 +1,315 @@
+"""ETSHook's lifetime: every exit path of the script, close() from any thread, a second hook on
+the same model, ETS_HOOK_DISABLE, a user's profiler inside the window, argument checks."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from support import log_lines
+from test_hook import assert_detached, batch, tiny_mlp, train
+from torch import nn
+
+from ets_hook import ETSHook
+from ets_hook.capture import native_ops
+
+# One script, every way it can end: raise at window step N, sys.exit, Ctrl-C, SIGTERM, the end
+# of the main module without close(). The window is steps 1-5 (skip 1, capture 5): step 5 is
+# its last.
+SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys, torch
+    from ets_hook import ETSHook
+    mode, at, op_capture, status = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(model, optimizer=opt, total_steps=50, op_capture=op_capture,
+                   status_path=status, log_every=None)
+    for step in range(50):
+        model(torch.randn(4, 8)).sum().backward()
+        if step == at:  # inside window step `at`, before its optimizer step ends it
+            assert hook.capture_status.startswith("capturing"), hook.capture_status
+            if mode == "raise":
+                raise RuntimeError("the user's own bug")
+            if mode == "exit":
+                sys.exit(3)
+            if mode == "ctrl-c":
+                raise KeyboardInterrupt
+            if mode == "sigterm":
+                os.kill(os.getpid(), signal.SIGTERM)
+            if mode == "end":
+                break
+        opt.step()
+        opt.zero_grad()
+    """
+)
+
+# (mode, window step, op capture) -> (exit code, traceback printed, status state, error)
+CASES = {
+    ("raise", 2, "profiler"): (1, True, "failed", "RuntimeError"),
+    ("raise", 3, "profiler"): (1, True, "failed", "RuntimeError"),
+    ("raise", 5, "profiler"): (1, True, "failed", "RuntimeError"),
+    ("raise", 3, "native"): (1, True, "failed", "RuntimeError"),
+    ("exit", 3, "profiler"): (3, False, "closed", None),
+    ("ctrl-c", 3, "profiler"): (-signal.SIGINT, True, "interrupted", None),  # shell: 130
+    ("sigterm", 3, "profiler"): (-signal.SIGTERM, False, "interrupted", None),
+    ("sigterm", 3, "native"): (-signal.SIGTERM, False, "interrupted", None),
+    ("end", 3, "profiler"): (0, False, "closed", None),
+    ("end", 3, "native"): (0, False, "closed", None),
+}
+
+
+@pytest.fixture(scope="module")
+def exit_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple, tuple]:
+    """Every case of CASES run at once (separate processes), with its output and status file."""
+    folder = tmp_path_factory.mktemp("exits")
+    procs = {}
+    for case in CASES:
+        status = folder / ("-".join(map(str, case)) + ".json")
+        args = [sys.executable, "-c", SCRIPT, case[0], str(case[1]), case[2], str(status)]
+        procs[case] = (subprocess.Popen(args, stderr=subprocess.PIPE, text=True), status)
+    results = {}
+    for case, (proc, status) in procs.items():
+        _, err = proc.communicate(timeout=300)
+        doc = json.loads(status.read_text()) if status.exists() else None
+        results[case] = (proc.returncode, err, doc)
+    return results
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=lambda c: "-".join(map(str, c)))
+def test_every_exit_path_closes_the_hook_before_torch_is_torn_down(exit_runs, case) -> None:
+    code, traceback, state, error = CASES[case]
+    returncode, stderr, doc = exit_runs[case]
+    assert returncode == code, stderr[-3000:]
+    assert returncode != -signal.SIGSEGV and "Segmentation fault" not in stderr
+    assert "Requested callback is not found" not in stderr
+    assert ("Traceback (most recent call last)" in stderr) is traceback, stderr[-3000:]
+    if case[0] == "raise":
+        assert "RuntimeError: the user's own bug" in stderr
+    assert doc is not None, "the status file was never written"
+    assert (doc["state"], doc["error"]) == (state, error)
+    assert doc["prediction"]["step"] == case[1]
+
+
+def test_hook_step_called_twice_per_step_counts_once() -> None:
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(model, optimizer=opt, capture_steps=2, skip_steps=1, log_every=None)
+    loss_fn = nn.CrossEntropyLoss()
+    for _ in range(10):  # through the window and past it
+        x, y = batch()
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+        hook.step()
+        hook.step()  # e.g. once in the loop and once in a callback
+    assert hook.steps_completed == 10
+    # An iteration whose optimizer step was skipped (a forward, no step) still counts.
+    for _ in range(3):
+        x, y = batch()
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        hook.step()
+        hook.step()
+    assert hook.steps_completed == 13
+    hook.close()
+
+
+def test_a_second_hook_on_the_same_model_replaces_the_first(caplog) -> None:
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    first = ETSHook(model, optimizer=opt, capture_steps=0, log_every=None)
+    train(model, opt, first, 2)
+    with caplog.at_level(logging.INFO, logger="ets_hook"):
+        second = ETSHook(model, optimizer=opt, capture_steps=0, log_every=None)
+    assert [m for m in log_lines(caplog) if "replaces the previous one" in m]
+    train(model, opt, second, 3)
+    assert (first.steps_completed, second.steps_completed) == (2, 3)
+    assert len(model._forward_pre_hooks) == 1  # only the second hook's
+    second.close()
+    assert_detached(model)
+    # A hook on another model is left alone.
+    other = tiny_mlp()
+    third = ETSHook(other, capture_steps=0, log_every=None)
+    fourth = ETSHook(model, capture_steps=0, log_every=None)
+    assert not third._closed and not fourth._closed
+    third.close()
+    fourth.close()
+
+
+def test_ets_hook_disable_turns_every_hook_into_a_no_op(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("ETS_HOOK_DISABLE", "1")
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    status = tmp_path / "eta.json"
+    hook = ETSHook(model, optimizer=opt, total_steps=10, status_path=status, progress=False)
+    assert_detached(model)  # nothing installed at all
+    train(model, opt, hook, 4)
+    with hook.phase("eval"):
+        pass
+    assert hook.steps_completed == 0 and hook.prediction is None
+    assert hook.capture_status == "off: disabled by ETS_HOOK_DISABLE"
+    assert hook.wait_for_trace(0.1) is None
+    hook.close()
+    assert not status.exists()
+    # Arguments are still checked: a typo fails the same with the switch on.
+    with pytest.raises(ValueError, match="capture_steps"):
+        ETSHook(model, capture_steps=-1)
+    monkeypatch.setenv("ETS_HOOK_DISABLE", "0")
+    live = ETSHook(model, optimizer=opt, capture_steps=0, log_every=None)
+    train(model, opt, live, 2)
+    assert live.steps_completed == 2
+    live.close()
+
+
+def _close_from_another_thread(hook: ETSHook) -> None:
+    thread = threading.Thread(target=hook.close)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive()
+
+
+def test_close_from_another_thread_removes_the_native_callback_before_returning() -> None:
+    module = native_ops.load(build_if_missing=True)
+    assert module is not None, native_ops.unavailable_reason()
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(model, optimizer=opt, capture_steps=5, skip_steps=1, op_capture="native")
+    train(model, opt, hook, 3)
+    assert hook.capture_status.startswith("capturing") and module.registered()
+    _close_from_another_thread(hook)
+    assert not module.registered()
+    assert hook.capture_status.startswith(("decoding", "done"))
+    assert "window cut short after 2 steps" in hook.capture_status
+    trace = hook.wait_for_trace(60)
+    assert trace is not None and len(trace.iterations) == 2
+    _close_from_another_thread(hook)  # idempotent, from any thread
+    hook.close()
+    assert_detached(model)
+
+
+def test_close_from_another_thread_on_the_profiler_path_ends_at_the_next_step() -> None:
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(model, optimizer=opt, capture_steps=5, skip_steps=1, op_capture="profiler")
+    train(model, opt, hook, 3)
+    assert torch.autograd._profiler_enabled()
+    _close_from_another_thread(hook)
+    # Only the thread that started the session may end it: at its next hook call.
+    train(model, opt, hook, 1)
+    assert not torch.autograd._profiler_enabled()
+    assert "window cut short" in hook.capture_status
+    assert hook.wait_for_trace(60) is not None
+    steps = hook.steps_completed
+    train(model, opt, hook, 2)
+    assert hook.steps_completed == steps  # closed: nothing counts any more
+    assert_detached(model)
+
+
+def test_a_user_profiler_opened_inside_the_window_keeps_its_trace(caplog) -> None:
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with caplog.at_level(logging.WARNING, logger="ets_hook"):
+        hook = ETSHook(model, optimizer=opt, capture_steps=5, skip_steps=1, op_capture="profiler")
+        train(model, opt, hook, 2)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as user:
+            train(model, opt, hook, 6)  # past the window's end
+        train(model, opt, hook, 2)
+    names = {event.name for event in user.events()}
+    assert "aten::addmm" in names and "Optimizer.step#SGD.step" in names
+    assert sum(e.name == "aten::addmm" for e in user.events()) >= 12  # 6 steps x 2 layers
+    assert hook.capture_status.startswith("off:")
+    assert "torch.profiler session was opened inside the capture window" in hook.capture_status
+    assert len([m for m in log_lines(caplog) if "opened inside the capture" in m]) == 1
+    assert hook.steps_completed == 10 and hook.prediction is not None
+    hook.close()
+    assert_detached(model)
+
+
+def test_a_user_profiler_beside_the_native_window_both_traces_complete() -> None:
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(model, optimizer=opt, capture_steps=3, skip_steps=1, op_capture="native")
+    train(model, opt, hook, 2)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as user:
+        train(model, opt, hook, 4)
+    trace = hook.wait_for_trace(60)
+    assert trace is not None and [len(it.ops) > 20 for it in trace.iterations] == [True] * 3
+    assert sum(e.name == "aten::addmm" for e in user.events()) >= 8
+    hook.close()
+
+
+def test_wait_for_trace_returns_at_once_when_capture_never_runs() -> None:
+    model = tiny_mlp()
+    hook = ETSHook(model, capture_steps=0, log_every=None)
+    waited = threading.Event()
+
+    def wait() -> None:
+        hook.wait_for_trace()  # no timeout: must not block
+        waited.set()
+
+    threading.Thread(target=wait, daemon=True).start()
+    assert waited.wait(10)
+    hook.close()
+
+
+def test_arguments_are_checked_at_construction(tmp_path) -> None:
+    model = tiny_mlp()
+    with pytest.raises(ValueError, match=r"initial_step \(20\) is past the job's end"):
+        ETSHook(model, total_steps=10, initial_step=20)
+    with pytest.raises(ValueError, match="trace_path's directory does not exist"):
+        ETSHook(model, trace_path=tmp_path / "missing" / "run.ets")
+    with pytest.raises(ValueError, match="trace_path is a directory"):
+        ETSHook(model, trace_path=tmp_path)
+    with pytest.raises(ValueError, match=r"only field is \{rank\}"):
+        ETSHook(model, trace_path=str(tmp_path / "run-{rank}-{host}.ets"))
+    with pytest.raises(ValueError, match="deadline_policy must be one of"):
+        ETSHook(model, deadline=False, deadline_policy="sometimes")
+    with pytest.raises(ValueError, match="optimizer must be"):
+        ETSHook(model, optimizer=42)
+    hook = ETSHook(model, total_steps=10, initial_step=10, capture_steps=0)  # already done
+    hook.close()
+
+
+def test_the_progress_bar_says_done_at_the_last_step() -> None:
+    tqdm = pytest.importorskip("tqdm")
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with open(os.devnull, "w") as sink:
+        bar = tqdm.tqdm(total=12, file=sink)
+        hook = ETSHook(model, optimizer=opt, total_steps=12, progress=bar, capture_steps=0)
+        train(model, opt, hook, 12)
+        hook.close()
+        assert bar.postfix.endswith("· done"), bar.postfix
+        assert "ETA" not in bar.postfix
+        bar.close()
+
+
+def test_status_file_mode_follows_the_umask(tmp_path) -> None:
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    old = os.umask(0o022)
+    try:
+        hook = ETSHook(
+            model,
+            optimizer=opt,
+            capture_steps=2,
+            status_path=tmp_path / "eta.json",
+            trace_path=tmp_path / "run.ets",
+        )
+        train(model, opt, hook, 4)
+        hook.close()
+    finally:
+        os.umask(old)
+    for name in ("eta.json", "run.ets"):
+        assert (Path(tmp_path / name).stat().st_mode & 0o777) == 0o644, name
