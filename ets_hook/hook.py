@@ -26,7 +26,6 @@ import weakref
 from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -34,15 +33,24 @@ import torch
 from . import __version__, exits
 from .capture import native_ops
 from .capture.device_timer import CudaStepTimer
-from .capture.ops import NativeOpCapture, ProfilerOpCapture, other_profiler_active
-from .capture.steps import StepDetector
+from .capture.ops import NativeOpCapture, ProfilerOpCapture
+from .capture.steps import NoSteps, StepDetector, optimizer_list
 from .capture.sysinfo import (
+    DISABLE_ENV,
+    checked_trace_path,
     device_info,
     distributed_rank,
+    hooks_disabled,
     host_info,
     machine_facts,
     model_device,
-    rank_trace_path,
+)
+from .capture.window import (
+    WindowFacts,
+    build_window_trace,
+    check_window_settings,
+    choose_op_capture,
+    start_kernel_collector,
 )
 from .errors import DeadlineExceededError
 from .ets.blas import single_threaded_blas
@@ -53,22 +61,18 @@ from .forecast.stats import StepTimePrior, TraceEstimate
 from .reporters.base import ReportDispatcher
 from .reporters.builder import build_reporters
 from .reporters.deadline import DeadlineMiss
-from .trace.decode import StepBounds, attach_kernels, build_iterations
-from .trace.events import CaptureInfo, Trace
+from .trace.decode import StepBounds
+from .trace.events import Trace
 from .trace.io import save_trace
 
 logger = logging.getLogger("ets_hook")
 
-RECORD_SHAPES_MODES = ("first", "all", "none")
-OP_CAPTURE_MODES = ("auto", "native", "profiler")
+TraceEstimator = Callable[[Trace], "TraceEstimate | None"]
+
 # hook.step_times_s keeps the first this-many raw step times (8 bytes each); the forecaster keeps
 # its own bounded summary for any job length.
 MAX_KEPT_STEP_TIMES = 1 << 20
 
-TraceEstimator = Callable[[Trace], "TraceEstimate | None"]
-
-#: Set to 1 (or true/yes/on) to turn every ETSHook into a no-op without a code change.
-DISABLE_ENV = "ETS_HOOK_DISABLE"
 #: Seconds ``close`` waits for a running decode when the interpreter is exiting.
 EXIT_DECODE_WAIT_S = 10.0
 
@@ -76,55 +80,6 @@ EXIT_DECODE_WAIT_S = 10.0
 _hook_of_model: weakref.WeakKeyDictionary[torch.nn.Module, weakref.ref[ETSHook]] = (
     weakref.WeakKeyDictionary()
 )
-
-
-def hooks_disabled(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``ETS_HOOK_DISABLE`` turns hooks off (``1``, ``true``, ``yes`` or ``on``).
-
-    Args:
-        environ: the environment to read; None: ``os.environ``.
-    """
-    value = (os.environ if environ is None else environ).get(DISABLE_ENV, "")
-    return value.strip().lower() in ("1", "true", "yes", "on")
-
-
-def _checked_trace_path(
-    trace_path: str | os.PathLike[str] | None, rank: int, world_size: int
-) -> Path | None:
-    """This rank's trace path (``rank_trace_path``), checked before training starts.
-
-    Raises:
-        ValueError: ``trace_path`` is not a path, holds ``{...}`` fields other than ``{rank}``,
-            names a directory, or its directory does not exist.
-    """
-    if trace_path is None:
-        return None
-    try:
-        path = rank_trace_path(trace_path, rank, world_size)
-    except (TypeError, KeyError, IndexError, ValueError) as exc:
-        raise ValueError(
-            f"trace_path must be a path whose only field is {{rank}}, got {trace_path!r} ({exc!r})"
-        ) from exc
-    if path.is_dir():
-        raise ValueError(f"trace_path is a directory: {path}")
-    if not path.parent.is_dir():
-        raise ValueError(f"trace_path's directory does not exist: {path.parent}")
-    return path
-
-
-class _NoSteps:
-    """The step detector of a disabled hook: installs nothing, marks nothing."""
-
-    in_phase = False
-
-    def explicit_step(self) -> None:
-        return None
-
-    def remove_capture_hooks(self) -> None:
-        return None
-
-    def close(self) -> None:
-        return None
 
 
 def _resolve_trace_estimator(
@@ -201,6 +156,10 @@ class ETSHook:
     ) -> None:
         """Validate the arguments, install the step hooks and, with ``skip_steps=0``, start capture.
 
+        A hook still open on the same model is closed first (one log line: notebook re-runs).
+        With ``ETS_HOOK_DISABLE=1`` in the environment the arguments are checked, then the hook
+        does nothing (``capture_status`` says so).
+
         Step counts are optimizer steps. Steps are "global" where they include ``initial_step``.
 
         Args:
@@ -267,38 +226,22 @@ class ETSHook:
                 on the training thread at the window's end (tests, debugging).
 
         Raises:
-            ValueError: ``model`` not an ``nn.Module``; ``capture_steps``, ``skip_steps``,
-                ``total_steps``, ``steps_per_epoch``, ``grad_accum_steps``, ``eval_every``,
-                ``checkpoint_every``, a ``phase_every`` value or ``initial_step`` not an int in
-                range (bools rejected); ``epochs`` not a finite number > 0, or without steps per
-                epoch; ``dataloader`` without ``len()``, or contradicting ``steps_per_epoch``;
-                ``record_shapes``, ``deadline``, ``on_deadline`` or ``deadline_policy`` (the
-                latter only checked when a deadline is in effect) not one of the allowed values;
-                an item of ``optimizer`` not an optimizer; ``progress`` not a tqdm bar;
-                ``status_path``'s directory missing or ``status_path`` a directory.
+            ValueError: naming the argument and its value: an int argument not an int in its
+                range (bools rejected); ``initial_step`` > ``total_steps``; ``epochs`` not a
+                finite number > 0 or without steps per epoch; ``dataloader`` without ``len()``
+                or contradicting ``steps_per_epoch``; a string argument not one of its values
+                (``deadline_policy`` too without a deadline); ``model`` not an ``nn.Module``;
+                ``optimizer`` not optimizers; ``progress`` not a tqdm bar; ``trace_path`` or
+                ``status_path`` a directory, in a missing directory, or (``trace_path``) with
+                ``{...}`` fields other than ``{rank}``.
             ImportError: ``progress=True`` and tqdm is not installed.
         """
         if not isinstance(model, torch.nn.Module):
             raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        if isinstance(capture_steps, bool) or not isinstance(capture_steps, int):
-            raise ValueError(f"capture_steps must be an int, got {capture_steps!r}")
-        if capture_steps < 0:
-            raise ValueError(f"capture_steps must be >= 0, got {capture_steps}")
-        if isinstance(skip_steps, bool) or not isinstance(skip_steps, int) or skip_steps < 0:
-            raise ValueError(f"skip_steps must be an int >= 0, got {skip_steps!r}")
-        if total_steps is not None and (
-            isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1
-        ):
-            raise ValueError(f"total_steps must be an int >= 1 or None, got {total_steps!r}")
-        if op_capture not in OP_CAPTURE_MODES:
-            raise ValueError(f"op_capture must be one of {OP_CAPTURE_MODES}, got {op_capture!r}")
-        if record_shapes not in RECORD_SHAPES_MODES:
-            raise ValueError(
-                f"record_shapes must be one of {RECORD_SHAPES_MODES}, got {record_shapes!r}"
-            )
-        optimizers = self._optimizer_list(optimizer)
+        check_window_settings(capture_steps, skip_steps, op_capture, record_shapes)
+        optimizers = optimizer_list(optimizer)
         rank, world_size = distributed_rank()
-        rank_trace = _checked_trace_path(trace_path, rank, world_size)
+        rank_trace = checked_trace_path(trace_path, rank, world_size)
         disabled = hooks_disabled()
         job = JobModel.from_args(
             total_steps=total_steps,
@@ -339,8 +282,7 @@ class ETSHook:
         self._rank, self._world_size = rank, world_size
         self.trace_path = rank_trace
 
-        # Clocks: steps are timed with perf_counter_ns; the trace uses the profiler's Unix-epoch
-        # clock, reached through one offset measured here.
+        # Steps are timed with perf_counter_ns; the trace's clock is Unix time: one offset.
         self._created_ns = time.perf_counter_ns()
         self._epoch_offset_ns = time.time_ns() - time.perf_counter_ns()
         self._step_start_ns = self._created_ns
@@ -364,8 +306,7 @@ class ETSHook:
         self._op_capture_mode = op_capture
         self._ops: NativeOpCapture | ProfilerOpCapture | None = None  # chosen at window start
         if capture_steps > 0 and op_capture != "profiler":
-            # Cached: loaded now (fast). Not built yet: "auto" compiles it on a low-priority
-            # thread (the profiler serves meanwhile), "native" compiles it now.
+            # Unbuilt: "auto" builds it on a nice'd thread (profiler meanwhile), "native" now.
             if op_capture == "native":
                 native_ops.load(build_if_missing=True)
             else:
@@ -375,9 +316,8 @@ class ETSHook:
         self._want_kernels = (
             capture_kernels if capture_kernels is not None else self._device.type == "cuda"
         )
-        # Resolved now, before training starts, like the machine facts below: importing the model
-        # code and loading its weights (~0.1 s), psutil and NVML on the decode thread would hold
-        # the GIL against the training loop.
+        # Resolved before training starts: on the decode thread, loading the model (~0.1 s),
+        # psutil and NVML would hold the GIL against the training loop.
         facts = machine_facts(self._device) if capture_steps > 0 else (None, None)
         self._device_info, self._host_info = facts
         self._trace_estimator = (
@@ -394,7 +334,6 @@ class ETSHook:
         # (the only one that can end that session) finishes closing at its next hook call.
         self._close_pending: tuple[str, str | None] | None = None
         self._capture_thread = 0  # thread ident that started op capture
-        self._profiler_buried = False  # our profiler session lies under a user's session
 
         self._forecaster = Forecaster(
             job,
@@ -408,8 +347,8 @@ class ETSHook:
             self._cuda_timer = CudaStepTimer()
             self._cuda_timer.record(0)
 
-        self._detector: StepDetector | _NoSteps = (
-            _NoSteps()
+        self._detector: StepDetector | NoSteps = (
+            NoSteps()
             if disabled
             else StepDetector(
                 model,
@@ -585,7 +524,6 @@ class ETSHook:
             if self._state == _State.CAPTURING:
                 self._finish_capture(truncated=True)
             self._detector.close()
-            self._unbury_profiler(final=True)
             if self._decode_thread is not None:
                 self._decode_thread.join(timeout_s)
         except Exception as exc:
@@ -602,27 +540,6 @@ class ETSHook:
 
     # ------------------------------------------------------------------------------------------
     # Step boundaries (training thread)
-
-    @staticmethod
-    def _optimizer_list(optimizer: Any) -> list[torch.optim.Optimizer]:
-        if optimizer is None:
-            return []
-        if isinstance(optimizer, torch.optim.Optimizer):
-            optimizers = [optimizer]
-        else:
-            try:
-                optimizers = list(optimizer)
-            except TypeError:
-                raise ValueError(
-                    f"optimizer must be a torch.optim.Optimizer or a list of them, got "
-                    f"{optimizer!r}"
-                ) from None
-        for item in optimizers:
-            if not isinstance(item, torch.optim.Optimizer):
-                raise ValueError(
-                    f"optimizer must be a torch.optim.Optimizer or a list of them, got {item!r}"
-                )
-        return optimizers
 
     def _guarded(self, function: Callable[..., None]) -> Callable[..., None]:
         def call(*args: Any) -> None:
@@ -662,8 +579,6 @@ class ETSHook:
         try:
             if self._state == _State.CAPTURING or self._state == _State.WAITING:
                 self._advance_window(step_index, start_ns, now_ns)
-            if self._profiler_buried:
-                self._unbury_profiler()
             if self._cuda_timer is not None:
                 self._cuda_timer.record(step_index + 1)
                 for index, device_s in self._cuda_timer.poll():
@@ -714,46 +629,26 @@ class ETSHook:
 
     def _user_profiler_took_over(self) -> bool:
         """On the profiler path, a user's ``torch.profiler`` session opened inside the window
-        stacks on ours: disabling ours would end theirs. Back off (timing steps only) and leave
-        our session under theirs until it ends (``_unbury_profiler``)."""
+        takes the thread's Kineto session over (torch keeps one), and its end ends ours: never
+        disable it (that would end the user's). Back off to timing steps, once."""
         if not (
             self._state == _State.CAPTURING
             and isinstance(self._ops, ProfilerOpCapture)
             and ProfilerOpCapture.user_session_active()
         ):
             return False
-        self._profiler_buried = self._ops.active
+        self._ops.forget()
         self._restart_pending = False
         self._abandon_capture(
             "op capture backed off: a torch.profiler session was opened inside the capture "
-            "window (left alone; ets-hook times steps only)",
-            stop_ops=False,
+            "window (left alone; ets-hook times steps only)"
         )
         logger.warning("ets-hook: %s", self._capture_note)
         return True
 
-    def _unbury_profiler(self, final: bool = False) -> None:
-        """Forget our profiler session once the user's session that replaced it has ended.
-
-        torch keeps one Kineto session per thread: the user's ``enable`` took ours over, and
-        their ``disable`` ended it (calling ours then finds nothing). We only check that nothing
-        is left behind.
-        """
-        if not self._profiler_buried or self._ops is None:
-            return
-        if ProfilerOpCapture.user_session_active():
-            if final:
-                logger.info(
-                    "ets-hook: closing while the user's torch.profiler session (opened inside "
-                    "the capture window) is still open; it is left alone"
-                )
-            return
-        self._profiler_buried = False
-        self._ops.forget()
-
-    def _abandon_capture(self, note: str, *, stop_ops: bool = True) -> None:
-        """Stop capturing without decoding; the hook goes on timing steps."""
-        if stop_ops and self._ops is not None and self._ops.active:
+    def _abandon_capture(self, note: str) -> None:
+        """Stop capturing without decoding; the hook goes on timing steps. Never raises."""
+        if self._ops is not None and self._ops.active:
             with contextlib.suppress(Exception):
                 self._ops.stop()
         if self._collector is not None:
@@ -772,30 +667,15 @@ class ETSHook:
     # Capture window
 
     def _start_capture(self) -> None:
-        module = native_ops.load() if self._op_capture_mode != "profiler" else None
-        if module is None:
-            busy = other_profiler_active()
-            if busy is not None:
-                self._state = _State.OFF
-                self._capture_note = f"op capture backed off: {busy}"
-                self._kernel_status = "off: another profiler is active"
-                logger.warning("ets-hook: %s; timing steps only", self._capture_note)
-                return
-            self._ops = ProfilerOpCapture()
-            self._ops_note = f"ops: {self._ops.name}"
-            if self._op_capture_mode != "profiler":
-                reason = native_ops.unavailable_reason() or "not loaded"
-                self._ops_note += f" (native observer: {reason})"
-                logger.info(
-                    "ets-hook: native op observer unavailable (%s); the torch profiler captures "
-                    "this window",
-                    reason,
-                )
-        else:
-            self._ops = NativeOpCapture(module)
-            self._ops_note = f"ops: {self._ops.name}"
+        choice = choose_op_capture(self._op_capture_mode)
+        if choice.ops is None:
+            self._state = _State.OFF
+            self._capture_note = choice.note
+            self._kernel_status = "off: another profiler is active"
+            return
+        self._ops, self._ops_note = choice.ops, choice.note
         if self._want_kernels:
-            self._start_kernel_collector()
+            self._collector, self._kernel_status = start_kernel_collector()
         correlation = None
         if self._collector is not None and isinstance(self._ops, NativeOpCapture):
             from .capture.cupti import correlation_api  # the collector imported _C
@@ -804,29 +684,12 @@ class ETSHook:
         self._ops.start(record_shapes=self.record_shapes != "none", correlation=correlation)
         self._capture_thread = threading.get_ident()
         self._state = _State.CAPTURING
-        # The window's steps carry the profiler's cost, and the step after it the profiler's
-        # disable (it materialises every event on this thread); decoding extends this (_decode).
+        # The window's steps carry the capture's cost, and the steps after it the decode's.
         window_end = self.skip_steps + self.capture_steps
         costs = self._ops.cpu_costs if self._device.type == "cpu" else {}
         self._forecaster.set_capture_window(self.skip_steps, window_end, **costs)
         self._forecaster.set_perturbed_steps(window_end + 1)
         # Step `skip_steps` starts now (its boundary just passed, or the hook was just created).
-
-    def _start_kernel_collector(self) -> None:
-        try:
-            from .capture.cupti import KernelCollector
-        except Exception as exc:  # extension missing or broken: ops are still captured
-            self._kernel_status = f"off: native extension unavailable ({exc})"
-            return
-        collector = KernelCollector()
-        status = collector.start()
-        if status.available:
-            self._collector = collector
-            self._kernel_status = "on: CUPTI activity collector"
-        else:
-            collector.close()
-            self._kernel_status = f"off: {status.reason}"
-            logger.info("ets-hook: kernel capture unavailable: %s", status.reason)
 
     def _finish_capture(self, *, truncated: bool) -> None:
         """Window end (training thread): stop collectors, drop observers, hand off decoding."""
@@ -861,54 +724,13 @@ class ETSHook:
         # loop's cores for ~0.1 s after the trace model's products (ets_hook.ets.blas). The
         # interpreter's switch interval is left alone: shortening it (0.2 ms) made the training
         # thread pay a GIL hand-off per op and the decode cost it 1.5-2x more in total.
-        with single_threaded_blas():
-            self._decode_window(ops, bounds, window_end_event)
-        # Steps that ran while this thread decoded competed with it for the CPU and the GIL.
-        self._forecaster.set_perturbed_steps(
-            max(self.skip_steps + self.capture_steps + 1, self.steps_completed + 1)
-        )
-
-    def _decode_window(self, ops: Any, bounds: list[StepBounds], window_end_event: Any) -> None:
         try:
-            raws = ops.read() if ops is not None else []
-            shapes_step = self.skip_steps if self.record_shapes == "first" and bounds else None
-            positions: dict[int, tuple[int, int]] = {}
-            iterations = build_iterations(
-                raws, bounds, shapes_source_step=shapes_step, positions=positions
-            )
-            dropped = 0
-            if self._collector is not None:
-                from .capture.gpu_records import (  # the collector imported _C
-                    decode_activity,
-                    ops_by_correlation,
-                )
-
-                if window_end_event is not None:
-                    window_end_event.synchronize()  # this thread only: the window's kernels ran
-                records, clock_offset_ns, dropped = self._collector.collect()
-                self._collector.close()
-                activity = decode_activity(records, clock_offset_ns=clock_offset_ns)
-                # Ops of the native observer pushed their handle as external correlation id.
-                op_of_handle = {raws[i].handle: at for i, at in positions.items() if raws[i].handle}
-                correlated = attach_kernels(
-                    iterations,
-                    activity.kernels,
-                    activity.launches,
-                    ops_by_correlation(activity.external_ids, op_of_handle),
-                )
-                self._kernel_status += f"; {100 * correlated:.1f}% of kernels linked to an op"
-            self._trace = Trace(
-                iterations=iterations,
+            facts = WindowFacts(
+                skip_steps=self.skip_steps,
+                capture_steps=self.capture_steps,
+                record_shapes=self.record_shapes,
                 device=self._device_info or device_info(self._device),
                 host=self._host_info or host_info(),
-                capture=CaptureInfo(
-                    skip_steps=self.skip_steps,
-                    capture_steps=self.capture_steps,
-                    op_capture=ops.name if ops is not None else "",
-                    kernel_capture=self._kernel_status,
-                    shapes_recorded=self.record_shapes,
-                    dropped_records=dropped + (ops.dropped if ops is not None else 0),
-                ),
                 torch_version=torch.__version__,
                 ets_hook_version=__version__,
                 step_times_s=self.step_times_s,
@@ -919,14 +741,29 @@ class ETSHook:
                     "partial_steps": list(self._partial_steps),
                 },
             )
-            self._publish_trace_estimate(self._trace)
+            with single_threaded_blas():
+                trace = build_window_trace(
+                    ops,
+                    bounds,
+                    facts,
+                    collector=self._collector,
+                    kernel_status=self._kernel_status,
+                    window_end_event=window_end_event,
+                )
+                self._kernel_status = trace.capture.kernel_capture
+                self._trace = trace
+                self._publish_trace_estimate(trace)
             if self.trace_path is not None:
-                save_trace(self._trace, self.trace_path)
+                save_trace(trace, self.trace_path)
             self._state = _State.DONE
         except Exception as exc:
             self._fail(exc)
         finally:
             self._trace_ready.set()
+        # Steps that ran while this thread decoded competed with it for the CPU and the GIL.
+        self._forecaster.set_perturbed_steps(
+            max(self.skip_steps + self.capture_steps + 1, self.steps_completed + 1)
+        )
 
     def _publish_trace_estimate(self, trace: Trace) -> None:
         estimator = self._trace_estimator
@@ -953,16 +790,6 @@ class ETSHook:
                     exc,
                     exc_info=logger.isEnabledFor(logging.DEBUG),
                 )
-            self._capture_note = f"failed: {exc!r}"
-            if self._ops is not None and self._ops.active:
-                with contextlib.suppress(Exception):
-                    self._ops.stop()
-            if self._collector is not None:
-                with contextlib.suppress(Exception):
-                    self._collector.close()
-            with contextlib.suppress(Exception):
-                self._detector.remove_capture_hooks()
-            self._state = _State.OFF
-            self._trace_ready.set()
+            self._abandon_capture(f"failed: {exc!r}")
         except Exception:
             pass

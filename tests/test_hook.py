@@ -316,13 +316,14 @@ def test_bad_arguments_name_the_value():
 
 @pytest.mark.parametrize("where", ["build_iterations", "start", "boundary"])
 def test_internal_failure_never_reaches_the_training_loop(where, monkeypatch, caplog):
+    import ets_hook.capture.window as window_module
     import ets_hook.hook as hook_module
 
     def boom(*args, **kwargs):
         raise RuntimeError("injected failure")
 
     if where == "build_iterations":
-        monkeypatch.setattr(hook_module, "build_iterations", boom)
+        monkeypatch.setattr(window_module, "build_iterations", boom)
     elif where == "start":
         monkeypatch.setattr(hook_module.NativeOpCapture, "start", boom)
         monkeypatch.setattr(hook_module.ProfilerOpCapture, "start", boom)

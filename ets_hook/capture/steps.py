@@ -46,6 +46,34 @@ class Authority(str, enum.Enum):
     FORWARD = "forward"
 
 
+def optimizer_list(optimizer: Any) -> list[torch.optim.Optimizer]:
+    """``ETSHook``'s ``optimizer`` argument as a list.
+
+    Args:
+        optimizer: None, an optimizer, or an iterable of optimizers.
+
+    Returns:
+        The optimizers (empty for None).
+
+    Raises:
+        ValueError: ``optimizer`` is neither, or an item is not a ``torch.optim.Optimizer``.
+    """
+    if optimizer is None:
+        return []
+    if isinstance(optimizer, torch.optim.Optimizer):
+        return [optimizer]
+    try:
+        optimizers = list(optimizer)
+    except TypeError:
+        optimizers = [optimizer]
+    for item in optimizers:
+        if not isinstance(item, torch.optim.Optimizer):
+            raise ValueError(
+                f"optimizer must be a torch.optim.Optimizer or a list of them, got {item!r}"
+            )
+    return optimizers
+
+
 class StepDetector:
     """Installs the hooks that mark step boundaries and reports each one to ``on_boundary``.
 
@@ -279,3 +307,19 @@ class StepDetector:
                 else:
                     del self._scaler.update  # the class method shows through again
         self._scaler_original_update = None
+
+
+class NoSteps:
+    """The step detector of a disabled hook (``ETS_HOOK_DISABLE``): installs nothing, marks
+    nothing; the same methods as ``StepDetector``."""
+
+    in_phase = False
+
+    def explicit_step(self) -> None:
+        """Ignored."""
+
+    def remove_capture_hooks(self) -> None:
+        """Nothing to remove."""
+
+    def close(self) -> None:
+        """Nothing to remove."""

@@ -12,6 +12,7 @@ import logging
 import os
 import platform
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -194,3 +195,52 @@ def rank_trace_path(path: str | os.PathLike[str], rank: int, world_size: int) ->
         target = Path(text)
         return target.with_name(f"{target.stem}.rank{rank}{target.suffix}")
     return Path(text)
+
+
+def checked_trace_path(
+    trace_path: str | os.PathLike[str] | None, rank: int, world_size: int
+) -> Path | None:
+    """This rank's trace path (``rank_trace_path``), checked before training starts.
+
+    Args:
+        trace_path: the path the user gave, or None.
+        rank: this process's rank.
+        world_size: number of processes.
+
+    Returns:
+        The path for this rank; None when ``trace_path`` is None.
+
+    Raises:
+        ValueError: ``trace_path`` is not a path, holds ``{...}`` fields other than ``{rank}``,
+            names a directory, or its directory does not exist.
+    """
+    if trace_path is None:
+        return None
+    try:
+        path = rank_trace_path(trace_path, rank, world_size)
+    except (TypeError, KeyError, IndexError, ValueError) as exc:
+        raise ValueError(
+            f"trace_path must be a path whose only field is {{rank}}, got {trace_path!r} ({exc!r})"
+        ) from exc
+    if path.is_dir():
+        raise ValueError(f"trace_path is a directory: {path}")
+    if not path.parent.is_dir():
+        raise ValueError(f"trace_path's directory does not exist: {path.parent}")
+    return path
+
+
+#: Set to 1 (or true/yes/on) to turn every ETSHook into a no-op without a code change.
+DISABLE_ENV = "ETS_HOOK_DISABLE"
+
+
+def hooks_disabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``ETS_HOOK_DISABLE`` turns hooks off (``1``, ``true``, ``yes`` or ``on``).
+
+    Args:
+        environ: the environment to read; None: ``os.environ``.
+
+    Returns:
+        True when the switch is on.
+    """
+    value = (os.environ if environ is None else environ).get(DISABLE_ENV, "")
+    return value.strip().lower() in ("1", "true", "yes", "on")

@@ -1,0 +1,204 @@
+"""The capture window's mechanics: which op capture runs, the kernel collector, and turning what
+the window recorded into a ``Trace``. ``ETSHook`` decides *when*; this module does the *how*.
+
+- ``choose_op_capture``: the native observer when it is loaded (``op_capture`` "auto" or
+  "native"), else the torch profiler, unless another profiler owns the session (back off).
+- ``start_kernel_collector``: our CUPTI collector (GPU), or why it is off.
+- ``build_window_trace``: ops (+ kernels) of a finished window -> ``Trace`` (decode thread).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..trace.decode import StepBounds, attach_kernels, build_iterations
+from ..trace.events import CaptureInfo, DeviceInfo, HostInfo, Trace
+from . import native_ops
+from .ops import NativeOpCapture, ProfilerOpCapture, other_profiler_active
+
+logger = logging.getLogger("ets_hook")
+
+RECORD_SHAPES_MODES = ("first", "all", "none")
+OP_CAPTURE_MODES = ("auto", "native", "profiler")
+
+
+def check_window_settings(
+    capture_steps: Any, skip_steps: Any, op_capture: Any, record_shapes: Any
+) -> None:
+    """Check ``ETSHook``'s window arguments.
+
+    Raises:
+        ValueError: ``capture_steps`` or ``skip_steps`` not an int >= 0 (bools rejected);
+            ``op_capture`` not in ``OP_CAPTURE_MODES``; ``record_shapes`` not in
+            ``RECORD_SHAPES_MODES``. The message names the argument and the value.
+    """
+    for name, value in (("capture_steps", capture_steps), ("skip_steps", skip_steps)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    if op_capture not in OP_CAPTURE_MODES:
+        raise ValueError(f"op_capture must be one of {OP_CAPTURE_MODES}, got {op_capture!r}")
+    if record_shapes not in RECORD_SHAPES_MODES:
+        raise ValueError(
+            f"record_shapes must be one of {RECORD_SHAPES_MODES}, got {record_shapes!r}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class OpCaptureChoice:
+    """What ``choose_op_capture`` decided.
+
+    Attributes:
+        ops: the capture to start; None when op capture must back off.
+        note: for ``capture_status``: which path runs (and why not the native one), or why it
+            backed off.
+    """
+
+    ops: NativeOpCapture | ProfilerOpCapture | None
+    note: str
+
+
+def choose_op_capture(mode: str) -> OpCaptureChoice:
+    """The op capture for this window (logs the fallback or the back-off once).
+
+    Args:
+        mode: ``"auto"``, ``"native"`` or ``"profiler"`` (``ETSHook(op_capture=)``).
+
+    Returns:
+        The choice: the native observer if loaded (and not ``"profiler"``); else the torch
+        profiler, unless another profiler session is active (then ``ops`` is None).
+    """
+    module = native_ops.load() if mode != "profiler" else None
+    if module is not None:
+        ops = NativeOpCapture(module)
+        return OpCaptureChoice(ops, f"ops: {ops.name}")
+    busy = other_profiler_active()
+    if busy is not None:
+        note = f"op capture backed off: {busy}"
+        logger.warning("ets-hook: %s; timing steps only", note)
+        return OpCaptureChoice(None, note)
+    profiler = ProfilerOpCapture()
+    note = f"ops: {profiler.name}"
+    if mode != "profiler":
+        reason = native_ops.unavailable_reason() or "not loaded"
+        note += f" (native observer: {reason})"
+        logger.info(
+            "ets-hook: native op observer unavailable (%s); the torch profiler captures this "
+            "window",
+            reason,
+        )
+    return OpCaptureChoice(profiler, note)
+
+
+def start_kernel_collector() -> tuple[Any, str]:
+    """Start our CUPTI activity collector.
+
+    Returns:
+        ``(collector, status)``: the running ``KernelCollector`` and ``"on: ..."``, or None and
+        ``"off: <reason>"`` (extension missing, no CUPTI, ...). Never raises.
+    """
+    try:
+        from .cupti import KernelCollector
+    except Exception as exc:  # extension missing or broken: ops are still captured
+        return None, f"off: native extension unavailable ({exc})"
+    collector = KernelCollector()
+    status = collector.start()
+    if status.available:
+        return collector, "on: CUPTI activity collector"
+    collector.close()
+    logger.info("ets-hook: kernel capture unavailable: %s", status.reason)
+    return None, f"off: {status.reason}"
+
+
+@dataclass(frozen=True, slots=True)
+class WindowFacts:
+    """What a trace records about the job besides the window's events.
+
+    Attributes:
+        skip_steps, capture_steps, record_shapes: the hook's window settings.
+        device, host: machine facts (resolved before training started).
+        torch_version, ets_hook_version: versions to record.
+        step_times_s: the job's step times so far.
+        rank, world_size: the process's place in a distributed job.
+        metadata: free-form facts (model name, partial steps).
+    """
+
+    skip_steps: int
+    capture_steps: int
+    record_shapes: str
+    device: DeviceInfo
+    host: HostInfo
+    torch_version: str
+    ets_hook_version: str
+    step_times_s: Sequence[float]
+    rank: int = 0
+    world_size: int = 1
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+def build_window_trace(
+    ops: NativeOpCapture | ProfilerOpCapture | None,
+    bounds: Sequence[StepBounds],
+    facts: WindowFacts,
+    *,
+    collector: Any = None,
+    kernel_status: str = "not requested",
+    window_end_event: Any = None,
+) -> Trace:
+    """Read the window's ops (and kernels) and build its trace. Slow: off the training thread.
+
+    Args:
+        ops: the stopped op capture (None: no ops).
+        bounds: the window's timed steps.
+        facts: everything else the trace records.
+        collector: the stopped kernel collector, or None; it is drained and closed here.
+        kernel_status: ``kernel_capture_status`` so far; the linked share is appended.
+        window_end_event: a CUDA event recorded at the window's end: waited for (this thread
+            only) before the collector is flushed.
+
+    Returns:
+        The trace; ``trace.capture.kernel_capture`` holds the final kernel status.
+    """
+    raws = ops.read() if ops is not None else []
+    shapes_step = facts.skip_steps if facts.record_shapes == "first" and bounds else None
+    positions: dict[int, tuple[int, int]] = {}
+    iterations = build_iterations(raws, bounds, shapes_source_step=shapes_step, positions=positions)
+    dropped = 0
+    if collector is not None:
+        from .gpu_records import decode_activity, ops_by_correlation  # the collector loaded _C
+
+        if window_end_event is not None:
+            window_end_event.synchronize()  # this thread only: the window's kernels ran
+        records, clock_offset_ns, dropped = collector.collect()
+        collector.close()
+        activity = decode_activity(records, clock_offset_ns=clock_offset_ns)
+        # Ops of the native observer pushed their handle as external correlation id.
+        op_of_handle = {raws[i].handle: at for i, at in positions.items() if raws[i].handle}
+        correlated = attach_kernels(
+            iterations,
+            activity.kernels,
+            activity.launches,
+            ops_by_correlation(activity.external_ids, op_of_handle),
+        )
+        kernel_status += f"; {100 * correlated:.1f}% of kernels linked to an op"
+    return Trace(
+        iterations=iterations,
+        device=facts.device,
+        host=facts.host,
+        capture=CaptureInfo(
+            skip_steps=facts.skip_steps,
+            capture_steps=facts.capture_steps,
+            op_capture=ops.name if ops is not None else "",
+            kernel_capture=kernel_status,
+            shapes_recorded=facts.record_shapes,
+            dropped_records=dropped + (ops.dropped if ops is not None else 0),
+        ),
+        torch_version=facts.torch_version,
+        ets_hook_version=facts.ets_hook_version,
+        step_times_s=list(facts.step_times_s),
+        rank=facts.rank,
+        world_size=facts.world_size,
+        metadata=dict(facts.metadata),
+    )
