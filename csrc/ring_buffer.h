@@ -104,10 +104,14 @@ class RingBuffer {
     tail_.store(tail + n, std::memory_order_release);
   }
 
-  // Readable now (approximate when called off the consumer thread).
+  // Readable now (approximate when called off the consumer thread), in [0, capacity()]. tail_ is
+  // loaded first: head_ only grows and never trails tail_, so head - tail cannot underflow even
+  // while a consumer advances tail_ between the two loads (head first could read an older head
+  // than a newer tail: ~2^64); what was consumed in between may overstate it, hence the clamp.
   std::size_t size() const noexcept {
-    return static_cast<std::size_t>(head_.load(std::memory_order_acquire) -
-                                    tail_.load(std::memory_order_acquire));
+    const uint64_t tail = tail_.load(std::memory_order_acquire);
+    const uint64_t head = head_.load(std::memory_order_acquire);
+    return static_cast<std::size_t>(std::min<uint64_t>(head - tail, capacity_));
   }
   uint64_t dropped() const noexcept { return dropped_.load(std::memory_order_relaxed); }
   uint64_t published() const noexcept { return published_.load(std::memory_order_relaxed); }

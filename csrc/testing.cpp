@@ -187,16 +187,35 @@ CUptiResult CUPTIAPI fake_disable(CUpti_ActivityKind kind) {
   return CUPTI_SUCCESS;
 }
 
-// Request a buffer and complete it with `bytes`, like CUPTI does. Called without fake().mutex.
+// Records in a synthetic buffer: what CUPTI counts as dropped when it has no room for them.
+uint64_t count_records(const std::string& bytes) {
+  uint64_t n = 0;
+  size_t offset = 0;
+  while (offset + sizeof(CUpti_ActivityKind) <= bytes.size()) {
+    CUpti_ActivityKind kind;  // the first member of every record; memcpy: no alignment assumed
+    std::memcpy(&kind, bytes.data() + offset, sizeof(kind));
+    const size_t size = record_size_for_kind(kind);
+    if (size == 0) break;
+    offset += size;
+    ++n;
+  }
+  return n;
+}
+
+// Request a buffer and complete it with `bytes`, like CUPTI does. Called without fake().mutex,
+// and the callbacks run without it: the completion callback reads the dropped count
+// (fake_dropped takes fake().mutex), so calling it under the lock would self-deadlock.
 bool deliver(CUpti_BuffersCallbackRequestFunc req, CUpti_BuffersCallbackCompleteFunc done,
              const std::string& bytes) {
   uint8_t* buffer = nullptr;
   size_t size = 0, max_records = 0;
   req(&buffer, &size, &max_records);
   if (buffer == nullptr || size < bytes.size()) {
-    std::lock_guard<std::mutex> lock(fake().mutex);
-    fake().dropped += 1;  // CUPTI would drop the records
-    if (buffer != nullptr) done(nullptr, 0, buffer, size, 0);
+    {
+      std::lock_guard<std::mutex> lock(fake().mutex);
+      fake().dropped += count_records(bytes);  // CUPTI drops the records it has no room for
+    }
+    if (buffer != nullptr) done(nullptr, 0, buffer, size, 0);  // handed back empty
     return false;
   }
   std::memcpy(buffer, bytes.data(), bytes.size());

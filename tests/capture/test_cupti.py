@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -206,6 +209,49 @@ def test_records_cupti_could_not_buffer_are_counted(fake: None) -> None:
     collector.flush()
     assert collector.stats().cupti_dropped == 5
     assert collector.dropped == 5
+
+
+# Run in a child: before the fix the fake CUPTI completed the too-small buffer while holding its
+# own mutex, and the completion callback's cuptiActivityGetNumDroppedRecords took that mutex again
+# (a self-deadlock of the flushing thread that would hang this process, not fail it).
+TOO_SMALL_BUFFER = textwrap.dedent(
+    """
+    from ets_hook import _C
+    from ets_hook.capture.cupti import KernelCollector
+    T = _C._testing
+    T.install_fake_cupti()
+    collector = KernelCollector(ring_capacity=1024, buffer_size_bytes=4096, buffer_count=4)
+    assert collector.start().available
+    kernels = [
+        {"kind": "concurrent_kernel", "name": "k", "start": 10 * i, "end": 10 * i + 5,
+         "correlationId": i}
+        for i in range(64)
+    ]
+    data = T.build_activity_buffer(kernels)
+    assert len(data) > 4096, len(data)
+    T.queue_activity_buffer(data)
+    assert collector.flush().available
+    assert T.deliver_activity_buffer(data) is False
+    stats = collector.stats()
+    print("RESULT", collector.drain().size, stats.cupti_dropped, stats.buffers_requested,
+          stats.buffers_completed, stats.buffers_outstanding)
+    assert collector.stop().available
+    """
+)
+
+
+def test_a_buffer_too_small_for_the_records_drops_them_without_deadlock() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in OTHER_CLIENT_ENV}
+    run = subprocess.run(
+        [sys.executable, "-c", TOO_SMALL_BUFFER],
+        cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    result = next(line for line in run.stdout.splitlines() if line.startswith("RESULT"))
+    # nothing decoded, every record of both deliveries counted as dropped by CUPTI, and each
+    # buffer handed back to the pool through the completion callback
+    assert result.split()[1:] == ["0", "128", "2", "2", "0"]
 
 
 def test_buffers_of_another_client_are_left_alone(fake: None) -> None:
