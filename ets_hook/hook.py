@@ -287,7 +287,7 @@ class ETSHook:
         self._epoch_offset_ns = time.time_ns() - time.perf_counter_ns()
         self._step_start_ns = self._created_ns
         self._phase_ns_in_step = 0
-        self._phase_depth = 0
+        self._phase_stack: list[tuple[str, int]] = []
         self.steps_completed = 0
         self._step_times_s = array("d")
         self._window_bounds: list[StepBounds] = []
@@ -371,15 +371,11 @@ class ETSHook:
     def step(self) -> None:
         """End one training step.
 
-        With ``optimizer`` given it is optional: the call is absorbed (never double-counted)
-        unless no optimizer step happened since the previous call (an iteration whose optimizer
-        step was skipped), which it ends. With ``grad_scaler`` it is always absorbed. Otherwise
-        the first call makes ``step()`` the only thing that ends steps. Ignored inside
-        ``phase()`` and after ``close()``.
-
-        Never raises: any error is logged once and degrades the hook to a step timer. This
-        includes ``DeadlineExceededError``: with ``on_deadline="raise"``, a miss detected at a
-        step this call ends is logged, not raised.
+        With ``optimizer`` given it is optional and absorbed (never double-counted), except
+        after a training forward with no optimizer step since the previous call (a skipped
+        step), which it ends; with ``grad_scaler`` always absorbed; otherwise the first call
+        makes ``step()`` what ends steps (``capture.steps``). Ignored inside a phase and after
+        ``close()``. Never raises (``DeadlineExceededError`` included: logged).
         """
         try:
             self._detector.explicit_step()
@@ -390,9 +386,9 @@ class ETSHook:
     def phase(self, name: str) -> Iterator[None]:
         """Context manager marking non-training work, excluded from step times.
 
-        Steps do not end inside it (forwards, optimizer steps and ``step()`` are ignored). Its
-        duration is recorded under ``name`` for projecting the phase over the rest of the job.
-        Nested phases count once, under the outermost name.
+        Steps do not end inside it (forwards, optimizer steps, ``step()`` are ignored); its time
+        is recorded under ``name`` and projected over the rest of the job. Nested phases count
+        once, under the outermost name. ``begin_phase``/``end_phase``: the same, unpaired.
 
         Args:
             name: the phase, e.g. ``"eval"`` or ``"checkpoint"`` (non-empty string).
@@ -400,20 +396,35 @@ class ETSHook:
         Raises:
             ValueError: ``name`` is not a non-empty string (raised on entering the block).
         """
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"phase name must be a non-empty string, got {name!r}")
-        started_ns = time.perf_counter_ns()
-        self._phase_depth += 1
-        self._detector.in_phase = True
+        self.begin_phase(name)
         try:
             yield
         finally:
-            self._phase_depth -= 1
-            if self._phase_depth == 0:
-                self._detector.in_phase = False
-                duration_ns = time.perf_counter_ns() - started_ns
-                self._phase_ns_in_step += duration_ns
-                self._guarded(self._on_phase_end)(name, duration_ns)
+            self.end_phase()
+
+    def begin_phase(self, name: str) -> None:
+        """Start a phase (see ``phase``); pair it with ``end_phase``.
+
+        Raises:
+            ValueError: ``name`` is not a non-empty string.
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"phase name must be a non-empty string, got {name!r}")
+        self._phase_stack.append((name, time.perf_counter_ns()))
+        self._detector.in_phase = True
+
+    def end_phase(self) -> None:
+        """End the innermost open phase; the outermost one's duration is recorded under its
+        name. Ignored when no phase is open. Never raises."""
+        if not self._phase_stack:
+            return
+        name, started_ns = self._phase_stack.pop()
+        if self._phase_stack:
+            return
+        self._detector.in_phase = False
+        duration_ns = time.perf_counter_ns() - started_ns
+        self._phase_ns_in_step += duration_ns
+        self._guarded(self._on_phase_end)(name, duration_ns)
 
     @property
     def prediction(self) -> Prediction | None:
@@ -766,11 +777,8 @@ class ETSHook:
         )
 
     def _publish_trace_estimate(self, trace: Trace) -> None:
-        estimator = self._trace_estimator
-        if estimator is None:
-            return
         try:
-            estimate = estimator(trace)
+            estimate = self._trace_estimator(trace) if self._trace_estimator else None
         except Exception as exc:  # the trace estimate is optional: log, keep the measured one
             logger.info("ets-hook: trace-based estimate unavailable: %r", exc)
             return

@@ -297,6 +297,30 @@ def test_phase_time_is_excluded_from_step_times():
     assert max(hook.step_times_s) < 0.2
 
 
+def test_begin_and_end_phase_unpaired_calls_as_frameworks_make_them():
+    import time
+
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(model, optimizer=opt, capture_steps=0, log_every=None)
+    train(model, opt, hook, 2, call_step=False)
+    hook.begin_phase("eval")
+    hook.begin_phase("inner")  # nested: counted once, under the outer name
+    train(model, opt, hook, 1, call_step=False)  # optimizer steps inside a phase never count
+    time.sleep(0.2)
+    hook.end_phase()
+    hook.end_phase()
+    hook.end_phase()  # nothing open: ignored
+    train(model, opt, hook, 2, call_step=False)
+    assert hook.steps_completed == 4
+    assert max(hook.step_times_s) < 0.2
+    phases = {p.name: p for p in hook.prediction.phases}
+    assert set(phases) == {"eval"} and phases["eval"].spent_s >= 0.2
+    with pytest.raises(ValueError, match="phase name"):
+        hook.begin_phase("")
+    hook.close()
+
+
 def test_bad_arguments_name_the_value():
     model = tiny_mlp()
     with pytest.raises(ValueError, match="capture_steps"):
