@@ -553,3 +553,28 @@ def test_decode_leaves_the_interpreter_switch_interval_alone(monkeypatch):
     hook.close()
     assert calls == []
     assert sys.getswitchinterval() == before
+
+
+class _ForwardingOptimizer:
+    """Like Accelerate's AcceleratedOptimizer: holds the optimizer, forwards step()."""
+
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+
+    def step(self, closure=None):
+        return self.optimizer.step(closure)
+
+    def zero_grad(self, set_to_none=True):
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+
+def test_optimizer_wrappers_are_unwrapped_and_their_steps_seen():
+    model = tiny_mlp()
+    inner = torch.optim.SGD(model.parameters(), lr=0.1)
+    wrapped = _ForwardingOptimizer(_ForwardingOptimizer(inner))  # two levels
+    hook = ETSHook(model, optimizer=wrapped, capture_steps=0, log_every=None)
+    train(model, wrapped, hook, 5, call_step=False)
+    assert hook.steps_completed == 5
+    hook.close()
+    with pytest.raises(ValueError, match="wrapper holding one in optimizer or _optimizer"):
+        ETSHook(model, optimizer=object())

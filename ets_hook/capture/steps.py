@@ -46,31 +46,73 @@ class Authority(str, enum.Enum):
     FORWARD = "forward"
 
 
-def optimizer_list(optimizer: Any) -> list[torch.optim.Optimizer]:
-    """``ETSHook``'s ``optimizer`` argument as a list.
+#: Wrappers (Accelerate's ``AcceleratedOptimizer``, Lightning's ``LightningOptimizer``, ...)
+#: hold the real optimizer in one of these attributes and forward ``step()`` to it.
+WRAPPED_OPTIMIZER_ATTRIBUTES = ("optimizer", "_optimizer")
+
+
+def unwrap_optimizer(optimizer: Any, depth: int = 8) -> torch.optim.Optimizer | None:
+    """The ``torch.optim.Optimizer`` inside ``optimizer``'s wrappers, or None.
 
     Args:
-        optimizer: None, an optimizer, or an iterable of optimizers.
+        optimizer: an optimizer, or a wrapper holding one (``WRAPPED_OPTIMIZER_ATTRIBUTES``),
+            possibly several levels deep.
+        depth: wrappers unwrapped at most.
+
+    Returns:
+        The optimizer itself, the wrapped one, or None when there is none.
+    """
+    for _ in range(depth + 1):
+        if isinstance(optimizer, torch.optim.Optimizer):
+            return optimizer
+        inner = next(
+            (
+                getattr(optimizer, name)
+                for name in WRAPPED_OPTIMIZER_ATTRIBUTES
+                if getattr(optimizer, name, None) is not None
+            ),
+            None,
+        )
+        if inner is None or inner is optimizer:
+            return None
+        optimizer = inner
+    return None
+
+
+def optimizer_list(optimizer: Any) -> list[torch.optim.Optimizer]:
+    """``ETSHook``'s ``optimizer`` argument as a list of ``torch.optim.Optimizer``.
+
+    Wrappers that forward ``step()`` to an optimizer they hold (Accelerate, Lightning) are
+    unwrapped: the hook watches the real optimizer's steps, which the wrapper's call makes.
+
+    Args:
+        optimizer: None, an optimizer or a wrapper of one, or an iterable of those.
 
     Returns:
         The optimizers (empty for None).
 
     Raises:
-        ValueError: ``optimizer`` is neither, or an item is not a ``torch.optim.Optimizer``.
+        ValueError: ``optimizer`` (or an item of it) is neither an optimizer nor a wrapper of
+            one; the message names the value.
     """
     if optimizer is None:
         return []
-    if isinstance(optimizer, torch.optim.Optimizer):
-        return [optimizer]
+    single = unwrap_optimizer(optimizer)
+    if single is not None:
+        return [single]
     try:
-        optimizers = list(optimizer)
+        items = list(optimizer)
     except TypeError:
-        optimizers = [optimizer]
-    for item in optimizers:
-        if not isinstance(item, torch.optim.Optimizer):
+        items = [optimizer]
+    optimizers = []
+    for item in items:
+        unwrapped = unwrap_optimizer(item)
+        if unwrapped is None:
             raise ValueError(
-                f"optimizer must be a torch.optim.Optimizer or a list of them, got {item!r}"
+                "optimizer must be a torch.optim.Optimizer, a wrapper holding one in "
+                f"{' or '.join(WRAPPED_OPTIMIZER_ATTRIBUTES)}, or a list of them, got {item!r}"
             )
+        optimizers.append(unwrapped)
     return optimizers
 
 
