@@ -140,6 +140,7 @@ class ETSHook:
         phase_every: Mapping[str, int] | None = None,
         initial_step: int = 0,
         log_every: int | None = 100,
+        verbose: bool = True,
         progress: Any = False,
         status_path: str | os.PathLike[str] | None = None,
         on_prediction: Callable[[Prediction], Any] | None = None,
@@ -189,8 +190,10 @@ class ETSHook:
                 learned.
             phase_every: period in steps of any named phase (int >= 0; 0: one-off).
             initial_step: steps already done before this process (resumed jobs; int >= 0).
-            log_every: a log line every N global steps (plus the first prediction, convergence
-                and moves of 5%); None or 0: no log lines.
+            log_every: a log line every N global steps (plus after local steps 1, 3, 5, at
+                convergence and on moves of 5%); None or 0: no log lines.
+            verbose: with no logging configured, show those lines on stderr (tqdm-aware);
+                False: only through the application's logging (``reporters.console``).
             progress: True: a tqdm bar of our own; a user's tqdm bar: our ETA in its postfix;
                 False or None: no bar.
             status_path: JSON status file for schedulers, rewritten atomically every 5 s and at
@@ -256,6 +259,7 @@ class ETSHook:
         )
         reporters = build_reporters(
             log_every_n_steps=log_every,
+            verbose=verbose,
             progress=progress,
             status_path=status_path,
             on_prediction=on_prediction,
@@ -265,7 +269,7 @@ class ETSHook:
         )
         if disabled:
             reporters, capture_steps = [], 0
-            logger.info("ets-hook: disabled by %s; this hook does nothing", DISABLE_ENV)
+            logger.debug("ets-hook: disabled by %s; this hook does nothing", DISABLE_ENV)
         previous = _hook_of_model.get(model)
         previous_hook = previous() if previous is not None else None
         if previous_hook is not None and not previous_hook._closed:

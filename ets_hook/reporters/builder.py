@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .base import Reporter
 from .callback import CallbackReporter
+from .console import ensure_console_handler
 from .deadline import (
     DEADLINE_ACTIONS,
     DEADLINE_POLICIES,
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 def build_reporters(
     *,
     log_every_n_steps: int | None = 100,
+    verbose: bool = True,
     progress: Any = False,
     status_path: str | os.PathLike[str] | None = None,
     status_interval_s: float = 5.0,
@@ -49,6 +51,8 @@ def build_reporters(
 
     Args:
         log_every_n_steps: ``LogReporter`` period in global steps; None or 0: no log reporter.
+        verbose: show the log lines on stderr when the application configured no logging
+            (``reporters.console``); False: only through the application's logging.
         progress: False or None: no bar; True: a tqdm bar of our own; else a user's tqdm bar
             (anything with ``set_postfix_str``) to annotate.
         status_path: JSON status file (``StatusFileReporter``); None: none.
@@ -72,8 +76,12 @@ def build_reporters(
         ImportError: ``progress=True`` and tqdm is not installed.
     """
     reporters: list[Reporter] = []
+    if not isinstance(verbose, bool):
+        raise ValueError(f"verbose must be True or False, got {verbose!r}")
     if log_every_n_steps:
         reporters.append(LogReporter(every_n_steps=log_every_n_steps))
+        if verbose:
+            ensure_console_handler()
     if progress is True:
         reporters.append(TqdmReporter())
     elif progress is not False and progress is not None:

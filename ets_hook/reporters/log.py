@@ -22,10 +22,11 @@ if TYPE_CHECKING:
 class LogReporter(Reporter):
     """Logs ``format_prediction`` lines on ``logging.getLogger("ets_hook")``.
 
-    A line is written for the first prediction, when the estimate first converges, at global steps
-    that are multiples of ``every_n_steps``, and whenever the predicted total (the step time if the
-    total is unknown) moved by ``move_threshold`` (relative) since the last line; the last two
-    kinds at most once per ``min_interval_s`` of job time. At close, one more line: ``finished
+    A line is written after each of the job's first local steps in ``early_lines`` (1, 3, 5:
+    the early answer as it firms up), when the estimate first converges, at global steps that are
+    multiples of ``every_n_steps``, and whenever the predicted total (the step time if the total
+    is unknown) moved by ``move_threshold`` (relative) since the last line; the last two kinds at
+    most once per ``min_interval_s`` of job time. At close, one more line: ``finished
     at step N after T``. The prediction rides along on the log record as
     ``record.ets_prediction`` for structured handlers.
     """
@@ -38,6 +39,7 @@ class LogReporter(Reporter):
         min_interval_s: float = 5.0,
         check_interval_s: float = 1.0,
         first_steps: int = 0,
+        early_lines: tuple[int, ...] = (1, 3, 5),
         logger: logging.Logger | None = None,
         level: int = logging.INFO,
     ) -> None:
@@ -51,6 +53,7 @@ class LogReporter(Reporter):
             check_interval_s: seconds (> 0) between looks at the prediction, besides the early
                 steps and the ``every_n_steps`` multiples; None: no time-based looks.
             first_steps: leading steps after each of which the prediction is looked at (>= 0).
+            early_lines: local step counts (ints >= 1) after which a line is always written.
             logger: the logger; None: ``logging.getLogger("ets_hook")``.
             level: the level of every line.
 
@@ -66,8 +69,10 @@ class LogReporter(Reporter):
             first_steps=first_steps,
             every_n_steps=every_n_steps,
             interval_s=check_interval_s,
-            early_steps=EARLY_STEPS,
+            early_steps=tuple(sorted(set(EARLY_STEPS) | set(early_lines))),
         )
+        self.early_lines = frozenset(early_lines)
+        self._first_step: int | None = None
         self.every_n_steps = every_n_steps
         self.move_threshold = move_threshold
         self.min_interval_s = min_interval_s
@@ -85,9 +90,12 @@ class LogReporter(Reporter):
         """Log a line if the prediction earns one (see the class docstring)."""
         p = prediction
         value = self._value(p)
+        if self._first_step is None:
+            self._first_step = p.step - 1  # the first prediction comes after local step 1
+        local_step = p.step - self._first_step
         newly_converged = p.converged and not self._converged
         self._converged = self._converged or p.converged
-        if self._last_value is None or newly_converged:
+        if self._last_value is None or newly_converged or local_step in self.early_lines:
             self._emit(p, value)
             return
         if p.elapsed_s - self._last_elapsed_s < self.min_interval_s:

@@ -1,0 +1,88 @@
+"""Visible by default: ets-hook's log lines on stderr when the application configured no logging.
+
+Well-kept ML libraries (transformers, Lightning) show their progress without asking the user to
+configure ``logging`` first. ``ETSHook(verbose=True)`` (the default) does the same: if neither
+the root logger nor the ``ets_hook`` logger has a handler, it attaches ``ConsoleHandler`` to the
+``ets_hook`` logger (INFO and above, ``ets-hook: <message>``). The handler steps aside by itself
+as soon as the application configures logging (a root handler appears), so lines never come out
+twice; ``verbose=False`` never attaches it. Lines are written through ``tqdm.write`` when tqdm
+is loaded, so they never break a progress bar (the bar is cleared, the line written, the bar
+redrawn).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from typing import TextIO
+
+LOGGER_NAME = "ets_hook"
+_lock = threading.Lock()
+
+
+class ConsoleHandler(logging.Handler):
+    """Writes ``ets-hook: <message>`` lines to stderr, tqdm-aware; silent once the
+    application has configured logging (the root logger has a handler)."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        """Create the handler (level INFO).
+
+        Args:
+            stream: where to write; None: ``sys.stderr`` as it is at each write.
+        """
+        super().__init__(logging.INFO)
+        self._stream = stream
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Write the record's line, unless the application now handles logging itself."""
+        if logging.getLogger().handlers:
+            return  # configured since we attached: the application's handlers show it
+        try:
+            line = record.getMessage()
+            if not line.startswith("ets-hook: "):
+                line = "ets-hook: " + line
+            stream = self._stream or sys.stderr
+            tqdm = sys.modules.get("tqdm")
+            if tqdm is not None and hasattr(tqdm, "tqdm"):
+                tqdm.tqdm.write(line, file=stream)
+            else:
+                stream.write(line + "\n")
+                stream.flush()
+        except Exception:
+            self.handleError(record)
+
+
+def logging_configured() -> bool:
+    """Whether the application set up logging: a handler on the root logger or on ours
+    (other than our own ``ConsoleHandler``)."""
+    ours = logging.getLogger(LOGGER_NAME)
+    return bool(logging.getLogger().handlers) or any(
+        not isinstance(h, ConsoleHandler) for h in ours.handlers
+    )
+
+
+def ensure_console_handler(stream: TextIO | None = None) -> ConsoleHandler | None:
+    """Attach one ``ConsoleHandler`` to the ``ets_hook`` logger unless logging is configured.
+
+    Sets the logger's level to INFO when it has none (so INFO lines pass the default WARNING).
+    Idempotent: a second call returns the handler already attached.
+
+    Args:
+        stream: passed to a new handler; None: stderr.
+
+    Returns:
+        The handler in place, or None when the application configured logging.
+    """
+    logger = logging.getLogger(LOGGER_NAME)
+    with _lock:
+        existing = next((h for h in logger.handlers if isinstance(h, ConsoleHandler)), None)
+        if existing is not None:
+            return existing
+        if logging_configured():
+            return None
+        handler = ConsoleHandler(stream)
+        logger.addHandler(handler)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.INFO)
+        return handler

@@ -1,0 +1,100 @@
+"""reporters.console: ETA lines on stderr by default, never twice, never through a progress bar."""
+
+from __future__ import annotations
+
+import io
+import logging
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from ets_hook.reporters.console import ConsoleHandler, ensure_console_handler
+
+SCRIPT = textwrap.dedent(
+    """
+    import logging, sys, torch
+    mode = sys.argv[1]
+    if mode == "configured":
+        logging.basicConfig(level=logging.INFO, format="APP %(name)s %(message)s")
+    from ets_hook import ETSHook
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(model, optimizer=opt, total_steps=40, capture_steps=0,
+                   verbose=mode != "quiet", log_every=None if mode == "no-lines" else 100)
+    for _ in range(40):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+    hook.close()
+    """
+)
+MODES = ("default", "quiet", "configured", "no-lines")
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[str, str]:
+    """stderr of the script in each mode (run at once, separate processes)."""
+    procs = {
+        mode: subprocess.Popen(
+            [sys.executable, "-c", SCRIPT, mode], stderr=subprocess.PIPE, text=True
+        )
+        for mode in MODES
+    }
+    out = {}
+    for mode, proc in procs.items():
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        out[mode] = err
+    return out
+
+
+def _lines(stderr: str, prefix: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith(prefix)]
+
+
+def test_lines_show_on_stderr_by_default(runs) -> None:
+    lines = _lines(runs["default"], "ets-hook: step ")
+    assert [line.split()[2].split("/")[0] for line in lines[:3]] == ["1", "3", "5"]
+    assert all("s/step" in line and "ETA" in line for line in lines)
+    assert _lines(runs["default"], "ets-hook: finished at step 40")
+
+
+def test_verbose_false_shows_nothing(runs) -> None:
+    assert "ets-hook" not in runs["quiet"]
+
+
+def test_configured_logging_gets_each_line_once_through_its_own_handlers(runs) -> None:
+    err = runs["configured"]
+    assert _lines(err, "APP ets_hook step 1/40")
+    assert not _lines(err, "ets-hook: step ")  # our handler stepped aside
+
+
+def test_log_every_none_means_no_lines(runs) -> None:
+    assert "step 1/40" not in runs["no-lines"]
+
+
+def test_lines_go_through_tqdm_write_when_tqdm_is_loaded(monkeypatch) -> None:
+    tqdm = pytest.importorskip("tqdm")
+    written: list[str] = []
+    monkeypatch.setattr(
+        tqdm.tqdm, "write", classmethod(lambda cls, s, file=None: written.append(s))
+    )
+    handler = ConsoleHandler(io.StringIO())
+    record = logging.LogRecord("ets_hook", logging.INFO, __file__, 1, "step %d", (3,), None)
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    handler.emit(record)
+    assert written == ["ets-hook: step 3"]
+
+
+def test_the_handler_is_attached_once_and_only_without_logging(monkeypatch) -> None:
+    logger = logging.getLogger("ets_hook")
+    monkeypatch.setattr(logger, "handlers", [])
+    monkeypatch.setattr(logger, "level", logging.NOTSET)
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    first = ensure_console_handler(io.StringIO())
+    assert isinstance(first, ConsoleHandler) and ensure_console_handler() is first
+    assert logger.handlers == [first] and logger.level == logging.INFO
+    monkeypatch.setattr(logger, "handlers", [])
+    monkeypatch.setattr(logging.getLogger(), "handlers", [logging.NullHandler()])
+    assert ensure_console_handler() is None and logger.handlers == []
