@@ -1,9 +1,10 @@
 """Every public exception of ets-hook, in one place that imports nothing from the package.
 
 Each stage raises its errors from here without climbing the pipeline: the trace file format
-(``TraceFileError`` and its subclasses), the paper-CSV importer (``ETSCSVError``), the model files
-(``ModelFileError``, ``SchemaVersionError``) and the deadline guard (``DeadlineExceededError``).
-All but the last are ``ValueError`` subclasses: they describe bad input.
+(``TraceFileError`` and its subclasses), the paper-CSV importer (``ETSCSVError``, also a
+``TraceFileError``), the model files (``ModelFileError``, ``SchemaVersionError``) and the deadline
+guard (``DeadlineExceededError``). All but the last two are ``ValueError`` subclasses: they
+describe bad input.
 """
 
 from __future__ import annotations
@@ -31,6 +32,35 @@ class CorruptTraceError(TraceFileError):
     """Checksum mismatch, undecodable payload, or a payload that breaks the format's invariants."""
 
 
+class TraceFieldError(CorruptTraceError):
+    """One field of the payload is malformed: a wrong type, a value out of range, or an encoding
+    that breaks the loader's bounds (nesting too deep, a container longer than the bytes left).
+
+    Attributes:
+        source: the file (or ``"<bytes>"``) the payload came from.
+        field: where the field is, e.g. ``"meta.device.name"`` or ``"iterations[0].ops.parent"``;
+            ``"payload"`` for the payload as a whole.
+        problem: what is wrong with it.
+    """
+
+    def __init__(self, source: str, field: str, problem: str) -> None:
+        """Build the error; its message is ``"<source>: <field>: <problem>"``.
+
+        Args:
+            source: the file the payload came from.
+            field: the field's location in the payload.
+            problem: what is wrong with it.
+        """
+        self.source = source
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{source}: {field}: {problem}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle by the constructor's arguments (``args`` holds only the joined message)."""
+        return (type(self), (self.source, self.field, self.problem))
+
+
 class UnsupportedTraceVersionError(TraceFileError):
     """The file was written in a format version this ets-hook cannot read."""
 
@@ -39,8 +69,15 @@ class TraceTooLargeError(TraceFileError):
     """The file is larger than the ``max_bytes`` the caller allows."""
 
 
-class ETSCSVError(ValueError):
-    """A malformed ETS CSV file; ``path`` and ``line`` (1-based, 0 = whole file) locate it."""
+class NotARegularFileError(TraceFileError):
+    """The path names a directory, FIFO, socket or device: refused before anything is read."""
+
+
+class ETSCSVError(TraceFileError):
+    """A malformed ETS CSV file; ``path`` and ``line`` (1-based, 0 = whole file) locate it.
+
+    A ``TraceFileError`` (so a ``ValueError``) like the ``.ets`` loader's errors.
+    """
 
     def __init__(self, path: Path | str, line: int, message: str) -> None:
         """Build the error; its message is ``"<path>:<line>: <message>"`` (no ``:<line>`` if 0).
@@ -55,6 +92,18 @@ class ETSCSVError(ValueError):
         self.reason = message
         where = f"{self.path}:{line}" if line > 0 else str(self.path)
         super().__init__(f"{where}: {message}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle by the constructor's arguments (``args`` holds only the joined message)."""
+        return (type(self), (self.path, self.line, self.reason))
+
+
+class ETSCSVTooLargeError(ETSCSVError, TraceTooLargeError):
+    """An ETS CSV or ``opCodes.dict`` file larger than the ``max_bytes`` the caller allows."""
+
+
+class ETSCSVNotARegularFileError(ETSCSVError, NotARegularFileError):
+    """An ETS CSV or ``opCodes.dict`` path that names a directory, FIFO, socket or device."""
 
 
 class SchemaVersionError(ValueError):

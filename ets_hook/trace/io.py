@@ -12,14 +12,24 @@ Layout (all integers little-endian)::
 
 The payload stores each iteration's ops and kernels as columns of packed numpy arrays (times
 relative to the iteration start), names and dtypes interned in a string table, and each distinct
-(input shapes, input dtypes) signature once. Writes are atomic. The loader checks size, header,
-length and checksum before it decodes anything, checks every index before it uses it, and
-raises a ``TraceFileError`` subclass naming the problem; it never reads more than ``max_bytes``.
+(input shapes, input dtypes) signature once. Writes are atomic.
+
+Reading treats the file as hostile. ``load_trace`` refuses anything but a regular file before
+reading a byte and never reads more than ``max_bytes`` (``untrusted.read_regular_file``).
+``loads`` checks size, header, length and checksum; then a scan of the msgpack encoding
+(``untrusted.scan_msgpack``: no recursion, nothing allocated) checks that every container fits
+in the bytes left after it, nesting within ``MAX_DEPTH`` and the object count within
+``MAX_OBJECTS``, before msgpack builds any object (with explicit ``max_*_len`` limits); then
+every field's type and range is checked before it is used. Every failure is a
+``TraceFileError`` subclass whose message names the file, the field and the problem
+(``TraceFieldError`` also carries the field as ``.field``). Only an ``OSError`` (a missing or
+unreadable path) is not.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import struct
 import zlib
@@ -31,7 +41,9 @@ import numpy as np
 
 from ..errors import (
     CorruptTraceError,
+    NotARegularFileError,
     NotATraceFileError,
+    TraceFieldError,
     TraceTooLargeError,
     TruncatedTraceError,
     UnsupportedTraceVersionError,
@@ -48,12 +60,25 @@ from .events import (
     Phase,
     Trace,
 )
+from .untrusted import read_regular_file, scan_msgpack
 
 MAGIC = b"ETSTRACE"
 FORMAT_VERSION = 1
 _HEADER = struct.Struct("<8sHHQI")
 HEADER_SIZE = _HEADER.size
 DEFAULT_MAX_BYTES = 512 * 1024 * 1024
+
+#: Deepest container nesting accepted in a payload. The format itself nests 5 deep (payload,
+#: signatures, entry, shapes, shape); the rest is room for free-form ``metadata``.
+MAX_DEPTH = 32
+#: Most msgpack objects (scalars and containers) accepted in one payload. Columns are single
+#: ``bin`` objects, so real traces hold a few per op signature and step: ~10^4-10^5. The bound keeps
+#: a payload of tiny objects (an empty list is 1 byte, 56 as a Python object) from costing
+#: ~60x its size in memory: at most ~4M objects, ~250 MB, whatever ``max_bytes`` allows.
+MAX_OBJECTS = 1 << 22
+#: Longest string accepted (op and kernel names, metadata values), bytes.
+MAX_STR_LEN = 1 << 24
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 _PHASES = [phase.value for phase in Phase]
 _KINDS = [kind.value for kind in KernelKind]
@@ -242,199 +267,367 @@ def save_trace(trace: Trace, path: str | os.PathLike[str]) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------
-# Decoding
+# Decoding: field checks
 
 
-def _check(condition: bool, source: str, what: str) -> None:
-    if not condition:
-        raise CorruptTraceError(f"{source}: {what}")
+_MISSING: Any = object()
+
+
+def _describe(value: Any) -> str:
+    """A short description of a decoded value for an error message (never a deep repr)."""
+    if value is _MISSING:
+        return "nothing (missing)"
+    if value is None or isinstance(value, (bool, float, int)):
+        return repr(value)
+    if isinstance(value, str):
+        shown = value if len(value) <= 40 else value[:40] + "..."
+        return f"the string {shown!r}"
+    if isinstance(value, (bytes, bytearray)):
+        return f"{len(value)} bytes of binary"
+    if isinstance(value, list):
+        return f"a list of {len(value)} items"
+    if isinstance(value, dict):
+        return f"a map of {len(value)} entries"
+    return f"a {type(value).__name__}"
+
+
+def _int(value: Any, source: str, field: str, low: int = _INT64_MIN, high: int = _INT64_MAX) -> int:
+    if type(value) is not int:  # bool is not an int here
+        raise TraceFieldError(source, field, f"expected an int, got {_describe(value)}")
+    if not low <= value <= high:
+        raise TraceFieldError(source, field, f"{value} is out of range [{low}, {high}]")
+    return value
+
+
+def _str(value: Any, source: str, field: str) -> str:
+    if type(value) is not str:
+        raise TraceFieldError(source, field, f"expected a string, got {_describe(value)}")
+    return value
+
+
+def _list(value: Any, source: str, field: str) -> list[Any]:
+    if type(value) is not list:
+        raise TraceFieldError(source, field, f"expected a list, got {_describe(value)}")
+    return value
+
+
+def _map(value: Any, source: str, field: str) -> dict[Any, Any]:
+    if type(value) is not dict:
+        raise TraceFieldError(source, field, f"expected a map, got {_describe(value)}")
+    return value
+
+
+def _seconds(value: Any, source: str, field: str) -> float:
+    if type(value) not in (int, float):
+        raise TraceFieldError(source, field, f"expected a number, got {_describe(value)}")
+    seconds = float(value)
+    if not (math.isfinite(seconds) and seconds >= 0.0):
+        raise TraceFieldError(source, field, f"{value!r} is not a finite time >= 0")
+    return seconds
+
+
+_PLAIN_TYPES = (type(None), bool, int, float, str, bytes)
+
+
+def _check_metadata(value: Any, source: str) -> dict[str, Any]:
+    """Free-form metadata: a map of msgpack plain values, checked without recursion (the scan
+    already bounded its depth)."""
+    root = _map(value, source, "meta.metadata")
+    stack: list[tuple[Any, str]] = [(root, "meta.metadata")]
+    while stack:
+        item, where = stack.pop()
+        if type(item) is dict:
+            entries = []
+            for key, inner in item.items():
+                if type(key) is not str:
+                    raise TraceFieldError(source, where, f"key {_describe(key)} is not a string")
+                name = f"{where}.{key}" if key.isidentifier() else f"{where}[{key[:40]!r}]"
+                entries.append((name, inner))
+        else:
+            entries = [(f"{where}[{index}]", inner) for index, inner in enumerate(item)]
+        for name, inner in entries:
+            if type(inner) in (dict, list):
+                stack.append((inner, name))
+            elif type(inner) not in _PLAIN_TYPES:  # pragma: no cover - msgpack makes no other
+                raise TraceFieldError(source, name, f"unexpected {_describe(inner)}")
+    return root
+
+
+#: Lowest value of each int field of the info dataclasses (others: 0).
+_INFO_LOW = {"index": -1}
+
+
+def _info(cls: type, raw: Any, source: str, field: str) -> Any:
+    """A DeviceInfo/HostInfo/CaptureInfo from its map: known keys type-checked, others ignored."""
+    values = _map(raw, source, field)
+    kwargs: dict[str, Any] = {}
+    for spec in dataclasses.fields(cls):
+        value = values.get(spec.name, _MISSING)
+        if value is _MISSING:
+            continue  # written by an older ets-hook: the default
+        where = f"{field}.{spec.name}"
+        if spec.type == "str":
+            kwargs[spec.name] = _str(value, source, where)
+        elif spec.type == "int":
+            kwargs[spec.name] = _int(value, source, where, low=_INFO_LOW.get(spec.name, 0))
+        else:  # pragma: no cover - a new field type needs a check here
+            raise TypeError(f"{cls.__name__}.{spec.name}: no loader check for {spec.type}")
+    return cls(**kwargs)
 
 
 def _read_columns(
     raw: Any, spec: dict[str, str], count: int, source: str, where: str
 ) -> dict[str, np.ndarray]:
-    _check(isinstance(raw, dict), source, f"{where} is not a column map")
     columns: dict[str, np.ndarray] = {}
+    table = _map(raw, source, where)
     for name, dtype in spec.items():
-        blob = raw.get(name)
-        _check(isinstance(blob, bytes), source, f"{where}: column {name!r} missing")
+        blob = table.get(name, _MISSING)
+        if type(blob) is not bytes:
+            raise TraceFieldError(
+                source, f"{where}.{name}", f"expected a binary column, got {_describe(blob)}"
+            )
         width = 3 if name in _TRIPLES else 1
         expected = count * width * np.dtype(dtype).itemsize
-        _check(
-            len(blob) == expected,
-            source,
-            f"{where}: column {name!r} has {len(blob)} bytes, expected {expected}",
-        )
+        if len(blob) != expected:
+            raise TraceFieldError(
+                source, f"{where}.{name}", f"{len(blob)} bytes, expected {expected} for {count}"
+            )
         column = np.frombuffer(blob, dtype=dtype)
         columns[name] = column.reshape(count, 3) if width == 3 else column
     return columns
 
 
-def _in_range(values: np.ndarray, low: int, high: int) -> bool:
-    return values.size == 0 or (int(values.min()) >= low and int(values.max()) < high)
+def _check_column(values: np.ndarray, low: int, high: int, source: str, field: str) -> None:
+    """Every value within ``[low, high]``; the error names the first one that is not."""
+    if values.size == 0:
+        return
+    if int(values.min()) >= low and int(values.max()) <= high:
+        return
+    info = np.iinfo(values.dtype)
+    low, high = max(low, info.min), min(high, info.max)
+    index = int(np.flatnonzero((values < low) | (values > high))[0])
+    raise TraceFieldError(
+        source,
+        field,
+        f"value {int(values[index])} at index {index} is out of range [{low}, {high}]",
+    )
+
+
+def _check_times(base: int, relative: np.ndarray, source: str, field: str) -> None:
+    """``base + relative`` stays within int64 (the start of every event)."""
+    if relative.size and not (
+        base + int(relative.min()) >= _INT64_MIN and base + int(relative.max()) <= _INT64_MAX
+    ):
+        raise TraceFieldError(source, field, "start times overflow int64 once made absolute")
+
+
+_Signature = tuple[tuple[tuple[int, ...], ...], tuple[str, ...]]
 
 
 def _decode_iteration(
     raw: Any,
     strings: list[str],
-    signatures: list[tuple[tuple[tuple[int, ...], ...], tuple[str, ...]]],
+    signatures: list[_Signature],
     params: list[tuple[int, ...]],
     source: str,
     index: int,
 ) -> IterationTrace:
-    where = f"iteration {index}"
-    _check(isinstance(raw, dict), source, f"{where} is not a map")
-    header_fields = ("step", "start_ns", "end_ns", "n_ops", "n_kernels")
-    for key in header_fields:
-        _check(isinstance(raw.get(key), int), source, f"{where}: {key!r} missing or not an int")
-    n_ops, n_kernels = raw["n_ops"], raw["n_kernels"]
-    _check(n_ops >= 0 and n_kernels >= 0, source, f"{where}: negative event count")
-    ops = _read_columns(raw.get("ops"), _OP_COLUMNS, n_ops, source, f"{where} ops")
+    where = f"iterations[{index}]"
+    table = _map(raw, source, where)
+    step = _int(table.get("step", _MISSING), source, f"{where}.step")
+    base = _int(table.get("start_ns", _MISSING), source, f"{where}.start_ns")
+    end = _int(table.get("end_ns", _MISSING), source, f"{where}.end_ns", low=base)
+    n_ops = _int(table.get("n_ops", _MISSING), source, f"{where}.n_ops", low=0)
+    n_kernels = _int(table.get("n_kernels", _MISSING), source, f"{where}.n_kernels", low=0)
+    ops = _read_columns(table.get("ops", _MISSING), _OP_COLUMNS, n_ops, source, f"{where}.ops")
     kernels = _read_columns(
-        raw.get("kernels"), _KERNEL_COLUMNS, n_kernels, source, f"{where} kernels"
+        table.get("kernels", _MISSING), _KERNEL_COLUMNS, n_kernels, source, f"{where}.kernels"
     )
-
-    checks = [
-        (ops["name"], len(strings), "op name id"),
-        (ops["phase"], len(_PHASES), "op phase"),
-        (ops["signature"], len(signatures), "op signature id"),
-        (ops["params"], len(params), "op params id"),
-        (ops["parent"] + 1, n_ops + 1, "op parent index"),
-        (kernels["name"], len(strings), "kernel name id"),
-        (kernels["kind"], len(_KINDS), "kernel kind"),
-        (kernels["op_index"] + 1, n_ops + 1, "kernel op index"),
-    ]
-    for values, limit, what in checks:
-        _check(_in_range(values, 0, limit), source, f"{where}: {what} out of range")
-
-    base = raw["start_ns"]
-    phases = [Phase(p) for p in _PHASES]
-    op_events: list[OpEvent] = []
-    for i in range(n_ops):
-        shapes, dtypes = signatures[int(ops["signature"][i])]
-        op_events.append(
-            OpEvent(
-                name=strings[int(ops["name"][i])],
-                start_ns=base + int(ops["start_ns"][i]),
-                duration_ns=int(ops["duration_ns"][i]),
-                thread=int(ops["thread"][i]),
-                phase=phases[int(ops["phase"][i])],
-                depth=int(ops["depth"][i]),
-                parent=int(ops["parent"][i]),
-                sequence_nr=int(ops["sequence_nr"][i]),
-                input_shapes=shapes,
-                input_dtypes=dtypes,
-                flops=int(ops["flops"][i]),
-                bytes_moved=int(ops["bytes_moved"][i]),
-                params=params[int(ops["params"][i])],
-                kernel_duration_ns=int(ops["kernel_duration_ns"][i]),
-                kernel_count=int(ops["kernel_count"][i]),
-                gap_ns=int(ops["gap_ns"][i]),
-            )
+    for values, low, high, field in (
+        (ops["name"], 0, len(strings) - 1, "ops.name"),
+        (ops["phase"], 0, len(_PHASES) - 1, "ops.phase"),
+        (ops["signature"], 0, len(signatures) - 1, "ops.signature"),
+        (ops["params"], 0, len(params) - 1, "ops.params"),
+        (ops["parent"], -1, n_ops - 1, "ops.parent"),
+        (ops["depth"], 0, _INT64_MAX, "ops.depth"),
+        (ops["kernel_count"], 0, _INT64_MAX, "ops.kernel_count"),
+        (kernels["name"], 0, len(strings) - 1, "kernels.name"),
+        (kernels["kind"], 0, len(_KINDS) - 1, "kernels.kind"),
+        (kernels["op_index"], -1, n_ops - 1, "kernels.op_index"),
+        (kernels["communication"], 0, 1, "kernels.communication"),
+    ):
+        _check_column(values, low, high, source, f"{where}.{field}")
+    later = np.flatnonzero(ops["parent"] >= np.arange(n_ops))
+    if later.size:
+        raise TraceFieldError(
+            source, f"{where}.ops.parent", f"op {int(later[0])} does not follow its parent"
         )
+    _check_times(base, ops["start_ns"], source, f"{where}.ops.start_ns")
+    _check_times(base, kernels["start_ns"], source, f"{where}.kernels.start_ns")
+
+    phases = [Phase(p) for p in _PHASES]
+    op_events = [
+        OpEvent(
+            name=strings[name],
+            start_ns=base + start,
+            duration_ns=duration,
+            thread=thread,
+            phase=phases[phase],
+            depth=depth,
+            parent=parent,
+            sequence_nr=sequence_nr,
+            input_shapes=signatures[signature][0],
+            input_dtypes=signatures[signature][1],
+            flops=flops,
+            bytes_moved=moved,
+            params=params[param],
+            kernel_duration_ns=kernel_ns,
+            kernel_count=kernel_count,
+            gap_ns=gap,
+        )
+        for (
+            name,
+            start,
+            duration,
+            thread,
+            phase,
+            depth,
+            parent,
+            sequence_nr,
+            signature,
+            param,
+            flops,
+            moved,
+            kernel_ns,
+            kernel_count,
+            gap,
+        ) in zip(*(ops[column].tolist() for column in _OP_COLUMNS))
+    ]
     kinds = [KernelKind(k) for k in _KINDS]
     kernel_events = [
         KernelEvent(
-            name=strings[int(kernels["name"][i])],
-            start_ns=base + int(kernels["start_ns"][i]),
-            duration_ns=int(kernels["duration_ns"][i]),
-            kind=kinds[int(kernels["kind"][i])],
-            device=int(kernels["device"][i]),
-            stream=int(kernels["stream"][i]),
-            correlation_id=int(kernels["correlation_id"][i]),
-            op_index=int(kernels["op_index"][i]),
-            grid=tuple(int(v) for v in kernels["grid"][i]),  # type: ignore[arg-type]
-            block=tuple(int(v) for v in kernels["block"][i]),  # type: ignore[arg-type]
-            bytes=int(kernels["bytes"][i]),
-            communication=bool(kernels["communication"][i]),
+            name=strings[name],
+            start_ns=base + start,
+            duration_ns=duration,
+            kind=kinds[kind],
+            device=device,
+            stream=stream,
+            correlation_id=correlation_id,
+            op_index=op_index,
+            grid=tuple(grid),  # type: ignore[arg-type]
+            block=tuple(block),  # type: ignore[arg-type]
+            bytes=nbytes,
+            communication=bool(communication),
         )
-        for i in range(n_kernels)
+        for (
+            name,
+            start,
+            duration,
+            kind,
+            device,
+            stream,
+            correlation_id,
+            op_index,
+            grid,
+            block,
+            nbytes,
+            communication,
+        ) in zip(*(kernels[column].tolist() for column in _KERNEL_COLUMNS))
     ]
     return IterationTrace(
-        step=raw["step"], start_ns=base, end_ns=raw["end_ns"], ops=op_events, kernels=kernel_events
+        step=step, start_ns=base, end_ns=end, ops=op_events, kernels=kernel_events
     )
 
 
-def _dataclass_from(cls: type, raw: Any, source: str, what: str) -> Any:
-    _check(isinstance(raw, dict), source, f"{what} is not a map")
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in raw.items() if k in names})
+def _decode_signatures(raw: Any, strings: list[str], source: str) -> list[_Signature]:
+    signatures: list[_Signature] = []
+    for index, entry in enumerate(_list(raw, source, "signatures")):
+        where = f"signatures[{index}]"
+        pair = _list(entry, source, where)
+        if len(pair) != 2:
+            raise TraceFieldError(
+                source, where, f"expected [shapes, dtypes], got {len(pair)} items"
+            )
+        shapes = []
+        for position, shape in enumerate(_list(pair[0], source, f"{where}.shapes")):
+            dims = _list(shape, source, f"{where}.shapes[{position}]")
+            for dim in dims:
+                _int(dim, source, f"{where}.shapes[{position}]", low=0)
+            shapes.append(tuple(dims))
+        dtypes = [
+            strings[_int(d, source, f"{where}.dtypes", 0, len(strings) - 1)]
+            for d in _list(pair[1], source, f"{where}.dtypes")
+        ]
+        signatures.append((tuple(shapes), tuple(dtypes)))
+    return signatures
 
 
 def _decode(payload: Any, source: str) -> Trace:
-    _check(isinstance(payload, dict), source, "payload is not a map")
-    _check(payload.get("format") == "ets-hook-trace", source, "payload format tag missing")
-    _check(payload.get("phases") == _PHASES, source, "unknown phase table")
-    _check(payload.get("kernel_kinds") == _KINDS, source, "unknown kernel kind table")
-    strings = payload.get("strings")
-    _check(
-        isinstance(strings, list) and all(isinstance(s, str) for s in strings),
-        source,
-        "string table is not a list of strings",
-    )
-    raw_signatures = payload.get("signatures")
-    _check(isinstance(raw_signatures, list), source, "signature table missing")
-    signatures = []
-    for entry in raw_signatures:
-        ok = (
-            isinstance(entry, list)
-            and len(entry) == 2
-            and all(isinstance(s, list) and all(isinstance(d, int) for d in s) for s in entry[0])
-            and all(isinstance(d, int) and 0 <= d < len(strings) for d in entry[1])
+    root = _map(payload, source, "payload")
+    if root.get("format") != "ets-hook-trace":
+        raise TraceFieldError(
+            source, "format", f"expected 'ets-hook-trace', got {_describe(root.get('format'))}"
         )
-        _check(ok, source, "malformed shape signature")
-        signatures.append((tuple(tuple(s) for s in entry[0]), tuple(strings[d] for d in entry[1])))
-    raw_params = payload.get("params")
-    _check(
-        isinstance(raw_params, list)
-        and all(isinstance(p, list) and all(isinstance(v, int) for v in p) for p in raw_params),
-        source,
-        "params table malformed",
-    )
-    params = [tuple(p) for p in raw_params]
-    meta = payload.get("meta")
-    _check(isinstance(meta, dict), source, "meta missing")
-    raw_iterations = payload.get("iterations")
-    _check(isinstance(raw_iterations, list), source, "iterations missing")
+    for key, expected in (("phases", _PHASES), ("kernel_kinds", _KINDS)):
+        if root.get(key) != expected:
+            raise TraceFieldError(source, key, f"unknown table: expected {expected}")
+    strings = _list(root.get("strings", _MISSING), source, "strings")
+    for index, text in enumerate(strings):
+        _str(text, source, f"strings[{index}]")
+    signatures = _decode_signatures(root.get("signatures", _MISSING), strings, source)
+    params = []
+    for index, entry in enumerate(_list(root.get("params", _MISSING), source, "params")):
+        values = _list(entry, source, f"params[{index}]")
+        for value in values:
+            _int(value, source, f"params[{index}]")
+        params.append(tuple(values))
+    meta = _map(root.get("meta", _MISSING), source, "meta")
     iterations = [
-        _decode_iteration(raw, strings, signatures, params, source, i)
-        for i, raw in enumerate(raw_iterations)
+        _decode_iteration(raw, strings, signatures, params, source, index)
+        for index, raw in enumerate(_list(root.get("iterations", _MISSING), source, "iterations"))
     ]
-    step_times = meta.get("step_times_s", [])
-    _check(
-        isinstance(step_times, list) and all(isinstance(t, (int, float)) for t in step_times),
-        source,
-        "step_times_s malformed",
+    step_times = [
+        _seconds(t, source, f"meta.step_times_s[{i}]")
+        for i, t in enumerate(_list(meta.get("step_times_s", []), source, "meta.step_times_s"))
+    ]
+    return Trace(
+        iterations=iterations,
+        device=_info(DeviceInfo, meta.get("device", {}), source, "meta.device"),
+        host=_info(HostInfo, meta.get("host", {}), source, "meta.host"),
+        capture=_info(CaptureInfo, meta.get("capture", {}), source, "meta.capture"),
+        torch_version=_str(meta.get("torch_version", ""), source, "meta.torch_version"),
+        ets_hook_version=_str(meta.get("ets_hook_version", ""), source, "meta.ets_hook_version"),
+        step_times_s=step_times,
+        rank=_int(meta.get("rank", 0), source, "meta.rank", low=0),
+        world_size=_int(meta.get("world_size", 1), source, "meta.world_size", low=1),
+        metadata=_check_metadata(meta.get("metadata", {}), source),
     )
-    metadata = meta.get("metadata", {})
-    _check(isinstance(metadata, dict), source, "metadata is not a map")
-    try:
-        return Trace(
-            iterations=iterations,
-            device=_dataclass_from(DeviceInfo, meta.get("device", {}), source, "device"),
-            host=_dataclass_from(HostInfo, meta.get("host", {}), source, "host"),
-            capture=_dataclass_from(CaptureInfo, meta.get("capture", {}), source, "capture"),
-            torch_version=str(meta.get("torch_version", "")),
-            ets_hook_version=str(meta.get("ets_hook_version", "")),
-            step_times_s=[float(t) for t in step_times],
-            rank=int(meta.get("rank", 0)),
-            world_size=int(meta.get("world_size", 1)),
-            metadata=metadata,
-        )
-    except (TypeError, ValueError) as exc:
-        raise CorruptTraceError(f"{source}: {exc}") from exc
 
 
-def loads(data: bytes, *, source: str = "<bytes>", max_bytes: int = DEFAULT_MAX_BYTES) -> Trace:
-    """Parse complete ``.ets`` file contents.
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def loads(
+    data: bytes | bytearray | memoryview,
+    *,
+    source: str = "<bytes>",
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> Trace:
+    """Parse complete ``.ets`` file contents, treating them as hostile.
+
+    Input shorter than the header is a ``TruncatedTraceError`` when it agrees with the magic
+    as far as it goes (empty input included: it is the start of every trace), else a
+    ``NotATraceFileError``.
 
     Args:
-        data: the whole file.
+        data: the whole file (any contiguous bytes-like object; not copied).
         source: names the data in error messages (a path).
         max_bytes: the largest ``data`` accepted, bytes.
 
     Returns:
-        The decoded trace.
+        The decoded trace; every field has been checked (types, ranges, indices, ``parent``
+        before child) and ``ets-hook info`` can print it.
 
     Raises:
         TraceTooLargeError: ``data`` is longer than ``max_bytes``.
@@ -442,42 +635,70 @@ def loads(data: bytes, *, source: str = "<bytes>", max_bytes: int = DEFAULT_MAX_
         TruncatedTraceError: ``data`` ends inside the header (including empty ``data``) or
             before the payload length it announces.
         UnsupportedTraceVersionError: another format version.
-        CorruptTraceError: stray bytes after the payload, checksum mismatch, invalid msgpack,
-            or a payload that breaks the format (missing tables, indices out of range, ...).
+        TraceFieldError: a field of the payload has the wrong type or an out-of-range value
+            (a ``CorruptTraceError``; ``.field`` names it).
+        CorruptTraceError: unknown header flags, stray bytes after the payload, checksum
+            mismatch, or a payload that is not msgpack or breaks the scan's bounds.
+        TypeError: ``data`` is not a bytes-like object (a programming error, not a bad file).
     """
-    if len(data) > max_bytes:
-        raise TraceTooLargeError(f"{source}: {len(data)} bytes exceeds max_bytes={max_bytes}")
-    if len(data) < HEADER_SIZE:
-        if not MAGIC.startswith(data[: len(MAGIC)]):
+    view = memoryview(data).cast("B")
+    size = len(view)
+    if size > max_bytes:
+        raise TraceTooLargeError(f"{source}: {size} bytes exceeds max_bytes={max_bytes}")
+    if size < HEADER_SIZE:
+        if not MAGIC.startswith(bytes(view[: len(MAGIC)])):
             raise NotATraceFileError(f"{source}: not an ets-hook trace (bad magic)")
-        raise TruncatedTraceError(f"{source}: {len(data)} bytes, shorter than the header")
-    magic, version, _flags, length, crc = _HEADER.unpack_from(data)
+        what = "empty" if size == 0 else f"{size} bytes"
+        raise TruncatedTraceError(
+            f"{source}: header: {what}, shorter than the {HEADER_SIZE}-byte header"
+        )
+    magic, version, flags, length, crc = _HEADER.unpack_from(view)
     if magic != MAGIC:
         raise NotATraceFileError(f"{source}: not an ets-hook trace (bad magic)")
     if version != FORMAT_VERSION:
         raise UnsupportedTraceVersionError(
-            f"{source}: trace format version {version}; this ets-hook reads {FORMAT_VERSION}"
+            f"{source}: header.version: trace format version {version}; this ets-hook reads "
+            f"{FORMAT_VERSION}"
         )
-    available = len(data) - HEADER_SIZE
+    if flags != 0:
+        raise CorruptTraceError(f"{source}: header.flags: unknown flags 0x{flags:04x}")
+    available = size - HEADER_SIZE
     if length > available:
-        raise TruncatedTraceError(f"{source}: payload of {length} bytes, {available} present")
+        raise TruncatedTraceError(
+            f"{source}: header.length: payload of {length} bytes, {available} present"
+        )
     if length < available:
-        raise CorruptTraceError(f"{source}: {available - length} stray bytes after the payload")
-    payload_bytes = data[HEADER_SIZE:]
-    if zlib.crc32(payload_bytes) != crc:
-        raise CorruptTraceError(f"{source}: checksum mismatch")
+        raise CorruptTraceError(
+            f"{source}: header.length: {available - length} stray bytes after the payload"
+        )
+    body = view[HEADER_SIZE:]
+    if zlib.crc32(body) != crc:
+        raise CorruptTraceError(f"{source}: header.crc32: checksum mismatch")
+    scan_msgpack(body, source, max_depth=MAX_DEPTH, max_objects=MAX_OBJECTS)
     try:
-        # unpackb bounds every container by the payload's own length.
-        payload = msgpack.unpackb(payload_bytes, raw=False, strict_map_key=True)
-    except (ValueError, TypeError) as exc:  # msgpack's errors derive from these
-        raise CorruptTraceError(f"{source}: payload is not valid msgpack ({exc})") from exc
+        payload = msgpack.unpackb(
+            body,
+            raw=False,
+            strict_map_key=True,
+            max_str_len=min(length, MAX_STR_LEN),
+            max_bin_len=length,
+            max_array_len=length,
+            max_map_len=length,
+            max_ext_len=0,
+        )
+    except (ValueError, TypeError, OverflowError, msgpack.UnpackException) as exc:
+        # invalid UTF-8 in a string, a non-string map key, a string over MAX_STR_LEN
+        raise CorruptTraceError(f"{source}: payload: not valid msgpack ({exc})") from exc
     return _decode(payload, source)
 
 
 def load_trace(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES) -> Trace:
-    """Read a ``.ets`` file.
+    """Read a ``.ets`` file, treating it as hostile.
 
-    Memory stays bounded: the size is checked against ``max_bytes`` before anything is read.
+    A path that is not a regular file (a directory, FIFO, socket or device such as
+    ``/dev/zero``) is refused before anything is read; the size is checked against
+    ``max_bytes`` before reading, and memory stays bounded by the file's size (see
+    ``read_regular_file``).
 
     Args:
         path: the file.
@@ -487,14 +708,21 @@ def load_trace(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYT
         The decoded trace.
 
     Raises:
-        TraceFileError: a subclass, as ``loads``, for anything malformed; ``TraceTooLargeError``
-            when the file exceeds ``max_bytes``.
-        OSError: the file cannot be opened (``FileNotFoundError``, ...).
+        NotARegularFileError: ``path`` is not a regular file.
+        TraceTooLargeError: the file exceeds ``max_bytes``.
+        TraceFileError: another subclass, as ``loads``, for anything malformed.
+        OSError: the path does not exist or cannot be opened or read (``FileNotFoundError``,
+            ``PermissionError``, ...).
     """
     source = str(path)
-    with open(path, "rb") as handle:
-        size = os.fstat(handle.fileno()).st_size
-        if size > max_bytes:
-            raise TraceTooLargeError(f"{source}: {size} bytes exceeds max_bytes={max_bytes}")
-        data = handle.read(max_bytes + 1)
+    data = read_regular_file(
+        path,
+        max_bytes,
+        not_regular=lambda kind: NotARegularFileError(
+            f"{source}: {kind}, not a regular file: refused without reading it"
+        ),
+        too_large=lambda size: TraceTooLargeError(
+            f"{source}: {size} bytes exceeds max_bytes={max_bytes}"
+        ),
+    )
     return loads(data, source=source, max_bytes=max_bytes)

@@ -1,10 +1,22 @@
-"""The per-step table ``ets-hook info`` prints: op, kernel and phase counts of each iteration."""
+"""The per-step table ``ets-hook info`` prints: op, kernel and phase counts of each iteration.
+
+A trace may come from a hostile file. ``trace.io`` checks every field's type and range when it
+loads one, and the text here is printed defensively on top of that: strings from the trace (and
+the source path) have control characters, escapes and anything a terminal or UTF-8 cannot show
+replaced by ``\\x..``/``\\u....`` escapes and are shortened to ``TEXT_LIMIT`` characters, and
+numbers that are not finite print as such instead of raising.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from .events import IterationTrace, Trace
+
+#: Longest string from a trace that ``format_info`` shows; longer ones end in "...".
+TEXT_LIMIT = 120
 
 
 @dataclass(frozen=True)
@@ -57,6 +69,44 @@ def summarize_iteration(iteration: IterationTrace) -> IterationSummary:
     )
 
 
+def printable(value: Any, limit: int = TEXT_LIMIT) -> str:
+    """``value`` as one line of text that is safe to print to a terminal.
+
+    Args:
+        value: normally a string; anything else shows as ``<type name>`` (never its ``repr``,
+            which could be deep or huge).
+        limit: the most characters kept; a longer text is cut and ends in "...".
+
+    Returns:
+        The text with control, format, separator and surrogate characters (ANSI escapes,
+        newlines, lone surrogates, ...) written as ``\\xNN``, ``\\uNNNN`` or ``\\UNNNNNNNN``.
+    """
+    if not isinstance(value, str):
+        return f"<{type(value).__name__}>"
+    text = value[:limit]
+    if not text.isprintable():  # Cc, Cf, Cs, Co, Cn, Zl, Zp and Zs but " "
+        text = "".join(c if c.isprintable() else _escape(c) for c in text)
+    return text + ("..." if len(value) > limit else "")
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def _number(value: Any) -> str:
+    """An int or float for the header lines; "?" for anything else."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    return "?"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f}" if math.isfinite(seconds) else str(seconds)
+
+
 def format_info(trace: Trace, source: str) -> str:
     """The text ``ets-hook info`` prints: a header of trace facts, then one line per iteration.
 
@@ -68,18 +118,21 @@ def format_info(trace: Trace, source: str) -> str:
         Multi-line text without a trailing newline; the first 12 step times (ms) are appended
         when ``trace.step_times_s`` is non-empty.
     """
-    device = trace.device.name or trace.device.kind
+    device, host, capture = trace.device, trace.host, trace.capture
+    kind = printable(device.kind)
+    skip, steps = capture.skip_steps, capture.capture_steps
+    window = f"[{skip}, {skip + steps})" if {type(skip), type(steps)} == {int} else "[?, ?)"
     lines = [
-        f"trace    {source}",
-        f"device   {device} ({trace.device.kind})   host {trace.host.hostname}"
-        f"   torch {trace.torch_version}   ets-hook {trace.ets_hook_version}",
-        f"capture  steps [{trace.capture.skip_steps}, "
-        f"{trace.capture.skip_steps + trace.capture.capture_steps})"
-        f"   ops: {trace.capture.op_capture or '-'}"
-        f"   shapes: {trace.capture.shapes_recorded or '-'}",
-        f"kernels  {trace.capture.kernel_capture or '-'}"
-        f"   dropped records: {trace.capture.dropped_records}",
-        f"rank     {trace.rank}/{trace.world_size}",
+        f"trace    {printable(source, limit=4 * TEXT_LIMIT)}",
+        f"device   {printable(device.name) or kind} ({kind})   host {printable(host.hostname)}"
+        f"   torch {printable(trace.torch_version)}"
+        f"   ets-hook {printable(trace.ets_hook_version)}",
+        f"capture  steps {window}"
+        f"   ops: {printable(capture.op_capture) or '-'}"
+        f"   shapes: {printable(capture.shapes_recorded) or '-'}",
+        f"kernels  {printable(capture.kernel_capture) or '-'}"
+        f"   dropped records: {_number(capture.dropped_records)}",
+        f"rank     {_number(trace.rank)}/{_number(trace.world_size)}",
         "",
         f"{'step':>5} {'time ms':>9} {'ops':>7} {'top':>6} {'kernels':>8} {'linked':>7}"
         f" {'cpu ms':>9} {'gpu ms':>9} {'gaps ms':>9}",
@@ -91,7 +144,29 @@ def format_info(trace: Trace, source: str) -> str:
             f" {s.correlated_kernels:>7} {s.cpu_ms:>9.3f} {s.gpu_ms:>9.3f} {s.gaps_ms:>9.3f}"
         )
     if trace.step_times_s:
-        timed = ", ".join(f"{t * 1e3:.2f}" for t in trace.step_times_s[:12])
+        timed = ", ".join(_ms(t) for t in trace.step_times_s[:12])
         more = " ..." if len(trace.step_times_s) > 12 else ""
         lines += ["", f"step times (ms) from step 0: {timed}{more}"]
     return "\n".join(lines)
+
+
+def info_document(trace: Trace, source: str) -> dict[str, Any]:
+    """What ``ets-hook info --json`` prints: trace facts and one summary per iteration.
+
+    Args:
+        trace: the trace to describe.
+        source: what to show as the trace's origin (its path).
+
+    Returns:
+        A dict that ``json.dumps(..., allow_nan=False)`` accepts: keys ``trace``, ``device``,
+        ``capture``, ``torch_version``, ``step_times_s`` (a step time that is not finite
+        becomes None) and ``iterations`` (``IterationSummary`` fields).
+    """
+    return {
+        "trace": source,
+        "device": asdict(trace.device),
+        "capture": asdict(trace.capture),
+        "torch_version": trace.torch_version,
+        "step_times_s": [t if math.isfinite(t) else None for t in trace.step_times_s],
+        "iterations": [asdict(summarize_iteration(it)) for it in trace.iterations],
+    }

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import ast
 import csv
+import os
+import pickle
+import sys
+import threading
 from pathlib import Path
 
 import pytest
 from support import SHARED_DATA
 
-from ets_hook.errors import ETSCSVError
+from ets_hook.errors import (
+    ETSCSVError,
+    ETSCSVNotARegularFileError,
+    ETSCSVTooLargeError,
+    NotARegularFileError,
+    TraceFileError,
+)
 from ets_hook.trace.discovery import load_traces
 from ets_hook.trace.events import Phase
 from ets_hook.trace.importers import (
@@ -17,6 +28,8 @@ from ets_hook.trace.importers import (
     parse_ets_file_name,
     read_ets_csv,
 )
+from ets_hook.trace.io import dumps
+from ets_hook.trace.summary import format_info
 
 OP_CODES = {"conv2d": 203, "relu": 152, "add_": 12, "mul_": 16}
 CONV_PARAMS = [2, 3, 8, 8, 4, 8, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, 4] + [0] * 13
@@ -208,3 +221,213 @@ def test_shared_sample_imports_as_the_manifest_says() -> None:
         ops = trace.iterations[0].ops
         total = sum(op.kernel_duration_ns + op.gap_ns for op in ops)
         assert total > 0 and all(op.gap_ns >= 0 for op in ops)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hostile files (issue 13)
+
+
+def _in_thread(call, timeout: float = 20.0):
+    """Run ``call`` in a daemon thread: its result or exception, or fail if it blocks."""
+    outcome: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            outcome["result"] = call()
+        except BaseException as exc:  # handed back to the test
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert not thread.is_alive(), f"{call} still blocked after {timeout} s"
+    if "error" in outcome:
+        raise outcome["error"]  # type: ignore[misc]
+    return outcome["result"]
+
+
+def _special_paths(tmp_path: Path) -> list[tuple[Path, str]]:
+    found = [(tmp_path / "folder.1_7.csv", "directory")]
+    found[0][0].mkdir()
+    if hasattr(os, "mkfifo"):
+        os.mkfifo(tmp_path / "pipe.1_7.csv")
+        found.append((tmp_path / "pipe.1_7.csv", "FIFO"))
+    if Path("/dev/zero").exists():
+        found.append((Path("/dev/zero"), "character device"))
+    return found
+
+
+@pytest.mark.parametrize("loader", ["csv", "opcodes"])
+def test_special_files_are_refused_before_reading(tmp_path: Path, loader: str) -> None:
+    for path, kind in _special_paths(tmp_path):
+        if loader == "csv":
+            call = lambda p=path: read_ets_csv(p, op_codes={})  # noqa: E731
+        else:
+            call = lambda p=path: load_op_codes(p)  # noqa: E731
+        with pytest.raises(ETSCSVNotARegularFileError, match=kind) as info:
+            _in_thread(call)
+        assert isinstance(info.value, ETSCSVError)
+        assert isinstance(info.value, NotARegularFileError)
+        assert isinstance(info.value, TraceFileError)
+        assert info.value.path == path and str(path) in str(info.value)
+
+
+def test_files_over_max_bytes_are_refused(tmp_path: Path) -> None:
+    path = _write(tmp_path / "m.1_7.csv", _sample_rows())
+    with pytest.raises(ETSCSVTooLargeError, match="max_bytes=100"):
+        read_ets_csv(path, op_codes={}, max_bytes=100)
+    (tmp_path / "opCodes.dict").write_text(repr(OP_CODES))
+    with pytest.raises(ETSCSVTooLargeError):
+        load_op_codes(tmp_path / "opCodes.dict", max_bytes=10)
+
+
+def test_invalid_utf8_names_its_line(tmp_path: Path) -> None:
+    path = _write(tmp_path / "m.1_7.csv", _sample_rows())
+    lines = path.read_bytes().split(b"\n")
+    lines[3] = lines[3].replace(b"0", b"\xff", 1)
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(ETSCSVError, match="not UTF-8") as info:
+        read_ets_csv(path, op_codes={})
+    assert info.value.line == 4
+
+
+def test_a_utf8_bom_is_accepted(tmp_path: Path) -> None:
+    path = _write(tmp_path / "m.1_7.csv", _sample_rows())
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    assert len(read_ets_csv(path, op_codes={}).iterations[0].ops) == len(_sample_rows())
+
+
+def test_a_field_over_the_csv_limit_names_its_line(tmp_path: Path) -> None:
+    rows = _sample_rows()
+    rows[1]["flops"] = "9" * (csv.field_size_limit() + 1)
+    path = _write(tmp_path / "m.1_7.csv", rows)
+    with pytest.raises(ETSCSVError, match="field larger than field limit") as info:
+        read_ets_csv(path, op_codes={})
+    assert info.value.line == 3
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "message"),
+    [
+        ("flops", "9" * 5000, "not finite"),  # over the int digit limit; as a float: inf
+        ("flops", "1e300", "out of range"),
+        ("bytes", str(2**63), "out of range"),
+        ("seq", str(-(2**63) - 1), "out of range"),
+        ("rStartTime", str(2**62), "out of range"),
+        ("kEndTime", "-1e19", "out of range"),
+        ("kernels", str(2**31), "out of range"),
+        ("params", "[" + ",".join(["9" * 20] * 30) + "]", "64 bits"),
+        ("params", "[" + "," * 100_000 + "]", "30 ints"),
+    ],
+)
+def test_numbers_out_of_range_are_errors(
+    tmp_path: Path, column: str, value: str, message: str
+) -> None:
+    rows = _sample_rows()
+    rows[0][column] = value
+    path = _write(tmp_path / "m.1_7.csv", rows)
+    with pytest.raises(ETSCSVError, match=message) as info:
+        read_ets_csv(path, op_codes={})
+    assert info.value.line == 2
+    assert len(str(info.value)) < 300  # the offending cell is shortened in the message
+
+
+def test_an_imported_trace_can_always_be_saved_and_printed(tmp_path: Path) -> None:
+    rows = _sample_rows()
+    for row in rows:
+        row.update(kernels=2**31 - 1, flops=2**63 - 1, seq=-(2**63))
+    rows[-1].update(kStartTime=2**61, kEndTime=2**61, space=2**61)
+    rows[0].update(rStartTime=-(2**61), kStartTime=-(2**61))
+    path = _write(tmp_path / ("x" * 30 + ".1_" + "9" * 19 + ".csv"), rows)
+    trace = read_ets_csv(path, op_codes={})
+    assert trace.iterations[0].step == 0  # a step suffix over 18 digits is not a step
+    assert load_trace_bytes(dumps(trace)) == trace
+    format_info(trace, str(path))
+
+
+def load_trace_bytes(data: bytes):
+    from ets_hook.trace.io import loads
+
+    return loads(data)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="bytes file names")
+def test_an_undecodable_folder_name_becomes_a_printable_device_name(tmp_path: Path) -> None:
+    folder = Path(os.fsdecode(bytes(tmp_path) + b"/gpu\xff"))
+    path = _write(folder / "m.1_7.csv", _sample_rows())
+    trace = read_ets_csv(path, op_codes={})
+    assert trace.device.name == "gpu\ufffd"
+    dumps(trace)
+
+
+@pytest.mark.parametrize(
+    ("text", "message", "line"),
+    [
+        ("{[1]: 2}", "expected an op name", 1),
+        ("{'a': True}", "'True}' is not a 64-bit int", 1),
+        ("{'a': 1.5}", "expected ',' or '}', found '.'", 1),
+        ("{'a': 1j}", "not a 64-bit int", 1),
+        ("{1: 2}", "expected an op name", 1),
+        ("{b'a': 1}", "expected an op name", 1),
+        ("{'\\ud800': 1}", "not a UTF-8 string", 1),
+        ("{'a': " + "-" * 100_000 + "1}", "not a 64-bit int", 1),
+        ("{'a': " + "9" * 5000 + "}", "not a 64-bit int", 1),
+        ("{'a': 99999999999999999999}", "not a 64-bit int", 1),
+        ("{'a': +-1}", "not a 64-bit int", 1),
+        ("{'a': 007}", "not a 64-bit int", 1),
+        ("(" * 300 + ")" * 300, r"expected '\{', found '\('", 1),
+        ("{'a': 1,\n 'b': 2,\n 'c' 3}", "expected ':', found '3'", 3),
+        ("{'a': 1", "found the end of the file", 1),
+        ("{'a\n': 1}", "a string literal does not end", 1),
+        ("\x00", r"expected '\{'", 1),
+        ("{'a': 1} {'b': 2}", "text after the dict", 1),
+        ("dict(a=1)", r"expected '\{'", 1),
+        ("", r"expected '\{', found the end of the file", 1),
+    ],
+)
+def test_malformed_op_code_tables_are_typed_errors(
+    tmp_path: Path, text: str, message: str, line: int
+) -> None:
+    path = tmp_path / "opCodes.dict"
+    path.write_text(text, encoding="utf-8", errors="surrogatepass")
+    with pytest.raises(ETSCSVError, match=message) as info:
+        load_op_codes(path)
+    assert info.value.line == line
+    assert str(path) in str(info.value)
+
+
+def test_op_code_tables_read_like_python_literals(tmp_path: Path) -> None:
+    text = (
+        "  {'a' 'b': 0x10,  # comment\n 'c': -3, 'd': + 4, 'e': 1_0, 'a' r\"b\": 5,\n"
+        " '''f\ng''': \\\n 0o7, 'h\\x41': 0b11,}\n"
+    )
+    path = tmp_path / "opCodes.dict"
+    path.write_text(text)
+    assert load_op_codes(path) == {5: "ab", -3: "c", 4: "d", 10: "e", 7: "f\ng", 3: "hA"}
+    assert ast.literal_eval(text) == {"ab": 5, "c": -3, "d": 4, "e": 10, "f\ng": 7, "hA": 3}
+    (tmp_path / "bad.dict").write_bytes(b"{'a\xff': 1}")
+    with pytest.raises(ETSCSVError, match="not UTF-8"):
+        load_op_codes(tmp_path / "bad.dict")
+
+
+@pytest.mark.skipif(
+    not (SHARED_DATA / "ets-traces" / "opCodes.dict").is_file(), reason="shared ETS sample absent"
+)
+def test_the_artifacts_op_code_table_reads_as_python_reads_it() -> None:
+    path = SHARED_DATA / "ets-traces" / "opCodes.dict"
+    expected: dict[int, str] = {}
+    for name, code in ast.literal_eval(path.read_text()).items():
+        expected.setdefault(code, name)
+    assert load_op_codes(path) == expected
+
+
+def test_csv_errors_survive_pickling() -> None:
+    error = ETSCSVNotARegularFileError("/data/x.csv", 0, "a FIFO (named pipe)")
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is ETSCSVNotARegularFileError
+    assert (copy.path, copy.line, copy.reason, str(copy)) == (
+        Path("/data/x.csv"),
+        0,
+        "a FIFO (named pipe)",
+        str(error),
+    )

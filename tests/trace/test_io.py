@@ -2,28 +2,50 @@
 
 from __future__ import annotations
 
+import math
+import os
+import pickle
+import re
+import socket
 import struct
+import threading
+import tracemalloc
 import zlib
+from pathlib import Path
 
 import msgpack
+import numpy as np
 import pytest
 from support import sample_trace
 
 import ets_hook
 from ets_hook.errors import (
     CorruptTraceError,
+    NotARegularFileError,
     NotATraceFileError,
+    TraceFieldError,
     TraceFileError,
     TraceTooLargeError,
     TruncatedTraceError,
     UnsupportedTraceVersionError,
 )
+from ets_hook.trace import io as trace_io
+from ets_hook.trace import untrusted
 from ets_hook.trace.events import (
     IterationTrace,
     OpEvent,
     Trace,
 )
-from ets_hook.trace.io import HEADER_SIZE, MAGIC, dumps, load_trace, loads, save_trace
+from ets_hook.trace.io import (
+    HEADER_SIZE,
+    MAGIC,
+    MAX_DEPTH,
+    dumps,
+    load_trace,
+    loads,
+    save_trace,
+)
+from ets_hook.trace.summary import TEXT_LIMIT, format_info
 
 
 def test_round_trip_preserves_every_field(tmp_path):
@@ -140,8 +162,277 @@ def test_every_error_is_a_value_error_subclass():
         NotATraceFileError,
         TruncatedTraceError,
         CorruptTraceError,
+        TraceFieldError,
         UnsupportedTraceVersionError,
         TraceTooLargeError,
+        NotARegularFileError,
     ):
         assert issubclass(cls, TraceFileError)
         assert issubclass(cls, ValueError)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hostile files (issue 13): special files, bounded memory, typed errors naming file and field
+
+
+def _in_thread(call, timeout: float = 20.0):
+    """Run ``call`` in a daemon thread: its result or exception, or fail if it blocks."""
+    outcome: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            outcome["result"] = call()
+        except BaseException as exc:  # handed back to the test
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert not thread.is_alive(), f"{call} still blocked after {timeout} s"
+    if "error" in outcome:
+        raise outcome["error"]  # type: ignore[misc]
+    return outcome["result"]
+
+
+def _fifo(tmp_path):
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no FIFOs here")
+    path = tmp_path / "pipe.ets"
+    os.mkfifo(path)
+    return path
+
+
+def test_fifo_is_refused_without_blocking(tmp_path):
+    path = _fifo(tmp_path)
+    with pytest.raises(NotARegularFileError, match="FIFO") as info:
+        _in_thread(lambda: load_trace(path))
+    assert str(path) in str(info.value)
+    assert isinstance(info.value, TraceFileError) and isinstance(info.value, ValueError)
+
+
+def test_directory_is_refused(tmp_path):
+    with pytest.raises(NotARegularFileError, match="directory") as info:
+        _in_thread(lambda: load_trace(tmp_path))
+    assert str(tmp_path) in str(info.value)
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="no /dev/zero")
+def test_dev_zero_is_never_read(monkeypatch):
+    opened = []
+    real_open = os.open
+    monkeypatch.setattr(
+        untrusted.os, "open", lambda *a, **k: opened.append(a) or real_open(*a, **k)
+    )
+    with pytest.raises(NotARegularFileError, match="character device"):
+        _in_thread(lambda: load_trace("/dev/zero"))
+    assert opened == []  # refused on os.stat alone: not even opened
+
+
+def test_socket_is_refused(tmp_path):
+    if not hasattr(socket, "AF_UNIX"):
+        pytest.skip("no Unix sockets here")
+    path = tmp_path / "s.ets"
+    server = socket.socket(socket.AF_UNIX)
+    try:
+        server.bind(str(path))
+    except OSError:  # path too long for a socket address
+        pytest.skip("cannot bind a Unix socket under tmp_path")
+    try:
+        with pytest.raises(NotARegularFileError, match="socket"):
+            _in_thread(lambda: load_trace(path))
+    finally:
+        server.close()
+
+
+def test_fifo_swapped_in_after_the_check_cannot_block_the_open(tmp_path, monkeypatch):
+    """os.stat said "regular file"; then the path became a FIFO with no writer. The O_NONBLOCK
+    open returns at once and fstat refuses what was opened."""
+    path = _fifo(tmp_path)
+    regular = os.stat(__file__)
+    monkeypatch.setattr(untrusted.os, "stat", lambda p: regular)
+    with pytest.raises(NotARegularFileError, match="FIFO"):
+        _in_thread(lambda: load_trace(path))
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="no procfs")
+def test_a_file_longer_than_its_reported_size_is_read_to_its_end():
+    # procfs files report st_size 0; the content must still be read (and is not a trace)
+    with pytest.raises(NotATraceFileError):
+        _in_thread(lambda: load_trace("/proc/self/status"))
+
+
+def test_empty_input_is_truncated_both_ways(tmp_path):
+    """The documented rule: shorter than the header and agreeing with the magic as far as it
+    goes (empty agrees with everything) is truncated; disagreeing is not a trace."""
+    empty = tmp_path / "empty.ets"
+    empty.write_bytes(b"")
+    with pytest.raises(TruncatedTraceError, match="empty"):
+        loads(b"")
+    with pytest.raises(TruncatedTraceError, match=re.escape(str(empty))):
+        load_trace(empty)
+    with pytest.raises(TruncatedTraceError):
+        loads(MAGIC[:3])
+    with pytest.raises(NotATraceFileError):
+        loads(b"ETX")
+
+
+def _array_bomb(size: int = 25_000) -> bytes:
+    """A 25 KB file whose payload nests array32 headers each claiming 5000 elements."""
+    body = ((b"\xdd" + struct.pack(">I", 5000)) * 1000 + b"\x00" * size)[: size - HEADER_SIZE]
+    return struct.pack("<8sHHQI", MAGIC, 1, 0, len(body), zlib.crc32(body)) + body
+
+
+def test_nested_array_bomb_is_refused_before_any_allocation():
+    data = _array_bomb()
+    assert len(data) == 25_000
+    tracemalloc.start()
+    try:
+        with pytest.raises(TraceFieldError, match="claims 5000 elements"):
+            loads(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 256 * 1024, peak  # msgpack alone preallocated ~40-85 MB for it
+
+
+def test_every_container_bomb_stays_within_the_input_size():
+    """However the claimed lengths nest, what is preallocated is bounded by the bytes left."""
+    for bomb in (b"\xdc\xff\xff" * 300, b"\xde\xff\xff" * 300, b"\x9f" * 2000, b"\x8f\xc0" * 900):
+        body = bomb + b"\xc0" * 2000
+        data = struct.pack("<8sHHQI", MAGIC, 1, 0, len(body), zlib.crc32(body)) + body
+        tracemalloc.start()
+        try:
+            with pytest.raises(CorruptTraceError):
+                loads(data)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 256 * 1024, (bomb[:3], peak)
+
+
+def test_deep_nesting_is_refused_without_recursion():
+    body = b"\x91" * 100_000 + b"\xc0"  # deeper than any recursion limit
+    data = struct.pack("<8sHHQI", MAGIC, 1, 0, len(body), zlib.crc32(body)) + body
+    with pytest.raises(TraceFieldError, match=f"deeper than {MAX_DEPTH}"):
+        loads(data)
+
+
+def test_metadata_may_nest_until_the_depth_bound():
+    trace = sample_trace()
+    value: object = "leaf"
+    for _ in range(MAX_DEPTH - 4):  # payload > meta > metadata > "deep" > ...
+        value = [value]
+    trace.metadata["deep"] = value
+    assert loads(dumps(trace)).metadata["deep"] == value
+    trace.metadata["deep"] = [[value]]
+    with pytest.raises(TraceFieldError, match=r"meta\.metadata\.deep") as info:
+        loads(dumps(trace))
+    assert "deeper" in str(info.value)
+
+
+def test_object_count_is_bounded(monkeypatch):
+    monkeypatch.setattr(trace_io, "MAX_OBJECTS", 50)
+    with pytest.raises(TraceFieldError, match="more than 50 msgpack objects"):
+        loads(dumps(sample_trace()))
+
+
+def test_string_length_is_bounded(monkeypatch):
+    monkeypatch.setattr(trace_io, "MAX_STR_LEN", 10)
+    with pytest.raises(CorruptTraceError, match="max_str_len"):
+        loads(dumps(sample_trace()))
+
+
+def _mutated(mutate) -> bytes:
+    payload = _valid_payload()
+    mutate(payload)
+    return _with_payload(payload)
+
+
+def _col(side: str, name: str, index: int, value: int):
+    """A mutation setting one value of a column of the first iteration."""
+    spec = trace_io._OP_COLUMNS if side == "ops" else trace_io._KERNEL_COLUMNS
+
+    def mutate(payload: dict) -> None:
+        column = np.frombuffer(payload["iterations"][0][side][name], dtype=spec[name]).copy()
+        column[index] = value
+        payload["iterations"][0][side][name] = column.tobytes()
+
+    return mutate
+
+
+@pytest.mark.parametrize(
+    ("field", "mutate", "problem"),
+    [
+        ("meta.device.name", lambda p: p["meta"]["device"].update(name=[1]), "expected a string"),
+        ("meta.device.index", lambda p: p["meta"]["device"].update(index=True), "expected an int"),
+        ("meta.device.index", lambda p: p["meta"]["device"].update(index=-2), "out of range"),
+        ("meta.host.hostname", lambda p: p["meta"]["host"].update(hostname=None), "string"),
+        ("meta.host.memory_bytes", lambda p: p["meta"]["host"].update(memory_bytes=2**64 - 1), ""),
+        ("meta.capture.skip_steps", lambda p: p["meta"]["capture"].update(skip_steps=1.5), "int"),
+        ("meta.torch_version", lambda p: p["meta"].update(torch_version=[[1]]), "string"),
+        ("meta.rank", lambda p: p["meta"].update(rank=math.inf), "expected an int"),
+        ("meta.rank", lambda p: p["meta"].update(rank=-1), "out of range"),
+        ("meta.world_size", lambda p: p["meta"].update(world_size=0), "out of range"),
+        ("meta.step_times_s[1]", lambda p: p["meta"]["step_times_s"].__setitem__(1, math.nan), ""),
+        ("meta.step_times_s[0]", lambda p: p["meta"]["step_times_s"].__setitem__(0, -1.0), ""),
+        ("meta.step_times_s[0]", lambda p: p["meta"]["step_times_s"].__setitem__(0, True), ""),
+        ("meta.metadata", lambda p: p["meta"].update(metadata=[1]), "expected a map"),
+        ("meta.metadata", lambda p: p["meta"]["metadata"].update({b"k": 1}), "not a string"),
+        ("strings[0]", lambda p: p["strings"].__setitem__(0, b"x"), "expected a string"),
+        ("signatures[0].shapes[0]", lambda p: p["signatures"][0][0][0].append(-1), "range"),
+        ("params[0]", lambda p: p["params"].__setitem__(0, [2**63]), "out of range"),
+        ("iterations[0].step", lambda p: p["iterations"][0].update(step=None), "int"),
+        ("iterations[1].end_ns", lambda p: p["iterations"][1].update(end_ns=0), "out of range"),
+        ("iterations[0].n_ops", lambda p: p["iterations"][0].update(n_ops=-1), "out of range"),
+        ("iterations[0].start_ns", lambda p: p["iterations"][0].pop("start_ns"), "missing"),
+        ("iterations[0].ops.depth", _col("ops", "depth", 0, -5), "-5"),
+        ("iterations[0].ops.parent", _col("ops", "parent", 1, 1), "follow"),
+        ("iterations[0].ops.parent", _col("ops", "parent", 0, -2), ""),
+        ("iterations[0].ops.start_ns", _col("ops", "start_ns", 0, 2**63 - 1), "overflow"),
+        ("iterations[0].kernels.communication", _col("kernels", "communication", 0, 2), ""),
+        ("iterations[0].kernels.op_index", _col("kernels", "op_index", 0, 4), ""),
+    ],
+)  # fmt: skip
+def test_a_bad_field_is_named_with_the_file(tmp_path, field, mutate, problem):
+    path = tmp_path / "bad.ets"
+    path.write_bytes(_mutated(mutate))
+    with pytest.raises(TraceFieldError) as info:
+        load_trace(path)
+    assert info.value.field == field
+    assert str(info.value).startswith(f"{path}: {field}: ")
+    assert problem in info.value.problem
+
+
+def test_unknown_header_flags_are_refused():
+    data = bytearray(dumps(sample_trace()))
+    struct.pack_into("<H", data, 10, 1)
+    with pytest.raises(CorruptTraceError, match=r"header\.flags"):
+        loads(bytes(data))
+
+
+def test_loads_accepts_any_bytes_like_without_copying():
+    data = dumps(sample_trace())
+    assert loads(bytearray(data)) == loads(memoryview(data)) == sample_trace()
+
+
+def test_typed_errors_survive_pickling():
+    error = TraceFieldError("t.ets", "meta.rank", "out of range")
+    copy = pickle.loads(pickle.dumps(error))
+    assert (copy.source, copy.field, copy.problem, str(copy)) == (
+        "t.ets",
+        "meta.rank",
+        "out of range",
+        str(error),
+    )
+
+
+def test_hostile_strings_print_escaped():
+    trace = sample_trace()
+    trace.device.name = "\x1b[2J\x1b]0;owned\x07GPU\nfake line"
+    trace.host.hostname = "h" * 500
+    loaded = loads(dumps(trace))
+    text = format_info(loaded, "t.ets")
+    assert "\x1b" not in text and "\x07" not in text
+    assert "\\x1b[2J" in text and "\\x0afake line" in text
+    assert len(text.splitlines()) == len(format_info(sample_trace(), "t.ets").splitlines())
+    assert "h" * TEXT_LIMIT + "..." in text and "h" * (TEXT_LIMIT + 1) not in text
