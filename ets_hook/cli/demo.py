@@ -10,10 +10,13 @@ step time (median of the second half of the steps).
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
 import time
 from dataclasses import dataclass
+
+from .common import InputError, exit_codes_epilog, int_at_least, require_output
 
 REPORT_STEPS = (1, 2, 3, 5, 10, 20, 50, 100, 200, 500, 1000)
 MIN_STEPS = 10
@@ -26,6 +29,14 @@ DEMO_MODELS = {
     "transformer": "transformer-d64-l2-b16-t32",
     "gpt": "gpt-d64-l2-b8-t64",
 }
+#: The ``exit codes`` section of ``ets-hook demo --help``.
+DEMO_EXIT_CODES = exit_codes_epilog(
+    "the run finished (and --trace, when given, was written)",
+    f"usage error or invalid value: --steps below {MIN_STEPS}, an unknown --model, a --device "
+    "other than cpu, cuda, cuda:N or auto, --device cuda without a CUDA device, a --trace path "
+    "that is a directory or in a missing directory",
+    "a failure while training (Python's traceback), or the trace asked for was not written",
+)
 
 
 @dataclass(frozen=True)
@@ -57,24 +68,41 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
         "--model", choices=sorted(DEMO_MODELS), default="transformer", help="built-in model"
     )
     parser.add_argument(
-        "--steps", type=_steps, default=300, help=f"training steps, >= {MIN_STEPS} (default 300)"
+        "--steps",
+        type=int_at_least(MIN_STEPS),
+        default=300,
+        help=f"training steps, >= {MIN_STEPS} (default 300)",
     )
     parser.add_argument(
-        "--device", default="cpu", help="cpu (default), cuda, or auto (cuda when available)"
+        "--device",
+        type=_device,
+        default="cpu",
+        help="cpu (default), cuda, cuda:N, or auto (cuda when available)",
     )
-    parser.add_argument("--trace", metavar="PATH", help="also write the captured trace here")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--trace",
+        metavar="PATH",
+        help="also write the captured trace here (its directory must exist)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="random seed (0)")
 
 
-def _steps(text: str) -> int:
-    """``--steps``: an int >= ``MIN_STEPS`` (else an argparse usage error, exit 2)."""
-    try:
-        steps = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
-    if steps < MIN_STEPS:
-        raise argparse.ArgumentTypeError(f"must be >= {MIN_STEPS}, got {steps}")
-    return steps
+def _device(text: str) -> str:
+    """``--device``: cpu, cuda, cuda:N or auto (else an argparse usage error, exit 2).
+
+    Args:
+        text: the option's value.
+
+    Returns:
+        The value, lower-cased.
+
+    Raises:
+        argparse.ArgumentTypeError: any other value.
+    """
+    device = text.strip().lower()
+    if device not in ("cpu", "auto") and not re.fullmatch(r"cuda(:\d+)?", device):
+        raise argparse.ArgumentTypeError(f"must be cpu, cuda, cuda:N or auto, got {text!r}")
+    return device
 
 
 def _pct(predicted: float, actual: float) -> str:
@@ -88,8 +116,14 @@ def run_demo(args: argparse.Namespace) -> int:
         args: the parsed namespace (``model``, ``steps``, ``device``, ``trace``, ``seed``).
 
     Returns:
-        0, or 2 (with a message on stderr) when ``--device cuda`` is asked for without CUDA.
+        0; 1 (with a line on stderr) when ``--trace`` was asked for but not written.
+
+    Raises:
+        InputError: ``--trace`` is a directory or in a missing directory, or ``--device cuda`` is
+            asked for without a CUDA device (checked before training).
     """
+    if args.trace is not None:
+        require_output(args.trace)
     import torch
 
     from ..capture import native_ops
@@ -100,12 +134,14 @@ def run_demo(args: argparse.Namespace) -> int:
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        print(
-            "ets-hook demo: --device cuda asked for, but no CUDA device is available",
-            file=sys.stderr,
-        )
-        return 2
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise InputError(f"--device {device}: no CUDA device is available")
+        index = int(device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise InputError(
+                f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) here"
+            )
     workload = workloads()[DEMO_MODELS[args.model]]
     job = workload.build(device, seed=args.seed)
     batches = job.batches()
@@ -167,6 +203,13 @@ def run_demo(args: argparse.Namespace) -> int:
             f"{item.step:>10} {item.iteration_s * 1e3:>9.2f} {_pct(item.iteration_s, steady_s):>8}"
             f" {item.total_s:>9.2f} {_pct(item.total_s, actual_total_s):>8}  {item.source}"
         )
+    if args.trace is not None and hook.trace_path is not None and not hook.trace_path.is_file():
+        print(
+            f"ets-hook demo: error: {args.trace}: the trace was not written "
+            f"(capture: {hook.capture_status})",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

@@ -1,7 +1,9 @@
 """The ``ets-hook`` command line: info, export, demo, build-ops, train, evaluate.
 
 Subcommands import what they need lazily, so ``ets-hook info`` on a trace does not import torch.
-Exit codes: 0 success, 1 runtime failure, 2 bad usage or unreadable input, 130 interrupted.
+Exit codes (``cli.common``): 0 success; 2 a usage error, an invalid option value, or an
+unreadable or invalid input (one line naming the file and the problem); 1 a failure while
+running; 130 interrupted.
 """
 
 from __future__ import annotations
@@ -11,48 +13,60 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
-from typing import Any
 
 from .. import __version__
 from ..errors import ETSCSVError, ModelFileError, NativeOpsBuildError, TraceFileError
 from ..trace.events import Trace
-from ..trace.summary import format_info, summarize_iteration
-from .demo import add_demo_arguments
+from ..trace.summary import format_info, info_document
+from .common import (
+    EXIT_CODES_HELP,
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    HelpFormatter,
+    InputError,
+    describe,
+    exit_codes_epilog,
+    reading,
+    require_output,
+)
+from .demo import DEMO_EXIT_CODES, add_demo_arguments
 from .train import add_evaluate_parser, add_train_parser
+
+_TRACE_INPUT = (
+    "usage error, or TRACE is missing, not a regular file (a directory, FIFO, device), not "
+    "readable, or not a valid .ets trace"
+)
+_UNEXPECTED = "an unexpected failure while running (Python's traceback)"
 
 
 def _load(path: str) -> Trace:
     from ..trace.io import load_trace
 
-    return load_trace(path)
+    with reading(path):
+        return load_trace(path)
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
     trace = _load(args.trace)
     if args.json:
-        payload: dict[str, Any] = {
-            "trace": args.trace,
-            "device": asdict(trace.device),
-            "capture": asdict(trace.capture),
-            "torch_version": trace.torch_version,
-            "step_times_s": trace.step_times_s,
-            "iterations": [asdict(summarize_iteration(it)) for it in trace.iterations],
-        }
-        print(json.dumps(payload, indent=2))
+        print(json.dumps(info_document(trace, args.trace), indent=2, allow_nan=False))
     else:
         print(format_info(trace, args.trace))
-    return 0
+    return EXIT_OK
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
     from ..trace.chrome import export_chrome
 
+    require_output(args.chrome)
     trace = _load(args.trace)
-    target = export_chrome(trace, args.chrome)
+    with reading(args.chrome, errors=(OSError,)):
+        target = export_chrome(trace, args.chrome)
     events = sum(len(it.ops) + len(it.kernels) for it in trace.iterations)
     print(f"wrote {target} ({events} events); open it in https://ui.perfetto.dev")
-    return 0
+    return EXIT_OK
 
 
 def _cmd_build_ops(args: argparse.Namespace) -> int:
@@ -61,21 +75,22 @@ def _cmd_build_ops(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
         path = native_ops.build(force=args.force)
-    except NativeOpsBuildError as exc:
-        print(f"ets-hook: {exc}", file=sys.stderr)
-        return 1
+    except (NativeOpsBuildError, OSError) as exc:
+        print(f"ets-hook build-ops: error: {describe(exc)}", file=sys.stderr)
+        return EXIT_FAILURE
     module = native_ops.load()
     if module is None:
         print(
-            f"ets-hook: built {path} but cannot load it: {native_ops.unavailable_reason()}",
+            f"ets-hook build-ops: error: built {path} but cannot load it: "
+            f"{native_ops.unavailable_reason()}",
             file=sys.stderr,
         )
-        return 1
+        return EXIT_FAILURE
     print(
         f"native op observer for torch {module.TORCH_VERSION}: {path} "
         f"({time.perf_counter() - started:.1f} s)"
     )
-    return 0
+    return EXIT_OK
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -88,27 +103,53 @@ def build_parser() -> argparse.ArgumentParser:
     """Build the ``ets-hook`` parser with every subcommand.
 
     Returns:
-        The parser; each subcommand sets ``handler`` (namespace -> exit code) on its result.
+        The parser; each subcommand sets ``handler`` (namespace -> exit code) and ``subparser``
+        (its own parser) on its result.
     """
     parser = argparse.ArgumentParser(
         prog="ets-hook",
         description="Early, honest training-time prediction for PyTorch (ETS).",
+        epilog=EXIT_CODES_HELP,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"ets-hook {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    info = commands.add_parser("info", help="per-step table of a trace file")
+    info = commands.add_parser(
+        "info",
+        help="per-step table of a trace file",
+        description="Print a per-step table of an .ets trace: ops, kernels, CPU/GPU time, gaps.",
+        epilog=exit_codes_epilog("the table (or JSON) was printed", _TRACE_INPUT, _UNEXPECTED),
+        formatter_class=HelpFormatter,
+    )
     info.add_argument("trace", help="an .ets trace file")
     info.add_argument("--json", action="store_true", help="print JSON instead of a table")
     info.set_defaults(handler=_cmd_info)
 
-    export = commands.add_parser("export", help="convert a trace to Chrome/Perfetto JSON")
+    export = commands.add_parser(
+        "export",
+        help="convert a trace to Chrome/Perfetto JSON",
+        description="Write an .ets trace as Chrome/Perfetto JSON: ops on threads, kernels on "
+        "streams, flow arrows from launches to kernels.",
+        epilog=exit_codes_epilog(
+            "OUT.json was written",
+            f"{_TRACE_INPUT}; or OUT.json cannot be written (a directory, or in a missing "
+            "directory)",
+            _UNEXPECTED,
+        ),
+        formatter_class=HelpFormatter,
+    )
     export.add_argument("trace", help="an .ets trace file")
     export.add_argument("--chrome", required=True, metavar="OUT.json", help="output path")
     export.set_defaults(handler=_cmd_export)
 
     demo = commands.add_parser(
-        "demo", help="train a small model with the hook: predicted vs actual"
+        "demo",
+        help="train a small model with the hook: predicted vs actual",
+        description="Train a built-in model on synthetic data with the hook; print the capture "
+        "summary, the early predictions and, at the end, their errors against what happened.",
+        epilog=DEMO_EXIT_CODES,
+        formatter_class=HelpFormatter,
     )
     add_demo_arguments(demo)
     demo.set_defaults(handler=_cmd_demo)
@@ -116,12 +157,23 @@ def build_parser() -> argparse.ArgumentParser:
     build_ops = commands.add_parser(
         "build-ops",
         help="compile the native op observer for the installed torch (cached; else on first use)",
+        description="Compile the native op observer (ets_hook._ops) for the installed torch "
+        "into the cache ($ETS_HOOK_CACHE_DIR, else ~/.cache/ets-hook), unless it is there.",
+        epilog=exit_codes_epilog(
+            "built, or already in the cache",
+            "usage error",
+            "it cannot be built (no C++ compiler, no torch headers, a compile error, a cache "
+            "folder that cannot be written) or loaded: one line on stderr says why",
+        ),
+        formatter_class=HelpFormatter,
     )
     build_ops.add_argument("--force", action="store_true", help="rebuild even when cached")
     build_ops.set_defaults(handler=_cmd_build_ops)
 
     add_train_parser(commands)
     add_evaluate_parser(commands)
+    for subparser in commands.choices.values():
+        subparser.set_defaults(subparser=subparser)
     return parser
 
 
@@ -132,23 +184,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: the arguments after the program name; None: ``sys.argv[1:]``.
 
     Returns:
-        The exit code: the handler's (None counts as 0); 2 after printing one line to stderr
-        for an unreadable or invalid input (a trace, CSV or model file that is malformed,
-        missing, a folder, or not readable); 130 on ``KeyboardInterrupt``.
+        The exit code: the handler's (None counts as 0); 2 after printing one line to stderr,
+        ``ets-hook CMD: error: FILE: PROBLEM``, for an unreadable or invalid input (an
+        ``InputError``, or a trace, CSV or model file error that escaped one); 130 on
+        ``KeyboardInterrupt``.
 
     Raises:
-        SystemExit: from argparse on bad usage (code 2), ``--help`` or ``--version`` (code 0).
-            Other exceptions from a handler propagate (exit code 1).
+        SystemExit: from argparse on bad usage or an invalid option value (code 2), ``--help``
+            or ``--version`` (code 0). Any other exception from a handler propagates: Python
+            prints its traceback and exits 1.
     """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # said by the subcommand's parser, whose usage line is the relevant one
+        args.subparser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        return int(args.handler(args) or 0)
-    except (TraceFileError, ETSCSVError, ModelFileError, OSError) as exc:
-        print(f"ets-hook: {exc}", file=sys.stderr)
-        return 2
+        return int(args.handler(args) or EXIT_OK)
+    except (InputError, TraceFileError, ETSCSVError, ModelFileError) as exc:
+        print(f"ets-hook {args.command}: error: {describe(exc)}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":  # pragma: no cover

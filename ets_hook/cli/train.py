@@ -2,8 +2,10 @@
 
 ``cli.main`` adds these with ``add_train_parser(subparsers)`` / ``add_evaluate_parser(
 subparsers)``; each sets ``handler`` on the parsed namespace, a callable taking the namespace and
-returning the process exit code (0 ok, 2 bad input: missing files, malformed traces, a model of
-another feature-schema version).
+returning the process exit code (0). Out-of-range option values are argparse usage errors; bad
+inputs (missing or malformed traces and weights files, a model of another feature-schema
+version, an output path that cannot be written) raise ``cli.common.InputError``, which
+``cli.main`` prints as one line and exits 2.
 
 TRACES are files or directories, found and loaded by ``trace.discovery.load_traces``: ``.csv``
 files are ETS-artifact per-op CSVs, any other file is an ets-hook trace; a directory contributes
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any, TextIO
 
 from ..ets.features import DEFAULT_VOCAB_SIZE
@@ -22,6 +25,24 @@ from ..ets.regressors import MODEL_KINDS, Evaluation, Predictor, evaluate
 from ..ets.targets import TARGET_TRANSFORMS
 from ..ets.windows import DEFAULT_STRIDE, DEFAULT_WIDTH
 from ..trace.discovery import load_traces
+from .common import (
+    EXIT_OK,
+    HelpFormatter,
+    InputError,
+    exit_codes_epilog,
+    float_in,
+    int_at_least,
+    reading,
+    require_file,
+    require_output,
+)
+
+_TRACES_INPUT = (
+    "a TRACES path that is missing, unreadable or not a regular file or directory, or a file in "
+    "it that is not a valid .ets trace or ETS CSV"
+)
+_UNEXPECTED = "an unexpected failure while running (Python's traceback)"
+_POSITIVE = int_at_least(1)
 
 # ---------------------------------------------------------------------------------------------
 # train
@@ -42,25 +63,44 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Train a per-op (duration, gap) predictor on traces and write a .npz "
         "weights file. The ETS model (lstm) is the paper's sliding-window BiLSTM; mlp is the "
         "op-based PerfNet-like baseline, grouping the DNNPerf-like baseline.",
+        epilog=exit_codes_epilog(
+            "the weights file was written",
+            "usage error or an option value out of range (--stride above --width included), "
+            f"{_TRACES_INPUT}, traces no model can be fitted on, or an -o path that cannot "
+            "be written",
+            _UNEXPECTED,
+        ),
+        formatter_class=HelpFormatter,
     )
     p.add_argument("traces", nargs="+", metavar="TRACES", help="trace files or directories")
     p.add_argument("-o", "--output", required=True, help="weights file to write (.npz)")
     p.add_argument("--model", choices=MODEL_KINDS, default="lstm", help="model kind (lstm)")
-    p.add_argument("--width", type=int, default=DEFAULT_WIDTH, help="window width (12)")
-    p.add_argument("--stride", type=int, default=DEFAULT_STRIDE, help="window stride (3)")
-    p.add_argument("--epochs", type=int, default=200, help="maximum epochs (200)")
-    p.add_argument("--batch-size", type=int, default=128, help="windows per batch (128)")
-    p.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate (1e-4)")
-    p.add_argument("--weight-decay", type=float, default=0.0, help="Adam weight decay (0)")
-    p.add_argument("--layers", type=int, default=None, help="layers (lstm 4, mlp 3, grouping 3)")
-    p.add_argument("--hidden", type=int, default=None, help="hidden units (lstm: feature count)")
-    p.add_argument("--dropout", type=float, default=0.0, help="dropout between layers (0)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (0)")
-    p.add_argument("--ensemble", type=int, default=1, help="members trained with seeds seed+k")
+    p.add_argument("--width", type=_POSITIVE, default=DEFAULT_WIDTH, help="window width (12)")
+    p.add_argument("--stride", type=_POSITIVE, default=DEFAULT_STRIDE, help="window stride (3)")
+    p.add_argument("--epochs", type=int_at_least(0), default=200, help="maximum epochs (200)")
+    p.add_argument("--batch-size", type=_POSITIVE, default=128, help="windows per batch (128)")
     p.add_argument(
-        "--val-fraction", type=float, default=0.2, help="validation share for early stopping"
+        "--lr", type=float_in(0, low_open=True), default=1e-4, help="Adam learning rate (1e-4)"
     )
-    p.add_argument("--patience", type=int, default=30, help="early-stopping patience (30)")
+    p.add_argument("--weight-decay", type=float_in(0), default=0.0, help="Adam weight decay (0)")
+    p.add_argument(
+        "--layers", type=_POSITIVE, default=None, help="layers (lstm 4, mlp 3, grouping 3)"
+    )
+    p.add_argument(
+        "--hidden", type=_POSITIVE, default=None, help="hidden units (lstm: feature count)"
+    )
+    p.add_argument("--dropout", type=float_in(0, 1), default=0.0, help="dropout between layers (0)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (0)")
+    p.add_argument(
+        "--ensemble", type=_POSITIVE, default=1, help="members trained with seeds seed+k"
+    )
+    p.add_argument(
+        "--val-fraction",
+        type=float_in(0, 1),
+        default=0.2,
+        help="validation share for early stopping",
+    )
+    p.add_argument("--patience", type=_POSITIVE, default=30, help="early-stopping patience (30)")
     p.add_argument(
         "--target-transform",
         # "measured" needs collected early/steady traces: benchmarks/train_early_model.py
@@ -79,7 +119,7 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="clamp features to the training range (guards extrapolation)",
     )
-    p.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE, help="op types (25)")
+    p.add_argument("--vocab-size", type=_POSITIVE, default=DEFAULT_VOCAB_SIZE, help="op types (25)")
     p.add_argument(
         "--device-features", action="store_true", help="add GPU spec features (cross-device)"
     )
@@ -94,19 +134,25 @@ def run_train(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
     Args:
         args: the namespace parsed by the ``train`` subparser.
-        out: where the summary goes; None: stdout. Errors and warnings go to stderr.
+        out: where the summary goes; None: stdout. Warnings go to stderr.
 
     Returns:
-        0 on success; 2 when the configuration or traces are invalid or unreadable
-        (``OSError``, ``ValueError``) or fitting rejects them (``ValueError``).
+        0: the weights file was written.
 
     Raises:
-        OSError: the weights file cannot be written (not caught).
+        InputError: the configuration is invalid (``--stride`` above ``--width``), the output
+            path cannot be written (checked before loading), a trace is missing, unreadable or
+            malformed, fitting rejects the traces, or writing the weights file fails.
     """
-    from ..ets.training import TrainConfig, fit
-
     out = out or sys.stdout
-    try:
+    if args.stride > args.width:
+        raise InputError(f"--stride {args.stride} must be <= --width {args.width}")
+    output = require_output(_weights_path(args.output), create_folder=True)
+    with reading():
+        traces = load_traces(args.traces, device_name=args.device)
+    from ..ets.training import TrainConfig, fit  # imports torch: after the inputs are checked
+
+    with reading(errors=(ValueError,)):
         config = TrainConfig(
             kind=args.model,
             width=args.width,
@@ -129,10 +175,6 @@ def run_train(args: argparse.Namespace, out: TextIO | None = None) -> int:
             device_features=args.device_features,
             progress=not args.no_progress,
         )
-        traces = load_traces(args.traces, device_name=args.device)
-    except (OSError, ValueError) as exc:
-        print(f"ets-hook train: error: {exc}", file=sys.stderr)
-        return 2
     precisions = {t.metadata.get("precision") for t in traces} - {None}
     if len(precisions) > 1 or "mixed" in precisions:
         print(
@@ -140,14 +182,12 @@ def run_train(args: argparse.Namespace, out: TextIO | None = None) -> int:
             "the dtype feature separates them",
             file=sys.stderr,
         )
-    try:
+    with reading(errors=(ValueError,)):
         result = fit(traces, config)
-    except ValueError as exc:
-        print(f"ets-hook train: error: {exc}", file=sys.stderr)
-        return 2
     predictor = result.predictor
     predictor.training["trace_files"] = [str(t.metadata.get("file", "")) for t in traces]
-    path = predictor.save(args.output)
+    with reading(output, errors=(OSError,)):
+        path = predictor.save(output)
     info = predictor.training
     val = [v for v in info.get("val_mre", []) if v is not None]
     print(
@@ -158,7 +198,13 @@ def run_train(args: argparse.Namespace, out: TextIO | None = None) -> int:
         + f"\nwrote {path}",
         file=out,
     )
-    return 0
+    return EXIT_OK
+
+
+def _weights_path(output: str) -> Path:
+    """The file ``Predictor.save`` writes for ``-o``: ``.npz`` appended unless it ends so."""
+    path = Path(output)
+    return path if path.suffix == ".npz" else path.with_name(path.name + ".npz")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,6 +225,14 @@ def add_evaluate_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="evaluate a trained predictor on traces",
         description="Predict the iteration time of every iteration in TRACES and compare with "
         "the measurement: MRE = mean(|y - y_hat| / y), RMSE in ms, and a per-model table.",
+        epilog=exit_codes_epilog(
+            "the table (or JSON) was printed",
+            "usage error; a MODEL that is missing, not a regular file, not an ets-hook weights "
+            f"file or of another feature-schema version; {_TRACES_INPUT}; or no iteration in "
+            "TRACES with a complete measurement",
+            _UNEXPECTED,
+        ),
+        formatter_class=HelpFormatter,
     )
     p.add_argument("model", help="weights file (.npz) written by ets-hook train")
     p.add_argument("traces", nargs="+", metavar="TRACES", help="trace files or directories")
@@ -227,29 +281,34 @@ def run_evaluate(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
     Args:
         args: the namespace parsed by the ``evaluate`` subparser.
-        out: where the table (or JSON with ``--json``) goes; None: stdout. Errors go to stderr.
+        out: where the table (or JSON with ``--json``) goes; None: stdout.
 
     Returns:
-        0 on success; 2 when the weights file or the traces are invalid or unreadable
-        (``OSError``, ``ValueError``, including a model of another feature-schema version), or
-        when no iteration has a complete measurement.
+        0: the evaluation was printed.
+
+    Raises:
+        InputError: the weights file is missing, not a regular file, not a readable ets-hook
+            model or of another feature-schema version; a trace is missing, unreadable or
+            malformed, or the model cannot encode it; or no iteration has a complete
+            measurement.
     """
     out = out or sys.stdout
-    try:
-        predictor = Predictor.load(args.model)
+    model = require_file(args.model)  # before np.load, which would block on a FIFO
+    with reading(model, errors=(OSError, ValueError, KeyError, IndexError, TypeError)):
+        predictor = Predictor.load(model)
+    with reading():
         traces = load_traces(args.traces, device_name=args.device)
-    except (OSError, ValueError) as exc:
-        print(f"ets-hook evaluate: error: {exc}", file=sys.stderr)
-        return 2
-    encoded = [e for t in traces for e in predictor.encode(t)]
+    encoded = []
+    for trace in traces:
+        with reading(str(trace.metadata.get("file", "")) or None, errors=(ValueError,)):
+            encoded.extend(predictor.encode(trace))
     evaluation = evaluate(predictor, encoded)
     if not evaluation.labels:
-        print("ets-hook evaluate: error: no iteration has a complete measurement", file=sys.stderr)
-        return 2
+        raise InputError("no iteration in TRACES has a complete measurement")
     if args.json:
         doc = {"model_file": str(args.model), "model": predictor.kind, **evaluation.to_dict()}
         json.dump(doc, out, indent=2)
         out.write("\n")
     else:
         print(format_evaluation(evaluation, predictor, str(args.model)), file=out)
-    return 0
+    return EXIT_OK

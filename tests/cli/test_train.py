@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from support import write_ets_tree
 
+from ets_hook.cli.common import InputError
 from ets_hook.cli.train import add_evaluate_parser, add_train_parser
 from ets_hook.ets.regressors import Predictor
 from ets_hook.trace.importers import ETS_CSV_COLUMNS
@@ -113,17 +114,20 @@ def test_defaults_and_lstm_options(data_dir: Path, tmp_path: Path) -> None:
     assert len(predictor.members) == 2
 
 
-def test_bad_inputs_exit_with_2(data_dir: Path, tmp_path: Path, capsys) -> None:
+def test_bad_inputs_raise_input_errors(data_dir: Path, tmp_path: Path) -> None:
+    """Handlers raise ``InputError`` (``cli.main`` prints it and exits 2), naming the problem."""
     args = _parser().parse_args(["train", str(tmp_path / "nope"), "-o", str(tmp_path / "m.npz")])
-    assert args.handler(args) == 2
-    assert "no such file" in capsys.readouterr().err
+    with pytest.raises(InputError, match="no such file"):
+        args.handler(args)
     args = _parser().parse_args(
         ["train", str(data_dir), "-o", str(tmp_path / "m.npz"), "--width", "2", "--stride", "3"]
     )
-    assert args.handler(args) == 2
-    assert "stride" in capsys.readouterr().err
+    with pytest.raises(InputError, match="--stride 3 must be <= --width 2"):
+        args.handler(args)
     bad = tmp_path / "bad" / "x.1_7.csv"
     bad.parent.mkdir()
     bad.write_text(",".join(ETS_CSV_COLUMNS) + "\n1,2\n")
     args = _parser().parse_args(["evaluate", str(tmp_path / "m.npz"), str(bad)])
-    assert args.handler(args) == 2  # the model file does not exist
+    with pytest.raises(InputError, match=r"m\.npz: No such file"):  # the model file is missing
+        args.handler(args)
+    assert not (tmp_path / "m.npz").exists()
