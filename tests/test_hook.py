@@ -555,10 +555,11 @@ def test_decode_leaves_the_interpreter_switch_interval_alone(monkeypatch):
     assert sys.getswitchinterval() == before
 
 
-class _ForwardingOptimizer:
-    """Like Accelerate's AcceleratedOptimizer: holds the optimizer, forwards step()."""
+class _ForwardingOptimizer(torch.optim.Optimizer):
+    """Like Accelerate's AcceleratedOptimizer: an Optimizer subclass that skips Optimizer's
+    __init__, holds the optimizer and forwards step()."""
 
-    def __init__(self, optimizer):
+    def __init__(self, optimizer):  # no super().__init__(), as Accelerate does
         self.optimizer = optimizer
 
     def step(self, closure=None):

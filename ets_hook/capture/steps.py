@@ -63,7 +63,11 @@ def unwrap_optimizer(optimizer: Any, depth: int = 8) -> torch.optim.Optimizer | 
         The optimizer itself, the wrapped one, or None when there is none.
     """
     for _ in range(depth + 1):
-        if isinstance(optimizer, torch.optim.Optimizer):
+        # Accelerate's AcceleratedOptimizer subclasses Optimizer without running its __init__
+        # (no step hooks can be registered on it) and holds the real one in .optimizer.
+        if isinstance(optimizer, torch.optim.Optimizer) and hasattr(
+            optimizer, "_optimizer_step_pre_hooks"
+        ):
             return optimizer
         inner = next(
             (
