@@ -1,0 +1,710 @@
+"""PyTorch Lightning integration: ``ETSCallback``.
+
+``Trainer(..., callbacks=[ETSCallback()])`` is all a user writes. When training starts
+(``on_train_start``) the callback creates an ``ETSHook`` on the ``LightningModule`` and the
+Trainer's optimizers with what the Trainer knows:
+
+- ``total_steps``: ``trainer.max_steps`` when > 0, and ``trainer.estimated_stepping_batches``
+  (``max_epochs`` x optimizer steps per epoch), the smaller of the two; unknown (no ETA, step
+  time only, no made-up total) for an ``IterableDataset`` without ``len()`` and
+  ``max_steps=-1``, or ``max_epochs=-1``. ``max_time`` and ``EarlyStopping`` can end the job
+  sooner: one log line says so.
+- ``initial_step``: ``trainer.global_step`` (restored by ``fit(ckpt_path=...)``).
+- ``grad_accum_steps``: ``accumulate_grad_batches``. The hook counts optimizer steps, as
+  ``trainer.global_step`` does: Lightning steps the optimizer once per accumulation (and on an
+  epoch's last batch); under fp16 mixed precision the precision plugin's ``GradScaler``
+  (``grad_scaler``) marks the steps whose optimizer step it skipped, which Lightning counts too.
+- ``eval_every``: the validation period in optimizer steps where it is one
+  (``check_val_every_n_epoch`` x steps per epoch, or ``val_check_interval`` batches / the
+  accumulation when that divides evenly); else the hook learns it from the validations it sees.
+
+Anything passed to ``ETSCallback(**hook_options)`` goes to ``ETSHook`` and wins over what the
+Trainer says (one log line when the two disagree).
+
+Phases, out of the step rate and projected over the rest of the job: validation during
+training (``on_validation_start`` .. ``on_validation_end``) as ``"eval"``, and checkpoint
+saving as ``"checkpoint"``. Lightning has no "checkpoint written" event (``on_save_checkpoint``
+comes before the file is written), so while training runs the callback wraps the Trainer's
+``save_checkpoint`` on the instance: every save (``ModelCheckpoint``, which Lightning always
+runs after other callbacks' ``on_validation_end``, ``OnExceptionCheckpoint``, a user's
+``trainer.save_checkpoint``) is a checkpoint phase, state gathering and writing included.
+
+The hook is created at ``on_train_start``, not earlier: the restored ``global_step`` only exists
+after ``on_fit_start``, and reading the job length before the Trainer set up its train data
+would make Lightning set it up inside the sanity check's ``isolate_rng`` block, which changes the
+random stream of a seeded run. The sanity check therefore runs before the hook exists; the
+callback times it (``sanity_check_s``), and ``hook.prediction``'s clock starts at training.
+
+The latest prediction is logged with ``pl_module.log`` from ``on_train_batch_end`` (``LOG_KEYS``:
+``ets/iteration_s``, ``ets/eta_s``, ``ets/total_s``, as the Hugging Face integration), so it
+reaches ``trainer.loggers`` at Lightning's logging steps (``log_every_n_steps``) and, for the
+ETA (the step time while the job length is unknown), the progress bar. The values are logged as
+CPU tensors: reading them never synchronises a GPU. The hook is closed at ``on_train_end`` and
+by ``on_exception`` (the status file then says ``failed`` or ``interrupted``).
+
+Both import names of Lightning are served by the same code, ``BaseETSCallback``; a Trainer
+only takes callbacks subclassing its own package's ``Callback`` (``lightning.pytorch.Callback``
+and ``pytorch_lightning.Callback`` are distinct classes), so ``callback_class(package)`` makes
+the class for one package. ``ets_hook.integrations.lightning.ETSCallback`` is the class for
+``lightning.pytorch`` when ``lightning`` is installed, else for ``pytorch_lightning``;
+``ets_hook.integrations.pytorch_lightning.ETSCallback`` is always the ``pytorch_lightning`` one.
+The class is made on first use and only its package is imported: importing the other one as
+well would reroute Lightning's own log lines (both share ``lightning_utilities``' logging). A
+callback from the wrong package gets one warning naming the right import. Importing this module
+needs ``lightning`` or ``pytorch_lightning`` installed (else an ImportError naming the extra,
+``pip install 'ets-hook[lightning]'``); ``import ets_hook`` never imports it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import inspect
+import logging
+import math
+import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+INSTALL_HINT = "pip install 'ets-hook[lightning]'"
+
+#: The Lightning packages an ``ETSCallback`` class can be made for, preferred first, with the
+#: module of ours that names that class ``ETSCallback`` (so instances pickle by reference).
+PACKAGES = {
+    "lightning.pytorch": "ets_hook.integrations.lightning",
+    "pytorch_lightning": "ets_hook.integrations.pytorch_lightning",
+}
+
+#: The metrics logged through ``pl_module.log`` (``Prediction`` fields of the same name).
+LOG_KEYS = ("ets/iteration_s", "ets/eta_s", "ets/total_s")
+
+# Options that describe the job's length; with any of them given, the Trainer's total is not.
+_LENGTH_OPTIONS = ("total_steps", "epochs", "dataloader")
+
+_MISSING = object()
+
+
+def _installed(top_level: str) -> bool:
+    """Whether a top-level package can be imported (without importing it)."""
+    try:
+        return importlib.util.find_spec(top_level) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def installed_packages() -> list[str]:
+    """The Lightning packages installed, in ``PACKAGES`` order (nothing is imported).
+
+    Returns:
+        ``"lightning.pytorch"`` when ``lightning`` is installed, ``"pytorch_lightning"`` when
+        that is.
+    """
+    return [name for name in PACKAGES if _installed(name.split(".")[0])]
+
+
+if not installed_packages():
+    raise ImportError(
+        "ets_hook.integrations.lightning needs PyTorch Lightning (the `lightning` or "
+        f"`pytorch_lightning` package): {INSTALL_HINT}"
+    )
+
+# After the check: without Lightning, the ImportError comes before torch is imported.
+import torch  # noqa: E402
+
+from ..capture.steps import optimizer_list  # noqa: E402
+from ..forecast.job import CHECKPOINT, EVAL  # noqa: E402
+from ..hook import ETSHook  # noqa: E402
+from ..reporters.format import format_duration  # noqa: E402
+
+if TYPE_CHECKING:
+    from ..forecast.prediction import Prediction
+
+logger = logging.getLogger("ets_hook")
+
+#: Phase names: validation during training, checkpoint saving (as in ``ETSHook``'s hints
+#: ``eval_every`` / ``checkpoint_every`` and the Hugging Face integration).
+EVAL_PHASE = EVAL
+CHECKPOINT_PHASE = CHECKPOINT
+
+#: ``ETSHook``'s arguments an ``ETSCallback`` accepts.
+HOOK_OPTIONS = frozenset(inspect.signature(ETSHook.__init__).parameters) - {"self"}
+
+
+# --------------------------------------------------------------------------------------------
+# What the Trainer knows
+# --------------------------------------------------------------------------------------------
+
+
+def _int_or_none(value: Any) -> int | None:
+    """``value`` as an int when it is a finite whole number, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if not math.isfinite(value) or value != int(value):
+        return None
+    return int(value)
+
+
+def trainer_total_steps(trainer: Any) -> int | None:
+    """Optimizer steps in the whole fit, as the Trainer bounds it (global, resumed steps included).
+
+    ``trainer.max_steps`` when > 0 and ``trainer.estimated_stepping_batches``, the smaller;
+    None when neither bounds it (``max_epochs=-1`` with ``max_steps=-1``, or an iterable
+    dataset without ``len()``). ``max_time`` is not a step count and is not used.
+
+    Args:
+        trainer: a Lightning ``Trainer`` whose train data is set up (``on_train_start``).
+
+    Returns:
+        The step count (>= 1), or None.
+    """
+    candidates = []
+    max_steps = _int_or_none(getattr(trainer, "max_steps", None))
+    if max_steps is not None and max_steps > 0:
+        candidates.append(max_steps)
+    try:
+        estimated = _int_or_none(trainer.estimated_stepping_batches)
+    except Exception as exc:  # e.g. accumulation scheduled to vary per epoch
+        logger.debug("ets-hook: estimated_stepping_batches unavailable: %r", exc)
+        estimated = None
+    if estimated is not None and estimated > 0:
+        candidates.append(estimated)
+    return min(candidates) if candidates else None
+
+
+def trainer_steps_per_epoch(trainer: Any) -> int | None:
+    """Optimizer steps per epoch: ``ceil(num_training_batches / accumulate_grad_batches)``
+    (Lightning steps on an epoch's last batch even when its accumulation is incomplete).
+
+    Args:
+        trainer: a Lightning ``Trainer`` whose train data is set up.
+
+    Returns:
+        The count, or None when the number of batches is unknown or zero.
+    """
+    batches = _int_or_none(getattr(trainer, "num_training_batches", None))
+    accumulate = _int_or_none(getattr(trainer, "accumulate_grad_batches", 1)) or 1
+    if batches is None or batches <= 0:
+        return None
+    return math.ceil(batches / accumulate)
+
+
+def trainer_eval_every(trainer: Any) -> int | None:
+    """The validation period in optimizer steps, where validation is periodic in steps.
+
+    Computable cases: validation at the end of every ``check_val_every_n_epoch``-th epoch
+    (``val_check_interval=1.0``, or an int equal to the epoch's batches): that many epochs of
+    steps; ``val_check_interval`` batches within each epoch (``check_val_every_n_epoch=1``) or
+    across epochs (``None``), when the accumulation divides it (and the epoch's batches).
+
+    Args:
+        trainer: a Lightning ``Trainer`` whose train data is set up.
+
+    Returns:
+        The period (>= 1), or None: no validation, time-based ``val_check_interval``, an
+        iterable dataset, or a schedule that is not periodic in optimizer steps.
+    """
+    if not getattr(trainer, "enable_validation", False):
+        return None
+    if getattr(trainer, "_val_check_time_interval", None) is not None:
+        return None  # time-based validation
+    steps_per_epoch = trainer_steps_per_epoch(trainer)
+    batches = _int_or_none(getattr(trainer, "num_training_batches", None))
+    every = _int_or_none(getattr(trainer, "val_check_batch", None))
+    accumulate = _int_or_none(getattr(trainer, "accumulate_grad_batches", 1)) or 1
+    epochs = getattr(trainer, "check_val_every_n_epoch", 1)
+    if steps_per_epoch is None or batches is None or every is None or every <= 0:
+        return None
+    if epochs is None:  # every `every` batches counted over the whole fit
+        divisible = every % accumulate == 0 and batches % accumulate == 0
+        return every // accumulate if divisible else None
+    epochs = _int_or_none(epochs)
+    if epochs is None or epochs <= 0:
+        return None
+    if every == batches:
+        return epochs * steps_per_epoch
+    if epochs == 1 and batches % every == 0 and every % accumulate == 0:
+        return every // accumulate
+    return None
+
+
+def _trainer_optimizers(trainer: Any) -> tuple[Any, str | None]:
+    """The Trainer's optimizers for ``ETSHook(optimizer=...)`` and a note when unusable."""
+    optimizers = list(getattr(trainer, "optimizers", None) or [])
+    if not optimizers:
+        return None, None
+    try:
+        optimizer_list(optimizers)
+    except ValueError as exc:
+        return (
+            None,
+            f"the Trainer's optimizers are not usable ({exc}); any optimizer's step marks steps",
+        )
+    return (optimizers[0] if len(optimizers) == 1 else optimizers), None
+
+
+def _grad_scaler(trainer: Any) -> Any:
+    """The precision plugin's ``GradScaler`` (fp16 mixed precision), or None."""
+    scaler = getattr(getattr(trainer, "precision_plugin", None), "scaler", None)
+    return scaler if callable(getattr(scaler, "update", None)) else None
+
+
+def _short(value: Any) -> str:
+    """``repr(value)`` when it is one short line, else ``<TypeName>`` (a model, an optimizer)."""
+    text = repr(value)
+    return text if len(text) <= 60 and "\n" not in text else f"<{type(value).__name__}>"
+
+
+def _note_disagreement(notes: list[str], key: str, given: Any, derived: Any) -> None:
+    """Append the log note for an option given against a different value from the Trainer."""
+    if derived is not None and not _same(given, derived):
+        notes.append(
+            f"{key}={_short(given)} given; the Trainer says {_short(derived)} "
+            f"(using {_short(given)})"
+        )
+
+
+def _same(given: Any, derived: Any) -> bool:
+    if given is derived:
+        return True
+    if isinstance(given, (list, tuple)) and isinstance(derived, (list, tuple)):
+        return len(given) == len(derived) and all(map(_same, given, derived))
+    try:
+        return bool(given == derived)
+    except Exception:
+        return False
+
+
+def prediction_metrics(prediction: Prediction) -> dict[str, float]:
+    """The logged values of a prediction.
+
+    Args:
+        prediction: the hook's prediction.
+
+    Returns:
+        ``{"ets/iteration_s": ..., "ets/eta_s": ..., "ets/total_s": ...}`` as floats; a key is
+        left out when its value is unknown (no job length: no ETA, no total) or not finite.
+    """
+    out = {}
+    for key in LOG_KEYS:
+        value = getattr(prediction, key.removeprefix("ets/"))
+        if value is not None and math.isfinite(value):
+            out[key] = float(value)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The callback
+# --------------------------------------------------------------------------------------------
+
+
+class BaseETSCallback:
+    """What every ``ETSCallback`` does, whichever Lightning package its ``Callback`` is from.
+
+    ``ETSCallback`` (``callback_class``) subclasses this and the package's ``Callback``: a
+    Lightning callback that runs an ``ETSHook`` over ``trainer.fit``. One instance can serve
+    several fits: each creates a new hook at its training start (and closes the previous one).
+    See the module docstring for what is read from the Trainer.
+
+    Attributes:
+        hook_options: the options given, passed to ``ETSHook``.
+        prog_bar: whether the ETA goes into the progress bar.
+        resolved_options: the ``ETSHook`` arguments of the latest fit (what the Trainer said,
+            overridden by ``hook_options``); None before the first training start.
+        sanity_check_s: seconds the latest sanity check took (before the hook exists), or None.
+    """
+
+    def __init__(self, *, prog_bar: bool = True, **hook_options: Any) -> None:
+        """Store the options; the hook is created when training starts.
+
+        Args:
+            prog_bar: put the ETA (``ets/eta_s``; ``ets/iteration_s`` while the job length is
+                unknown) into Lightning's progress bar.
+            **hook_options: any ``ETSHook`` argument (``status_path=``, ``trace_path=``,
+                ``deadline=``, ``log_every=``, ...). One the Trainer also supplies (``model``,
+                ``optimizer``, ``total_steps``, ``initial_step``, ``grad_accum_steps``,
+                ``eval_every``, ``grad_scaler``) wins, with one log line when they differ.
+                Values are checked by ``ETSHook`` when training starts.
+
+        Raises:
+            TypeError: an option is not an ``ETSHook`` argument.
+        """
+        unknown = sorted(set(hook_options) - HOOK_OPTIONS)
+        if unknown:
+            raise TypeError(
+                f"ETSCallback got options ETSHook does not take: {', '.join(unknown)} "
+                f"(ETSHook takes: {', '.join(sorted(HOOK_OPTIONS))})"
+            )
+        super().__init__()
+        self.hook_options: dict[str, Any] = dict(hook_options)
+        self.prog_bar = prog_bar
+        self.resolved_options: dict[str, Any] | None = None
+        self.sanity_check_s: float | None = None
+        self._hook: ETSHook | None = None
+        self._open = False
+        self._in_eval = False
+        self._logged_steps = -1
+        self._logging_failed = False
+        self._sanity_started_ns: int | None = None
+        self._trainer_patch: tuple[Any, Callable[..., Any], Any] | None = None
+
+    # -- public --------------------------------------------------------------------------------
+
+    @property
+    def hook(self) -> ETSHook | None:
+        """The ``ETSHook`` of the latest fit (closed once training ended), or None before."""
+        return self._hook
+
+    @property
+    def prediction(self) -> Prediction | None:
+        """The hook's current (after training: final) prediction, or None before the first
+        step."""
+        return self._hook.prediction if self._hook is not None else None
+
+    # -- Lightning hooks -----------------------------------------------------------------------
+
+    #: The Lightning package of this class's ``Callback`` (set by ``callback_class``).
+    lightning_package: str = ""
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """Warn when the Trainer comes from another Lightning package than this class's
+        ``Callback`` (Lightning then only duck-types it; ``Trainer(callbacks=cb)`` without a
+        list, for one, would not take it)."""
+        trainer_package = _package_of(trainer)
+        if trainer_package and self.lightning_package and trainer_package != self.lightning_package:
+            logger.warning(
+                "ets-hook: this ETSCallback is a %s Callback but the Trainer is from %s: use "
+                "%s.ETSCallback (or callback_class(%r))",
+                self.lightning_package,
+                trainer_package,
+                PACKAGES[trainer_package],
+                trainer_package,
+            )
+
+    def on_sanity_check_start(self, trainer: Any, pl_module: Any) -> None:
+        """Time the sanity check (it runs before the hook exists)."""
+        self._sanity_started_ns = time.perf_counter_ns()
+
+    def on_sanity_check_end(self, trainer: Any, pl_module: Any) -> None:
+        """Record the sanity check's duration in ``sanity_check_s``."""
+        if self._sanity_started_ns is not None:
+            self.sanity_check_s = (time.perf_counter_ns() - self._sanity_started_ns) / 1e9
+            self._sanity_started_ns = None
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        """Create the hook from the Trainer's settings and ``hook_options``.
+
+        Raises:
+            ValueError: an option in ``hook_options`` is invalid (from ``ETSHook``).
+        """
+        self._close(outcome=None)
+        options, notes, trainer_total = self._resolve_options(trainer, pl_module)
+        self.resolved_options = options
+        self._hook = ETSHook(**options)
+        self._open, self._in_eval, self._logged_steps = True, False, -1
+        self._logging_failed = False
+        self._patch_save_checkpoint(trainer)
+        notes += self._length_notes(trainer, trainer_total)
+        for note in notes:
+            logger.info("ets-hook: %s", note)
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        """Begin the validation phase (validation during training only)."""
+        if self._open and not self._in_eval and not getattr(trainer, "sanity_checking", False):
+            assert self._hook is not None
+            self._hook.begin_phase(EVAL_PHASE)
+            self._in_eval = True
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        """End the validation phase (before ``ModelCheckpoint`` saves: Lightning runs it last)."""
+        self._end_eval()
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """Log the prediction after each optimizer step (Lightning writes it to the loggers at
+        its logging steps, and shows the ETA in the progress bar)."""
+        hook = self._hook
+        if not self._open or hook is None or self._logging_failed:
+            return
+        steps = hook.steps_completed
+        if steps == self._logged_steps:
+            return  # no new step since the last values (gradient accumulation)
+        prediction = hook.prediction
+        if prediction is None:
+            return
+        self._logged_steps = steps
+        try:
+            metrics = prediction_metrics(prediction)
+            bar_key = "ets/eta_s" if "ets/eta_s" in metrics else "ets/iteration_s"
+            for key, value in metrics.items():
+                pl_module.log(
+                    key,
+                    torch.tensor(value, dtype=torch.float64),
+                    on_step=True,
+                    on_epoch=False,
+                    prog_bar=self.prog_bar and key == bar_key,
+                    logger=True,
+                )
+        except Exception as exc:  # never into the training loop: log once, stop logging
+            self._logging_failed = True
+            logger.warning("ets-hook: logging the prediction to Lightning failed: %r", exc)
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        """Close the hook (final prediction, every hook removed)."""
+        self._close(outcome="closed")
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        """Close the hook; its status file records ``interrupted`` (Ctrl-C) or ``failed``."""
+        outcome = "interrupted" if isinstance(exception, KeyboardInterrupt) else "failed"
+        self._close(outcome=outcome, error=type(exception).__name__)
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """Close a hook still open (a fit that ended without ``on_train_end``)."""
+        self._close(outcome="closed")
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _resolve_options(
+        self, trainer: Any, pl_module: Any
+    ) -> tuple[dict[str, Any], list[str], int | None]:
+        """``ETSHook`` arguments: the Trainer's, overridden by ``hook_options``.
+
+        Returns:
+            The arguments, log notes, and the Trainer's total when the options describe the
+            job's length themselves (compared with the hook's once it resolved them).
+        """
+        given = self.hook_options
+        derived: dict[str, Any] = {"model": pl_module}
+        notes: list[str] = []
+        optimizer, note = _trainer_optimizers(trainer)
+        if note:
+            notes.append(note)
+        if optimizer is not None:
+            derived["optimizer"] = optimizer
+            if isinstance(optimizer, list):
+                notes.append(
+                    f"{len(optimizer)} optimizers: a step ends once each has stepped, while "
+                    "trainer.global_step counts every optimizer's steps"
+                )
+        scaler = _grad_scaler(trainer)
+        if scaler is not None:
+            derived["grad_scaler"] = scaler
+        accumulate = _int_or_none(getattr(trainer, "accumulate_grad_batches", 1))
+        if accumulate is not None and accumulate >= 1:
+            derived["grad_accum_steps"] = accumulate
+        derived["initial_step"] = max(0, _int_or_none(trainer.global_step) or 0)
+        total = trainer_total_steps(trainer)
+        if total is not None:  # below the restored step: Lightning stops at once
+            derived["total_steps"] = max(total, derived["initial_step"])
+        callbacks = list(getattr(trainer, "callbacks", None) or [])
+        if any(_is_a(cb, "GradientAccumulationScheduler") for cb in callbacks):
+            eval_every = None  # steps per epoch change with the accumulation
+            notes.append(
+                "GradientAccumulationScheduler: the accumulation changes between epochs, so the "
+                "Trainer's step counts are estimates"
+            )
+        else:
+            eval_every = trainer_eval_every(trainer)
+        if eval_every is not None:
+            derived["eval_every"] = eval_every
+
+        options = dict(derived)
+        trainer_total = None
+        if any(key in given for key in _LENGTH_OPTIONS):  # theirs; compared after creation
+            trainer_total = options.pop("total_steps", None)
+        phase_every = given.get("phase_every") or {}
+        if EVAL_PHASE in phase_every and "eval_every" not in given:
+            options.pop("eval_every", None)  # ours would override their phase_every entry
+            _note_disagreement(
+                notes, f"phase_every[{EVAL_PHASE!r}]", phase_every[EVAL_PHASE], eval_every
+            )
+        for key, value in given.items():
+            if key != "total_steps" or trainer_total is None:
+                _note_disagreement(notes, key, value, derived.get(key))
+            options[key] = value
+        return options, notes, trainer_total
+
+    def _length_notes(self, trainer: Any, trainer_total: int | None) -> list[str]:
+        """Log notes on the job's length: the given one against the Trainer's, unknown, and
+        the bounds of ``max_time`` and early stopping."""
+        hook = self._hook
+        assert hook is not None
+        notes = []
+        if trainer_total is not None and hook.total_steps != trainer_total:
+            notes.append(
+                f"the job length given resolves to {hook.total_steps} steps; the Trainer says "
+                f"{trainer_total} (using {hook.total_steps})"
+            )
+        callbacks = list(getattr(trainer, "callbacks", None) or [])
+        timer = next((cb for cb in callbacks if _is_a(cb, "Timer")), None)
+        remaining = None
+        if timer is not None:
+            try:
+                remaining = timer.time_remaining()
+            except Exception:
+                remaining = None
+        if hook.total_steps is None:
+            notes.append(
+                "the job length in steps is unknown (train data without len() and "
+                "max_steps=-1, or max_epochs=-1): step time only, no ETA"
+            )
+        if remaining is not None:
+            bound = f"Trainer(max_time=...) stops training after {format_duration(remaining)}"
+            if hook.total_steps is None:
+                notes.append(f"{bound} at the latest: that is the job's only bound")
+            else:
+                notes.append(
+                    f"{bound} at the latest; the ETA assumes all {hook.total_steps} steps run"
+                )
+        if any(_is_a(cb, "EarlyStopping") for cb in callbacks):
+            notes.append("EarlyStopping may end the job sooner: the total is an upper bound")
+        return notes
+
+    def _end_eval(self) -> None:
+        if self._in_eval and self._hook is not None:
+            self._in_eval = False
+            self._hook.end_phase()
+
+    def _patch_save_checkpoint(self, trainer: Any) -> None:
+        """Make every ``trainer.save_checkpoint`` call a checkpoint phase until close."""
+        original = trainer.save_checkpoint
+        previous = vars(trainer).get("save_checkpoint", _MISSING)
+        callback = self
+
+        @functools.wraps(original)
+        def save_checkpoint(*args: Any, **kwargs: Any) -> Any:
+            hook = callback._hook if callback._open else None
+            if hook is None:
+                return original(*args, **kwargs)
+            hook.begin_phase(CHECKPOINT_PHASE)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                hook.end_phase()
+
+        trainer.save_checkpoint = save_checkpoint
+        self._trainer_patch = (trainer, save_checkpoint, previous)
+
+    def _unpatch_save_checkpoint(self) -> None:
+        patch, self._trainer_patch = self._trainer_patch, None
+        if patch is None:
+            return
+        trainer, wrapper, previous = patch
+        if vars(trainer).get("save_checkpoint") is not wrapper:
+            return  # wrapped again by someone else since: leave theirs in place
+        if previous is _MISSING:
+            del trainer.save_checkpoint
+        else:
+            trainer.save_checkpoint = previous
+
+    def _close(self, outcome: str | None, error: str | None = None) -> None:
+        """End an open phase, undo the patch, close the hook (``outcome`` None: replaced)."""
+        if not self._open:
+            return
+        self._open = False
+        hook = self._hook
+        try:
+            self._end_eval()
+            self._unpatch_save_checkpoint()
+        finally:
+            if hook is not None:
+                if outcome in (None, "closed"):
+                    hook.close()
+                else:
+                    hook.close_at_exit(outcome, error)
+
+
+def _package_of(obj: Any) -> str | None:
+    """The Lightning package (a ``PACKAGES`` key) an object's class comes from, or None."""
+    module = type(obj).__module__
+    return next((name for name in PACKAGES if module.startswith(name + ".")), None)
+
+
+def _is_a(obj: Any, callback_name: str) -> bool:
+    """Whether ``obj`` is an instance of ``<package>.callbacks.<callback_name>`` for the package
+    its class comes from (no package is imported here)."""
+    package = _package_of(obj)
+    if package is None:
+        return False
+    callbacks = importlib.import_module(package + ".callbacks")
+    cls = getattr(callbacks, callback_name, None)
+    return isinstance(cls, type) and isinstance(obj, cls)
+
+
+_CLASSES: dict[str, type[BaseETSCallback]] = {}
+
+
+def default_package() -> str:
+    """The Lightning package ``ETSCallback`` is made for: ``lightning.pytorch`` when the
+    ``lightning`` package is installed, else ``pytorch_lightning``."""
+    return installed_packages()[0]
+
+
+def callback_class(package: str | None = None) -> type[BaseETSCallback]:
+    """The ``ETSCallback`` class for a Lightning package: ``BaseETSCallback`` + its ``Callback``.
+
+    Made once per package and cached. Only the package asked for is imported (importing the
+    other one too would change where Lightning's own log lines go).
+
+    Args:
+        package: ``"lightning.pytorch"`` or ``"pytorch_lightning"``; None: ``default_package()``.
+
+    Returns:
+        The class (named ``ETSCallback``; its module is the ``PACKAGES`` entry).
+
+    Raises:
+        ValueError: ``package`` is not one of those.
+        ImportError: that package is not installed (the message names the extra).
+    """
+    package = default_package() if package is None else package
+    if package not in PACKAGES:
+        raise ValueError(f"package must be one of {sorted(PACKAGES)}, got {package!r}")
+    cls = _CLASSES.get(package)
+    if cls is None:
+        try:
+            module: ModuleType = importlib.import_module(package)
+        except ModuleNotFoundError as exc:
+            if exc.name not in (package, package.split(".")[0]):
+                raise
+            raise ImportError(f"{package} is not installed: {INSTALL_HINT}") from exc
+        namespace = {
+            "__module__": PACKAGES[package],
+            "__qualname__": "ETSCallback",
+            "__doc__": BaseETSCallback.__doc__,
+            "lightning_package": package,
+        }
+        cls = type("ETSCallback", (BaseETSCallback, module.Callback), namespace)
+        _CLASSES[package] = cls
+    return cls
+
+
+if TYPE_CHECKING:
+    ETSCallback = BaseETSCallback
+else:
+
+    def __getattr__(name: str) -> Any:
+        """``ETSCallback``: ``callback_class()``, made at first use (PEP 562)."""
+        if name == "ETSCallback":
+            return callback_class()
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "CHECKPOINT_PHASE",
+    "EVAL_PHASE",
+    "HOOK_OPTIONS",
+    "INSTALL_HINT",
+    "LOG_KEYS",
+    "PACKAGES",
+    "BaseETSCallback",
+    "ETSCallback",
+    "callback_class",
+    "default_package",
+    "installed_packages",
+    "prediction_metrics",
+    "trainer_eval_every",
+    "trainer_steps_per_epoch",
+    "trainer_total_steps",
+]

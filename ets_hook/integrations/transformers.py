@@ -1,0 +1,676 @@
+"""Hugging Face ``transformers.Trainer`` integration: ``ETSTrainerCallback``.
+
+``Trainer(..., callbacks=[ETSTrainerCallback()])`` is all a user writes. At train begin the
+callback creates an ``ETSHook`` on the Trainer's model and optimizer with what the Trainer knows:
+
+- ``total_steps`` from ``state.max_steps``, ``initial_step`` from ``state.global_step`` (resumed
+  runs), ``grad_accum_steps`` from the arguments (the hook counts optimizer steps, as the Trainer's
+  ``global_step`` does: Accelerate's ``AcceleratedOptimizer`` only steps the real optimizer on the
+  last micro-batch of an accumulation, and its ``GradScaler``, under fp16, marks the steps whose
+  optimizer step it skipped);
+- ``eval_every`` / ``checkpoint_every`` from ``eval_strategy`` / ``save_strategy`` (``steps``: the
+  Trainer's ``eval_steps`` / ``save_steps``; ``epoch``: optimizer steps per epoch from the train
+  dataloader and the accumulation; ``best``: saves can only follow evaluations; ``no``: none).
+
+Anything passed to ``ETSTrainerCallback(**hook_options)`` goes to ``ETSHook`` and wins over what
+the Trainer says (one log line when the two disagree).
+
+Evaluation, prediction and checkpoint saving are phases, out of the step rate. Transformers has
+no "evaluate begin" event: ``DefaultFlowCallback`` sets ``control.should_evaluate`` /
+``should_save`` in ``on_step_end`` / ``on_epoch_end`` (it runs before user callbacks), so those
+events begin the phase, and ``on_evaluate`` / ``on_save`` / ``on_predict`` end it (evaluation
+comes before saving). An evaluation loop started any other way (``eval_on_start``, a
+``trainer.evaluate()`` or ``trainer.predict()`` from a callback) begins its phase at its first
+``on_prediction_step``. ``on_step_begin`` and ``on_train_end`` end any phase left open.
+
+The latest prediction goes into the Trainer's logs at its logging steps (``LOG_KEYS``:
+``ets/iteration_s``, ``ets/eta_s``, ``ets/total_s``): into ``state.log_history`` and into the
+``logs`` dict the ``on_log`` callbacks receive. The Trainer puts the ``report_to`` integrations
+before user callbacks, so a second, tiny callback (``ETSLogInjector``) is put first in the
+Trainer's callback list and adds the values before any integration sees them. The ETA also goes
+into the postfix of the Trainer's tqdm bar (``ProgressCallback``).
+
+Importing this module needs transformers (``pip install 'ets-hook[transformers]'``);
+``import ets_hook`` never imports it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import sys
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+try:
+    from transformers import TrainerCallback
+    from transformers.trainer_callback import CallbackHandler, ProgressCallback
+except ImportError as exc:
+    raise ImportError(
+        "ets_hook.integrations.transformers needs Hugging Face transformers: "
+        "pip install 'ets-hook[transformers]'"
+    ) from exc
+
+from ..capture.steps import optimizer_list
+from ..hook import ETSHook
+from ..reporters.tqdm import TqdmReporter
+
+if TYPE_CHECKING:
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from ..forecast.prediction import Prediction
+
+logger = logging.getLogger("ets_hook")
+
+#: The keys our prediction adds to the Trainer's logs (``Prediction`` fields of the same name).
+LOG_KEYS = ("ets/iteration_s", "ets/eta_s", "ets/total_s")
+
+EVAL_PHASE = "eval"
+PREDICT_PHASE = "predict"
+CHECKPOINT_PHASE = "checkpoint"
+
+# ETSHook's keyword arguments (the model is always the Trainer's).
+_HOOK_OPTIONS = frozenset(inspect.signature(ETSHook.__init__).parameters) - {"self", "model"}
+
+# How far up the stack the Trainer's CallbackHandler.call_event is looked for.
+_HANDLER_FRAMES = 6
+
+
+def log_values(prediction: Prediction | None) -> dict[str, float]:
+    """The values ``ETSTrainerCallback`` adds to a Trainer log.
+
+    Args:
+        prediction: the hook's current prediction, or None.
+
+    Returns:
+        ``{"ets/iteration_s": ..., "ets/eta_s": ..., "ets/total_s": ...}`` as floats; a key is
+        left out while its value is unknown or not finite (empty for None).
+    """
+    if prediction is None:
+        return {}
+    out: dict[str, float] = {}
+    for key in LOG_KEYS:
+        value = getattr(prediction, key.removeprefix("ets/"))
+        if value is not None and math.isfinite(value):
+            out[key] = float(value)
+    return out
+
+
+class ETSLogInjector(TrainerCallback):
+    """Adds ``ETSTrainerCallback``'s values to each training log before any other callback's
+    ``on_log`` runs: ``ETSTrainerCallback`` puts it first in the Trainer's callback list. Not
+    meant to be created by users."""
+
+    def __init__(self, owner: ETSTrainerCallback) -> None:
+        """Serve ``owner`` (held weakly).
+
+        Args:
+            owner: the callback whose hook's prediction is logged.
+        """
+        self._owner = weakref.ref(owner)
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Add the values to ``logs`` and to its ``state.log_history`` entry.
+
+        Args:
+            args: the Trainer's arguments.
+            state: the Trainer's state.
+            control: the Trainer's control flags.
+            logs: the log being dispatched (mutated).
+            **kwargs: the Trainer's other event arguments.
+        """
+        owner = self._owner()
+        if owner is not None:
+            owner._inject(state, logs)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable (a weak reference is not): the owner is pickled with it."""
+        return {"owner": self._owner()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Rebuild the weak reference to the owner."""
+        owner = state["owner"]
+        self._owner = weakref.ref(owner) if owner is not None else lambda: None
+
+
+class ETSTrainerCallback(TrainerCallback):
+    """An ``ETSHook`` for a ``transformers.Trainer``: ``callbacks=[ETSTrainerCallback()]``.
+
+    Creates the hook at each ``on_train_begin`` (see the module docstring for what is read from
+    the Trainer) and closes it at ``on_train_end``. Nothing here raises into training, except
+    ``ETSHook``'s own validation of ``hook_options`` at train begin (a ``ValueError`` naming the
+    argument) and ``on_deadline="raise"``.
+
+    Attributes:
+        hook: the ``ETSHook`` of the latest ``train()`` call (closed after it), or None before.
+    """
+
+    def __init__(self, **hook_options: Any) -> None:
+        """Keep ``ETSHook`` options for the hook created at train begin.
+
+        Args:
+            **hook_options: keyword arguments of ``ETSHook`` (all but ``model``, which is the
+                Trainer's). ``optimizer``, ``total_steps``, ``initial_step``,
+                ``grad_accum_steps``, ``eval_every``, ``checkpoint_every`` and ``grad_scaler``
+                are read from the Trainer unless given here; a value given here wins (one log
+                line at train begin when it disagrees with the Trainer's).
+
+        Raises:
+            TypeError: an option that is not an ``ETSHook`` keyword argument (``model``
+                included). Values are checked by ``ETSHook`` at train begin.
+        """
+        unknown = sorted(set(hook_options) - _HOOK_OPTIONS)
+        if unknown:
+            raise TypeError(
+                f"ETSTrainerCallback got unexpected ETSHook option(s) {', '.join(unknown)}"
+                + (" (the model is the Trainer's)" if "model" in unknown else "")
+            )
+        self._options = dict(hook_options)
+        self.hook: ETSHook | None = None
+        self._training = False
+        self._phase: str | None = None
+        self._in_loop = False  # an evaluation/prediction loop is running (its logs get nothing)
+        self._flagged_eval = False  # the evaluation running was asked for by control flags
+        self._save_best = False
+        self._handler: weakref.ref[CallbackHandler] | None = None
+        self._injector = ETSLogInjector(self)
+        self._progress: ProgressCallback | None = None
+        self._shown: Prediction | None = None
+
+    @property
+    def prediction(self) -> Prediction | None:
+        """The hook's latest prediction (the final one after training); None before any."""
+        return self.hook.prediction if self.hook is not None else None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable (hyperparameter search backends pickle the Trainer): the options and the
+        log injector; not the hook, which lives in the process that trains."""
+        return {"options": self._options, "injector": self._injector}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """A callback with the pickled options and no hook yet."""
+        self.__init__(**state["options"])  # type: ignore[misc]
+        self._injector = state["injector"]
+        self._injector._owner = weakref.ref(self)
+
+    # ------------------------------------------------------------------------------------------
+    # Trainer events
+
+    def on_init_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """Put ``ETSLogInjector`` first in the Trainer's callback list.
+
+        Args:
+            args: the Trainer's arguments.
+            state: the Trainer's state.
+            control: the Trainer's control flags.
+            **kwargs: the Trainer's other event arguments.
+        """
+        self._adopt_handler()
+
+    def on_train_begin(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        model: Any = None,
+        optimizer: Any = None,
+        train_dataloader: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        """Create the hook (closing the previous run's if still open).
+
+        Args:
+            args: the Trainer's arguments.
+            state: the Trainer's state (``max_steps``, ``global_step``, ``eval_steps``, ...).
+            control: the Trainer's control flags.
+            model: the Trainer's model (the hook's root module).
+            optimizer: the Trainer's optimizer (an ``AcceleratedOptimizer``: the optimizer it
+                holds is watched, and its ``GradScaler``, if any, marks the steps).
+            train_dataloader: the Trainer's train dataloader (steps per epoch).
+            **kwargs: the Trainer's other event arguments.
+
+        Raises:
+            ValueError: from ``ETSHook``: an invalid value in ``hook_options``.
+        """
+        self._adopt_handler()
+        self._close_hook()
+        options, disagree = self._hook_options(args, state, optimizer, train_dataloader)
+        self._save_best = _strategy(args, "save_strategy") == "best"
+        self._phase, self._in_loop, self._flagged_eval, self._shown = None, False, False, None
+        self.hook = ETSHook(model, **options)
+        self._training = True
+        if disagree:  # after the hook: its console handler shows the line
+            logger.info(
+                "ets-hook: ETSTrainerCallback uses the values given explicitly: %s",
+                "; ".join(disagree),
+            )
+
+    def on_step_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """End a phase left open (a ``save_strategy="best"`` evaluation that saved nothing).
+
+        Args:
+            args: the Trainer's arguments.
+            state: the Trainer's state.
+            control: the Trainer's control flags.
+            **kwargs: the Trainer's other event arguments.
+        """
+        self._end_phase()
+        self._flagged_eval = False
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """Show the ETA on the Trainer's bar; begin the evaluation or checkpoint phase the
+        control flags announce.
+
+        Args:
+            args: the Trainer's arguments.
+            state: the Trainer's state.
+            control: the Trainer's control flags (set by ``DefaultFlowCallback``).
+            **kwargs: the Trainer's other event arguments.
+        """
+        if not self._training:
+            return
+        self._show_progress()
+        self._phase_from_flags(control)
+
+    def on_epoch_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """Begin the evaluation or checkpoint phase of an epoch strategy.
+
+        Args:
+            args: the Trainer's arguments.
+            state: the Trainer's state.
+            control: the Trainer's control flags (set by ``DefaultFlowCallback``).
+            **kwargs: the Trainer's other event arguments.
+        """
+        if self._training:
+            self._phase_from_flags(control)
+
+    def on_prediction_step(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """An evaluation or prediction loop runs: its phase begins here unless the control
+        flags began it already.
+
+        Args:
+            args: the Trainer's arguments.
+            state: the Trainer's state.
+            control: the Trainer's control flags.
+            **kwargs: the Trainer's other event arguments.
+        """
+        if not self._training or self._in_loop:
+            return
+        self._in_loop = True
+        if self._phase not in (EVAL_PHASE, PREDICT_PHASE):
+            self._begin_phase(_loop_phase())
+
+    def on_evaluate(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """End the evaluation phase; begin the checkpoint phase when a save follows.
+
+        Args:
+            args: the Trainer's arguments.
+            state: the Trainer's state.
+            control: the Trainer's control flags.
+            **kwargs: the Trainer's other event arguments (``metrics``).
+        """
+        if not self._training:
+            return
+        self._in_loop = False
+        self._end_phase()
+        # save_strategy="best": whether it saves is decided after this event; a phase that
+        # saved nothing ends at the next step's begin (same step: one occurrence, its cost the
+        # expected save cost per evaluation).
+        if control.should_save or (self._save_best and self._flagged_eval):
+            self._begin_phase(CHECKPOINT_PHASE)
+
+    def on_predict(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """End the prediction phase.
+
+        Args:
+            args: the Trainer's arguments.
+            state: the Trainer's state.
+            control: the Trainer's control flags.
+            **kwargs: the Trainer's other event arguments (``metrics``).
+        """
+        if self._training:
+            self._in_loop = False
+            self._end_phase()
+
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """End the checkpoint phase (the checkpoint is written when this event comes).
+
+        Args:
+            args: the Trainer's arguments.
+            state: the Trainer's state.
+            control: the Trainer's control flags.
+            **kwargs: the Trainer's other event arguments.
+        """
+        if self._training:
+            self._end_phase()
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Add the values here when ``ETSLogInjector`` could not be put first (then only the
+        callbacks after this one and ``state.log_history`` get them).
+
+        Args:
+            args: the Trainer's arguments.
+            state: the Trainer's state.
+            control: the Trainer's control flags.
+            logs: the log being dispatched (mutated).
+            **kwargs: the Trainer's other event arguments.
+        """
+        if not self._injector_first():
+            self._inject(state, logs)
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """End any open phase, show the final prediction on the bar, close the hook.
+
+        Args:
+            args: the Trainer's arguments.
+            state: the Trainer's state.
+            control: the Trainer's control flags.
+            **kwargs: the Trainer's other event arguments.
+        """
+        self._close_hook()
+
+    # ------------------------------------------------------------------------------------------
+    # Internals
+
+    def _hook_options(
+        self, args: TrainingArguments, state: TrainerState, optimizer: Any, dataloader: Any
+    ) -> tuple[dict[str, Any], list[str]]:
+        """``ETSHook`` keyword arguments (the Trainer's values, then the explicit ones) and a
+        description of each explicit value that disagrees with the Trainer's."""
+        found = _trainer_options(args, state, optimizer, dataloader)
+        explicit = self._options
+        if "optimizer" in explicit or "grad_scaler" in explicit:
+            found.pop("grad_scaler", None)  # the Trainer's scaler goes with its optimizer only
+        disagree = [
+            f"{name}={_describe(explicit[name])} (the Trainer's: {_describe(found[name])})"
+            for name in found
+            if name in explicit and not _same(name, explicit[name], found[name])
+        ]
+        options = {**found, **explicit}
+        if "optimizer" in explicit:
+            given = explicit["optimizer"]
+            options["optimizer"] = (
+                [_held_optimizer(o) for o in given]
+                if isinstance(given, (list, tuple))
+                else _held_optimizer(given)
+            )
+        return options, disagree
+
+    def _phase_from_flags(self, control: TrainerControl) -> None:
+        if control.should_evaluate:
+            self._flagged_eval = True
+            self._begin_phase(EVAL_PHASE)
+        elif control.should_save:
+            self._begin_phase(CHECKPOINT_PHASE)
+
+    def _begin_phase(self, name: str) -> None:
+        if self._phase == name or self.hook is None:
+            return
+        self._end_phase()
+        self.hook.begin_phase(name)
+        self._phase = name
+
+    def _end_phase(self) -> None:
+        if self._phase is not None and self.hook is not None:
+            self._phase = None
+            self.hook.end_phase()
+
+    def _close_hook(self) -> None:
+        if self.hook is None:
+            return
+        self._end_phase()
+        self._training = False
+        self._in_loop = False
+        self.hook.close()
+        self._show_progress()
+
+    def _inject(self, state: TrainerState, logs: dict[str, Any] | None) -> None:
+        """Add ``log_values`` to a training log and to its ``state.log_history`` entry (the
+        Trainer appends a copy of ``logs`` plus ``step`` there before calling ``on_log``).
+        Evaluation and prediction logs get nothing. Never raises."""
+        if not self._training or self._in_loop or not isinstance(logs, dict):
+            return
+        try:
+            values = log_values(self.prediction)
+            if not values:
+                return
+            history = getattr(state, "log_history", None)
+            entry = history[-1] if history else None
+            if isinstance(entry, dict) and all(entry.get(k) is v for k, v in logs.items()):
+                entry.update(values)
+            logs.update(values)
+        except Exception as exc:  # a log without our values, never a failed training
+            logger.debug("ets-hook: could not add the prediction to the Trainer's log: %r", exc)
+
+    def _show_progress(self) -> None:
+        """Our ETA in the postfix of the Trainer's tqdm bar (redrawn by its next update)."""
+        bar = getattr(self._progress, "training_bar", None)
+        prediction = self.prediction
+        if bar is None or prediction is None or prediction is self._shown:
+            return
+        self._shown = prediction
+        try:
+            bar.set_postfix_str(TqdmReporter.postfix(prediction), refresh=False)
+        except Exception as exc:
+            logger.debug("ets-hook: could not annotate the Trainer's progress bar: %r", exc)
+
+    def _adopt_handler(self) -> None:
+        """Find the Trainer's ``CallbackHandler`` (the caller of this event), put
+        ``ETSLogInjector`` first in its list and remember its ``ProgressCallback``."""
+        try:
+            self._adopt(self._handler() if self._handler is not None else None)
+        except Exception as exc:  # the values then reach fewer places; training goes on
+            logger.debug("ets-hook: could not arrange the Trainer's callbacks: %r", exc)
+
+    def _adopt(self, handler: CallbackHandler | None) -> None:
+        if handler is None or not any(cb is self for cb in handler.callbacks):
+            handler = _calling_handler(self)
+        if handler is None:
+            logger.debug(
+                "ets-hook: the Trainer's callback list was not found; the ets/ values reach "
+                "state.log_history and the callbacks after ETSTrainerCallback only"
+            )
+            return
+        self._handler = weakref.ref(handler)
+        if not self._injector_first():
+            others = [cb for cb in handler.callbacks if cb is not self._injector]
+            # A new list: an event being dispatched goes on over the old one.
+            handler.callbacks = [self._injector, *others]
+        self._progress = next(
+            (cb for cb in handler.callbacks if isinstance(cb, ProgressCallback)), None
+        )
+
+    def _injector_first(self) -> bool:
+        handler = self._handler() if self._handler is not None else None
+        return (
+            handler is not None
+            and bool(handler.callbacks)
+            and handler.callbacks[0] is self._injector
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Reading the Trainer
+
+
+def _trainer_options(
+    args: TrainingArguments, state: TrainerState, optimizer: Any, dataloader: Any
+) -> dict[str, Any]:
+    """What the Trainer says about the job, as ``ETSHook`` keyword arguments."""
+    accum = _count(getattr(args, "gradient_accumulation_steps", 1)) or 1
+    done = _count(getattr(state, "global_step", 0), minimum=0) or 0
+    total = _count(getattr(state, "max_steps", None))
+    found: dict[str, Any] = {
+        # A resumed run whose checkpoint is past max_steps ends at once; keep the hook valid.
+        "total_steps": max(total, done) if total is not None else None,
+        "initial_step": done,
+        "grad_accum_steps": accum,
+    }
+    try:
+        per_epoch: int | None = max(math.ceil(len(dataloader) / accum), 1)
+    except TypeError:  # an iterable dataset (or no dataloader): no epoch length
+        per_epoch = None
+    eval_every = _period(
+        _strategy(args, "eval_strategy", "evaluation_strategy"),
+        _first_count(getattr(state, "eval_steps", None), getattr(args, "eval_steps", None)),
+        per_epoch,
+    )
+    save_strategy = _strategy(args, "save_strategy")
+    checkpoint_every = (
+        eval_every
+        if save_strategy == "best"
+        else _period(
+            save_strategy,
+            _first_count(getattr(state, "save_steps", None), getattr(args, "save_steps", None)),
+            per_epoch,
+        )
+    )
+    found["eval_every"] = eval_every
+    found["checkpoint_every"] = checkpoint_every
+    if optimizer is not None:
+        try:
+            optimizer_list(_held_optimizer(optimizer))
+        except ValueError:
+            logger.info(
+                "ets-hook: the Trainer's optimizer (%s) holds no torch optimizer; steps are "
+                "marked by any optimizer's step or the model's forwards",
+                type(optimizer).__name__,
+            )
+        else:
+            found["optimizer"] = _held_optimizer(optimizer)
+            scaler = getattr(optimizer, "scaler", None)  # AcceleratedOptimizer under fp16
+            if scaler is not None and callable(getattr(scaler, "update", None)):
+                found["grad_scaler"] = scaler
+    return found
+
+
+def _held_optimizer(optimizer: Any) -> Any:
+    """The torch optimizer an Accelerate ``AcceleratedOptimizer`` holds, else ``optimizer``.
+
+    ``AcceleratedOptimizer`` subclasses ``torch.optim.Optimizer`` without running its
+    ``__init__``: step hooks cannot be registered on it, only on the optimizer it holds (whose
+    ``step`` it calls on the last micro-batch of each accumulation).
+    """
+    inner = getattr(optimizer, "optimizer", None)
+    if isinstance(inner, torch.optim.Optimizer) and not hasattr(
+        optimizer, "_optimizer_step_pre_hooks"
+    ):
+        return inner
+    return optimizer
+
+
+def _strategy(args: Any, *names: str) -> str:
+    """An ``IntervalStrategy``/``SaveStrategy`` argument as its string value (``"no"`` if
+    absent)."""
+    for name in names:
+        value = getattr(args, name, None)
+        if value is not None:
+            return str(getattr(value, "value", value))
+    return "no"
+
+
+def _period(strategy: str, steps: int | None, per_epoch: int | None) -> int | None:
+    if strategy == "steps":
+        return steps
+    if strategy == "epoch":
+        return per_epoch
+    return None
+
+
+def _count(value: Any, minimum: int = 1) -> int | None:
+    """``value`` as an int >= ``minimum``, else None (floats that are whole numbers pass)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not value.is_integer():
+        return None
+    return int(value) if value >= minimum else None
+
+
+def _first_count(*values: Any) -> int | None:
+    return next((c for c in map(_count, values) if c is not None), None)
+
+
+def _same(name: str, explicit: Any, found: Any) -> bool:
+    if found is None:
+        return True  # the Trainer says nothing: no disagreement
+    if name == "optimizer":
+        try:
+            return [id(o) for o in optimizer_list(_held_optimizer(explicit))] == [
+                id(o) for o in optimizer_list(found)
+            ]
+        except ValueError:
+            return False
+    if name == "grad_scaler":
+        return explicit is found
+    return explicit == found
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, (int, float, str, type(None))):
+        return repr(value)
+    return type(value).__name__
+
+
+def _calling_handler(callback: ETSTrainerCallback) -> CallbackHandler | None:
+    """The ``CallbackHandler`` dispatching the current event to ``callback``, from the stack."""
+    frame = sys._getframe(1)
+    for _ in range(_HANDLER_FRAMES):
+        if frame is None:
+            return None
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, CallbackHandler) and any(
+            cb is callback for cb in candidate.callbacks
+        ):
+            return candidate
+        frame = frame.f_back
+    return None
+
+
+def _loop_phase() -> str:
+    """``"predict"`` when the running evaluation loop is ``Trainer.predict``'s, else ``"eval"``."""
+    frame = sys._getframe(1)
+    for _ in range(12):
+        if frame is None:
+            break
+        if frame.f_globals.get("__name__", "").startswith("transformers."):
+            if frame.f_code.co_name == "predict":
+                return PREDICT_PHASE
+            if frame.f_code.co_name == "evaluate":
+                return EVAL_PHASE
+        frame = frame.f_back
+    return EVAL_PHASE

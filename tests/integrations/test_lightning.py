@@ -1,0 +1,604 @@
+"""ETSCallback (ets_hook.integrations.lightning) on real Lightning, on CPU.
+
+One module-scoped fixture runs a fit (3 epochs, validation each epoch, accumulate_grad_batches=2,
+a ModelCheckpoint, a CSVLogger) and a fit resumed from its last checkpoint (5 epochs), with
+validation and checkpoint saving slowed on purpose; most tests assert on those two runs.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import pickle
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("lightning")
+
+import lightning.pytorch as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+from ets_hook.integrations.lightning import (
+    LOG_KEYS,
+    ETSCallback,
+    trainer_eval_every,
+)
+
+VAL_SLEEP_S = 0.4  # once per validation run (not in the sanity check)
+SAVE_SLEEP_S = 0.25  # per checkpoint save (two per epoch: the epoch's file and last.ckpt)
+BATCHES_PER_EPOCH = 16  # micro-batches; accumulate_grad_batches=2: 8 optimizer steps per epoch
+STEPS_PER_EPOCH = 8
+LOG_EVERY_N_STEPS = 2
+REPO = Path(__file__).resolve().parents[2]
+
+
+class TinyModule(L.LightningModule):
+    """A linear model whose validation and checkpoint saving are slow on purpose."""
+
+    def __init__(self, val_sleep_s: float = 0.0, save_sleep_s: float = 0.0) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(8, 1)
+        self.val_sleep_s = val_sleep_s
+        self.save_sleep_s = save_sleep_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        if batch_idx == 0 and not self.trainer.sanity_checking:
+            time.sleep(self.val_sleep_s)
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self(x), y))
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        time.sleep(self.save_sleep_s)  # inside trainer.save_checkpoint
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def loaders(batches: int = BATCHES_PER_EPOCH) -> tuple[DataLoader, DataLoader]:
+    g = torch.Generator().manual_seed(0)
+    train = TensorDataset(torch.randn(4 * batches, 8, generator=g), torch.randn(4 * batches, 1))
+    val = TensorDataset(torch.randn(8, 8, generator=g), torch.randn(8, 1, generator=g))
+    return DataLoader(train, batch_size=4), DataLoader(val, batch_size=4)
+
+
+def quiet_trainer(**kwargs: Any) -> L.Trainer:
+    defaults: dict[str, Any] = {
+        "accelerator": "cpu",
+        "devices": 1,
+        "enable_model_summary": False,
+        "enable_progress_bar": False,
+        "enable_checkpointing": False,
+        "logger": False,
+    }
+    return L.Trainer(**{**defaults, **kwargs})
+
+
+@dataclass
+class Run:
+    callback: Any
+    trainer: L.Trainer
+    module: TinyModule
+    checkpoint: ModelCheckpoint
+    log_dir: Path
+    status_path: Path
+    seconds: float
+
+
+@dataclass
+class Runs:
+    first: Run
+    resumed: Run
+    restored_step: int
+    log_lines: list[str]
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def _fit(tmp: Path, name: str, epochs: int, ckpt_path: str | None = None) -> Run:
+    status_path = tmp / f"{name}.json"
+    callback = ETSCallback(status_path=status_path)
+    checkpoint = ModelCheckpoint(dirpath=tmp / "ckpt", save_top_k=-1, save_last=True)
+    trainer = L.Trainer(
+        max_epochs=epochs,
+        accumulate_grad_batches=2,
+        check_val_every_n_epoch=1,
+        num_sanity_val_steps=1,
+        log_every_n_steps=LOG_EVERY_N_STEPS,
+        callbacks=[callback, checkpoint],
+        logger=CSVLogger(tmp, name=name),
+        accelerator="cpu",
+        devices=1,
+        enable_model_summary=False,
+        enable_progress_bar=True,
+    )
+    module = TinyModule(val_sleep_s=VAL_SLEEP_S, save_sleep_s=SAVE_SLEEP_S)
+    train, val = loaders()
+    started = time.perf_counter()
+    trainer.fit(module, train, val, ckpt_path=ckpt_path)
+    assert trainer.logger is not None and trainer.logger.log_dir is not None
+    return Run(
+        callback,
+        trainer,
+        module,
+        checkpoint,
+        Path(trainer.logger.log_dir),
+        status_path,
+        time.perf_counter() - started,
+    )
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
+    tmp = tmp_path_factory.mktemp("lightning")
+    ours = logging.getLogger("ets_hook")
+    collect, level = _Collect(), ours.level
+    ours.addHandler(collect)
+    ours.setLevel(logging.INFO)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Lightning's hints for tiny CPU runs
+            first = _fit(tmp, "first", epochs=3)
+            last = first.checkpoint.last_model_path
+            restored_step = torch.load(last, weights_only=False)["global_step"]
+            resumed = _fit(tmp, "resumed", epochs=5, ckpt_path=last)
+        yield Runs(first, resumed, restored_step, collect.lines)
+    finally:
+        ours.removeHandler(collect)
+        ours.setLevel(level)
+
+
+# --------------------------------------------------------------------------------------------
+# The shared runs
+# --------------------------------------------------------------------------------------------
+
+
+def test_callback_is_a_callback_of_the_trainers_package() -> None:
+    callback = ETSCallback(log_every=5, prog_bar=False)
+    assert isinstance(callback, L.Callback)
+    assert ETSCallback.__module__ == "ets_hook.integrations.lightning"
+    assert ETSCallback.__qualname__ == "ETSCallback"
+    # Picklable by reference before a fit (ddp_spawn sends the Trainer's callbacks).
+    copy = pickle.loads(pickle.dumps(callback))
+    assert type(copy) is ETSCallback
+    assert copy.hook_options == {"log_every": 5} and copy.prog_bar is False
+
+
+def test_steps_counted_equal_the_trainers_global_step(runs: Runs) -> None:
+    first, resumed = runs.first, runs.resumed
+    assert first.trainer.global_step == 3 * STEPS_PER_EPOCH
+    assert first.callback.hook.steps_completed == first.trainer.global_step
+    assert first.callback.prediction.step == first.trainer.global_step
+    assert resumed.trainer.global_step == 5 * STEPS_PER_EPOCH
+    assert resumed.callback.hook.steps_completed == 2 * STEPS_PER_EPOCH
+    assert resumed.callback.prediction.step == resumed.trainer.global_step
+
+
+def test_job_is_read_from_the_trainer(runs: Runs) -> None:
+    options = runs.first.callback.resolved_options
+    assert options["model"] is runs.first.module
+    assert options["optimizer"] is runs.first.trainer.optimizers[0]
+    assert options["total_steps"] == runs.first.trainer.estimated_stepping_batches == 24
+    assert options["grad_accum_steps"] == 2
+    assert options["initial_step"] == 0
+    assert options["eval_every"] == STEPS_PER_EPOCH  # validation every epoch
+    assert runs.first.callback.hook.total_steps == 24
+    assert runs.first.callback.prediction.total_steps == 24
+    assert runs.first.callback.hook_options == {"status_path": runs.first.status_path}
+
+
+def test_resumed_fit_starts_at_the_restored_step(runs: Runs) -> None:
+    options = runs.resumed.callback.resolved_options
+    assert runs.restored_step == 3 * STEPS_PER_EPOCH
+    assert options["initial_step"] == runs.restored_step
+    assert options["total_steps"] == 5 * STEPS_PER_EPOCH
+    assert runs.resumed.callback.prediction.remaining_steps == 0
+
+
+def test_validation_and_checkpoints_are_phases_not_step_time(runs: Runs) -> None:
+    for run, epochs in ((runs.first, 3), (runs.resumed, 2)):
+        phases = {p.name: p for p in run.callback.prediction.phases}
+        assert set(phases) == {"eval", "checkpoint"}  # the sanity check is before the hook
+        assert phases["eval"].occurrences == epochs
+        assert phases["eval"].spent_s >= epochs * VAL_SLEEP_S
+        assert phases["eval"].period_steps == STEPS_PER_EPOCH
+        assert phases["eval"].period_source == "hint"
+        assert phases["checkpoint"].occurrences == epochs  # two saves per epoch, one phase
+        assert phases["checkpoint"].spent_s >= epochs * 2 * SAVE_SLEEP_S
+        step_times = run.callback.hook.step_times_s
+        assert len(step_times) == epochs * STEPS_PER_EPOCH
+        assert max(step_times) < SAVE_SLEEP_S  # no validation or save inside any step
+        # Step times and phases account for the fit's time.
+        assert sum(step_times) + sum(p.spent_s for p in phases.values()) < run.seconds
+
+
+def test_sanity_check_is_timed_but_not_a_phase(runs: Runs) -> None:
+    assert runs.first.callback.sanity_check_s is not None
+    assert runs.first.callback.sanity_check_s > 0
+
+
+def test_metrics_reach_the_csv_logger_at_its_logging_steps(runs: Runs) -> None:
+    for run in (runs.first, runs.resumed):
+        with open(run.log_dir / "metrics.csv", newline="") as f:
+            rows = list(csv.DictReader(f))
+        assert set(LOG_KEYS) <= set(rows[0])
+        logged = [row for row in rows if row["ets/eta_s"]]
+        steps = run.callback.hook.steps_completed
+        assert len(logged) == steps // LOG_EVERY_N_STEPS
+        for row in logged:
+            values = [float(row[key]) for key in LOG_KEYS]
+            assert all(math.isfinite(v) and v >= 0 for v in values)
+            assert float(row["ets/total_s"]) >= float(row["ets/eta_s"])
+        assert float(logged[-1]["ets/eta_s"]) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_eta_is_in_the_progress_bar(runs: Runs) -> None:
+    trainer, module = runs.first.trainer, runs.first.module
+    assert "ets/eta_s" in trainer.progress_bar_metrics
+    assert "ets/iteration_s" not in trainer.progress_bar_metrics
+    bar = trainer.progress_bar_callback
+    assert bar is not None
+    assert "ets/eta_s" in bar.get_metrics(trainer, module)
+    assert set(LOG_KEYS) <= set(trainer.logged_metrics)
+
+
+def test_hook_is_closed_after_training(runs: Runs) -> None:
+    assert not torch.autograd._profiler_enabled()
+    for run in (runs.first, runs.resumed):
+        hook = run.callback.hook
+        assert hook.capture_status.startswith("done")
+        for module in run.module.modules():
+            assert not module._forward_pre_hooks
+            assert not module._forward_hooks
+        optimizer = run.trainer.optimizers[0]
+        assert not optimizer._optimizer_step_pre_hooks
+        assert not optimizer._optimizer_step_post_hooks
+        assert "save_checkpoint" not in vars(run.trainer)  # the wrapper is gone
+        status = json.loads(run.status_path.read_text())
+        assert status["state"] == "closed"
+        assert status["prediction"]["step"] == run.trainer.global_step
+
+
+def test_no_ets_log_line_disagrees_in_the_plain_runs(runs: Runs) -> None:
+    assert not [line for line in runs.log_lines if "given; the Trainer says" in line]
+    assert not [line for line in runs.log_lines if "unknown" in line]
+
+
+# --------------------------------------------------------------------------------------------
+# Other Trainer settings (small fits of their own)
+# --------------------------------------------------------------------------------------------
+
+
+class _Stream(IterableDataset):
+    """Six batches' worth of samples, without len()."""
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        g = torch.Generator().manual_seed(1)
+        for _ in range(24):
+            yield torch.randn(8, generator=g), torch.randn(1, generator=g)
+
+
+def test_unknown_length_with_max_time_gives_step_time_only(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    callback = ETSCallback(capture_steps=0)
+    trainer = quiet_trainer(max_epochs=1, max_time={"minutes": 5}, callbacks=[callback])
+    caplog.set_level(logging.INFO, logger="ets_hook")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(TinyModule(), DataLoader(_Stream(), batch_size=4))
+    prediction = callback.prediction
+    assert trainer.global_step == 6
+    assert prediction.step == 6
+    assert prediction.total_steps is None  # no made-up total
+    assert prediction.eta_s is None and prediction.total_s is None
+    assert prediction.iteration_s > 0
+    assert "total_steps" not in callback.resolved_options
+    assert "ets/iteration_s" in trainer.progress_bar_metrics  # the step time, in place of the ETA
+    assert "ets/eta_s" not in trainer.logged_metrics
+    messages = [r.getMessage() for r in caplog.records if r.name == "ets_hook"]
+    assert any("job length in steps is unknown" in m for m in messages)
+    assert any("max_time" in m and "only bound" in m for m in messages)
+
+
+def test_explicit_options_win_with_one_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    callback = ETSCallback(total_steps=10, grad_accum_steps=1, capture_steps=0)
+    trainer = quiet_trainer(max_steps=4, accumulate_grad_batches=2, callbacks=[callback])
+    caplog.set_level(logging.INFO, logger="ets_hook")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(TinyModule(), loaders(batches=4)[0])
+    assert trainer.global_step == callback.prediction.step == 4
+    assert callback.hook.total_steps == 10
+    assert callback.resolved_options["grad_accum_steps"] == 1
+    messages = [r.getMessage() for r in caplog.records if "the Trainer says" in r.getMessage()]
+    assert sorted(messages) == [
+        "ets-hook: grad_accum_steps=1 given; the Trainer says 2 (using 1)",
+        "ets-hook: the job length given resolves to 10 steps; the Trainer says 4 (using 10)",
+    ]
+
+
+class _DropoutModule(TinyModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(self.drop(x))
+
+
+def test_callback_does_not_change_a_seeded_run() -> None:
+    """Reading the job's length before Lightning set up the train data (inside the sanity
+    check's isolate_rng) would shift the random stream; at on_train_start it does not."""
+
+    def train(callbacks: list[Any]) -> list[torch.Tensor]:
+        L.seed_everything(0, verbose=False)
+        module = _DropoutModule()
+        g = torch.Generator().manual_seed(2)
+        data = TensorDataset(torch.randn(32, 8, generator=g), torch.randn(32, 1, generator=g))
+        train_loader = DataLoader(data, batch_size=4, shuffle=True)
+        val_loader = DataLoader(data, batch_size=8)
+        trainer = quiet_trainer(max_epochs=2, num_sanity_val_steps=2, callbacks=callbacks)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(module, train_loader, val_loader)
+        return [p.detach().clone() for p in module.parameters()]
+
+    without = train([])
+    callback = ETSCallback()
+    with_callback = train([callback])
+    assert callback.prediction.step == 16
+    assert all(torch.equal(a, b) for a, b in zip(without, with_callback, strict=True))
+
+
+class _Boom(RuntimeError):
+    pass
+
+
+class _FailingModule(TinyModule):
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if self.trainer.global_step == 3:
+            raise _Boom("step 3")
+        return super().training_step(batch, batch_idx)
+
+
+def test_an_exception_closes_the_hook_as_failed(tmp_path: Path) -> None:
+    status_path = tmp_path / "eta.json"
+    callback = ETSCallback(status_path=status_path)
+    trainer = quiet_trainer(max_epochs=1, callbacks=[callback])
+    module = _FailingModule()
+    with warnings.catch_warnings(), pytest.raises(_Boom):
+        warnings.simplefilter("ignore")
+        trainer.fit(module, loaders(batches=8)[0])
+    status = json.loads(status_path.read_text())
+    assert status["state"] == "failed"
+    assert status["error"] == "_Boom"
+    assert callback.hook.steps_completed == trainer.global_step == 3
+    assert not torch.autograd._profiler_enabled()
+    assert not any(m._forward_pre_hooks for m in module.modules())
+    assert "save_checkpoint" not in vars(trainer)
+
+
+def test_unknown_options_are_a_type_error() -> None:
+    with pytest.raises(TypeError, match="total_step"):
+        ETSCallback(total_step=10)
+
+
+def test_invalid_option_values_raise_when_training_starts() -> None:
+    callback = ETSCallback(capture_steps=-1)
+    trainer = quiet_trainer(max_steps=2, callbacks=[callback])
+    with warnings.catch_warnings(), pytest.raises(ValueError, match="capture_steps"):
+        warnings.simplefilter("ignore")
+        trainer.fit(TinyModule(), loaders(batches=2)[0])
+    assert callback.hook is None and trainer.global_step == 0
+
+
+def test_a_long_value_is_named_by_its_type_in_the_log_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    module = TinyModule()
+    callback = ETSCallback(model=module.net, capture_steps=0)
+    trainer = quiet_trainer(max_steps=2, callbacks=[callback])
+    caplog.set_level(logging.INFO, logger="ets_hook")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, loaders(batches=2)[0])
+    assert callback.resolved_options["model"] is module.net
+    linear = "Linear(in_features=8, out_features=1, bias=True)"  # short: shown as it is
+    expected = f"ets-hook: model={linear} given; the Trainer says <TinyModule> (using {linear})"
+    assert expected in [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({"num_training_batches": 16, "accumulate_grad_batches": 2, "val_check_batch": 16}, 8),
+        (
+            {
+                "num_training_batches": 16,
+                "accumulate_grad_batches": 2,
+                "val_check_batch": 16,
+                "check_val_every_n_epoch": 3,
+            },
+            24,
+        ),
+        ({"num_training_batches": 15, "accumulate_grad_batches": 2, "val_check_batch": 15}, 8),
+        ({"num_training_batches": 16, "accumulate_grad_batches": 2, "val_check_batch": 4}, 2),
+        ({"num_training_batches": 16, "accumulate_grad_batches": 4, "val_check_batch": 6}, None),
+        ({"num_training_batches": 16, "accumulate_grad_batches": 2, "val_check_batch": 5}, None),
+        (
+            {
+                "num_training_batches": 16,
+                "accumulate_grad_batches": 2,
+                "val_check_batch": 10,
+                "check_val_every_n_epoch": None,
+            },
+            5,
+        ),
+        ({"num_training_batches": float("inf"), "val_check_batch": float("inf")}, None),
+        ({"num_training_batches": 16, "val_check_batch": 16, "enable_validation": False}, None),
+        (
+            {"num_training_batches": 16, "val_check_batch": None, "_val_check_time_interval": 60.0},
+            None,
+        ),
+    ],
+)
+def test_validation_period_in_optimizer_steps(
+    settings: dict[str, Any], expected: int | None
+) -> None:
+    class FakeTrainer:
+        enable_validation = True
+        accumulate_grad_batches = 1
+        check_val_every_n_epoch = 1
+        _val_check_time_interval = None
+
+    trainer = FakeTrainer()
+    for key, value in settings.items():
+        setattr(trainer, key, value)
+    assert trainer_eval_every(trainer) == expected
+
+
+# --------------------------------------------------------------------------------------------
+# Import names and the README snippet
+# --------------------------------------------------------------------------------------------
+
+_BLOCKED_IMPORTS = textwrap.dedent(
+    """
+    import sys
+    sys.modules["lightning"] = sys.modules["pytorch_lightning"] = None
+    try:
+        import ets_hook.integrations.{module}
+    except ImportError as exc:
+        print(exc)
+    assert "torch" not in sys.modules  # the check comes first
+    """
+)
+
+
+@pytest.mark.parametrize("module", ["lightning", "pytorch_lightning"])
+def test_without_lightning_the_import_error_names_the_extra(module: str) -> None:
+    code = _BLOCKED_IMPORTS.format(module=module)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert "pip install 'ets-hook[lightning]'" in out.stdout
+
+
+_BOTH_NAMES = textwrap.dedent(
+    """
+    import sys, warnings
+    warnings.simplefilter("ignore")
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import ets_hook.integrations.lightning as ets_lightning
+    assert not {"lightning", "pytorch_lightning"} & set(sys.modules)  # imported at first use
+
+    # The pytorch_lightning name: only that package is imported (the other would reroute
+    # Lightning's log lines), and the callback works with its Trainer.
+    from ets_hook.integrations.pytorch_lightning import ETSCallback
+    import pytorch_lightning as pl
+    assert "lightning" not in sys.modules
+
+    class M(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(8, 1)
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.net(x), y)
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    data = DataLoader(TensorDataset(torch.randn(24, 8), torch.randn(24, 1)), batch_size=4)
+    callback = ETSCallback(capture_steps=0)
+    assert isinstance(callback, pl.Callback)
+    trainer = pl.Trainer(
+        max_epochs=2, accumulate_grad_batches=2, callbacks=callback, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        accelerator="cpu", devices=1,
+    )
+    trainer.fit(M(), data)
+    assert trainer.global_step == callback.prediction.step == callback.hook.total_steps == 6
+
+    # The preferred name gives the lightning.pytorch class, made at first use.
+    import lightning.pytorch as L
+    preferred = ets_lightning.ETSCallback()
+    assert isinstance(preferred, L.Callback) and not isinstance(preferred, pl.Callback)
+    assert not isinstance(callback, L.Callback)
+    print("ok")
+    """
+)
+
+
+def test_both_import_names_import_only_their_package() -> None:
+    pytest.importorskip("pytorch_lightning")
+    out = subprocess.run(
+        [sys.executable, "-c", _BOTH_NAMES], capture_output=True, text=True, cwd=REPO
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr
+
+
+#: The README's Lightning example, verbatim (test_readme_shows_this_snippet keeps them equal).
+README_SNIPPET = """\
+import lightning as L
+from ets_hook.integrations.lightning import ETSCallback
+
+ets = ETSCallback(status_path="eta.json")        # any ETSHook option
+trainer = L.Trainer(max_epochs=2, accumulate_grad_batches=2, callbacks=[ets])
+trainer.fit(model, train_loader, val_loader)    # ETA in the bar, ets/* metrics in the loggers
+print(ets.prediction.total_s, ets.prediction.eta_s)
+"""
+
+
+def test_readme_snippet_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # lightning_logs/ and eta.json
+    train_loader, val_loader = loaders(batches=4)
+    namespace: dict[str, Any] = {
+        "model": TinyModule(),
+        "train_loader": train_loader,
+        "val_loader": val_loader,
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        exec(compile(README_SNIPPET, "README.md", "exec"), namespace)
+    ets, trainer = namespace["ets"], namespace["trainer"]
+    assert ets.prediction.step == trainer.global_step == 4
+    assert ets.prediction.eta_s == 0.0
+    assert json.loads((tmp_path / "eta.json").read_text())["state"] == "closed"
+    assert set(LOG_KEYS) <= set(trainer.logged_metrics)
+
+
+def test_readme_shows_this_snippet() -> None:
+    readme = (REPO / "README.md").read_text()
+    if "ets_hook.integrations.lightning" not in readme:
+        pytest.skip("README has no Lightning section yet")
+    assert README_SNIPPET in readme

@@ -1,0 +1,577 @@
+"""ETSTrainerCallback on a real ``transformers.Trainer`` (CPU, a tiny GPT-2 built from a config,
+random tokens, no downloads).
+
+One module-scoped fixture trains twice: 30 optimizer steps (gradient accumulation 2, a log every 5
+steps, an evaluation every 10, a checkpoint every 20, one slow evaluation and one slow save), then
+a second Trainer resumes from the step-20 checkpoint up to 40 steps. The tests read those runs.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib
+import logging
+import pickle
+import struct
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, ClassVar
+
+import pytest
+
+pytest.importorskip("transformers")  # only so the core suite runs where the extra is absent
+
+import torch
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
+from transformers.integrations import integration_utils
+from transformers.trainer_callback import ProgressCallback
+
+from ets_hook.integrations.transformers import (
+    LOG_KEYS,
+    ETSLogInjector,
+    ETSTrainerCallback,
+    _trainer_options,
+    log_values,
+)
+
+#: Seconds the slow evaluation (compute_metrics at step 10) and the slow save (step 20) sleep:
+#: far above a step of this model (~10 ms), so a step that absorbed one would show.
+SLOW_S = 0.8
+RECORDER = "ets-test-recorder"  # a report_to name registered for the fixture
+
+
+class TokenSet(torch.utils.data.Dataset):
+    """Random token sequences; each item is its own causal-LM target."""
+
+    def __init__(self, n: int, seed: int = 0) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(0, 64, (n, 16), generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def tiny_gpt2() -> GPT2LMHeadModel:
+    torch.manual_seed(0)
+    config = GPT2Config(
+        n_layer=1, n_head=2, n_embd=16, vocab_size=64, n_positions=16, bos_token_id=0,
+        eos_token_id=0,
+    )  # fmt: skip
+    return GPT2LMHeadModel(config)
+
+
+def training_args(output_dir: Path, **overrides: Any) -> TrainingArguments:
+    settings: dict[str, Any] = {
+        "output_dir": str(output_dir),
+        "max_steps": 30,
+        "per_device_train_batch_size": 2,
+        "per_device_eval_batch_size": 4,
+        "gradient_accumulation_steps": 2,
+        "logging_steps": 5,
+        "eval_strategy": "steps",
+        "eval_steps": 10,
+        "save_strategy": "steps",
+        "save_steps": 20,
+        "report_to": [],
+        "use_cpu": True,
+        "dataloader_num_workers": 0,
+        "disable_tqdm": True,
+    }
+    settings.update(overrides)
+    return TrainingArguments(**settings)
+
+
+class Recorder(TrainerCallback):
+    """Placed by the Trainer like a ``report_to`` integration: keeps a copy of every log."""
+
+    instances: ClassVar[list[Recorder]] = []
+
+    def __init__(self) -> None:
+        self.logs: list[dict[str, Any]] = []
+        Recorder.instances.append(self)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+        self.logs.append({**logs, "step": state.global_step})
+
+
+class BarWatcher(TrainerCallback):
+    """Added after the ProgressCallback: the bar's postfix at each step end."""
+
+    def __init__(self) -> None:
+        self.postfixes: list[str] = []
+        self.progress: ProgressCallback | None = None
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        bar = getattr(self.progress, "training_bar", None)
+        if bar is not None:
+            self.postfixes.append(str(bar.postfix or ""))
+
+
+class PredictOnce(TrainerCallback):
+    """Calls ``trainer.predict`` once, inside training (at step ``at``)."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+        self.trainer: Trainer | None = None
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if state.global_step == self.at and self.trainer is not None:
+            self.trainer.predict(TokenSet(4, seed=3))
+
+
+class SlowSaveTrainer(Trainer):
+    """Its save at ``slow_step`` takes ``SLOW_S`` longer."""
+
+    slow_step = 20
+
+    def save_model(self, *args: Any, **kwargs: Any) -> None:
+        if self.state.global_step == self.slow_step:
+            time.sleep(SLOW_S)
+        super().save_model(*args, **kwargs)
+
+
+class Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@dataclass
+class Run:
+    trainer: Trainer
+    callback: ETSTrainerCallback
+    recorder: Recorder
+    lines: list[str]
+    bar: BarWatcher | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def slow_metrics_at(step: int, trainer_box: list[Trainer]) -> Any:
+    def compute_metrics(prediction: Any) -> dict[str, float]:
+        if trainer_box and trainer_box[0].state.global_step == step:
+            time.sleep(SLOW_S)
+        return {"seen": 1.0}
+
+    return compute_metrics
+
+
+def train(make_trainer: Any, callback: ETSTrainerCallback, **train_kwargs: Any) -> Run:
+    records = Records()
+    ets_logger = logging.getLogger("ets_hook")
+    ets_logger.addHandler(records)
+    level = ets_logger.level
+    ets_logger.setLevel(logging.INFO)
+    Recorder.instances.clear()
+    try:
+        trainer = make_trainer(callback)
+        trainer.train(**train_kwargs)
+    finally:
+        ets_logger.removeHandler(records)
+        ets_logger.setLevel(level)
+    (recorder,) = Recorder.instances
+    return Run(trainer, callback, recorder, records.lines)
+
+
+@dataclass
+class Runs:
+    first: Run
+    resumed: Run
+    out: Path
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    """Run 1: 30 steps, total_steps=32 given explicitly (disagrees with max_steps=30), the
+    ProgressCallback's bar on; run 2: resumed from checkpoint-20 up to max_steps=40, with a
+    ``trainer.predict`` at step 25. Both report_to the recorder (and TensorBoard if installed)."""
+    out = tmp_path_factory.mktemp("hf")
+    report_to = [RECORDER]
+    if integration_utils.is_tensorboard_available():
+        report_to.append("tensorboard")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(integration_utils.INTEGRATION_TO_CALLBACK, RECORDER, Recorder)
+
+        box1: list[Trainer] = []
+        bar = BarWatcher()
+
+        def first(callback: ETSTrainerCallback) -> Trainer:
+            trainer = SlowSaveTrainer(
+                model=tiny_gpt2(),
+                args=training_args(out, report_to=report_to, disable_tqdm=False),
+                train_dataset=TokenSet(64),
+                eval_dataset=TokenSet(8, seed=1),
+                compute_metrics=slow_metrics_at(10, box1),
+                callbacks=[callback],
+            )
+            box1.append(trainer)
+            trainer.add_callback(bar)
+            bar.progress = next(
+                cb for cb in trainer.callback_handler.callbacks if isinstance(cb, ProgressCallback)
+            )
+            return trainer
+
+        run1 = train(first, ETSTrainerCallback(total_steps=32))
+        run1.bar = bar
+        run1.extra["callbacks"] = [
+            type(cb).__name__ for cb in run1.trainer.callback_handler.callbacks
+        ]
+
+        predict = PredictOnce(at=25)
+
+        def second(callback: ETSTrainerCallback) -> Trainer:
+            trainer = Trainer(
+                model=tiny_gpt2(),
+                args=training_args(out, max_steps=40, report_to=report_to),
+                train_dataset=TokenSet(64),
+                eval_dataset=TokenSet(8, seed=1),
+                callbacks=[callback, predict],
+            )
+            predict.trainer = trainer
+            return trainer
+
+        run2 = train(
+            second, ETSTrainerCallback(), resume_from_checkpoint=str(out / "checkpoint-20")
+        )
+    return Runs(run1, run2, out)
+
+
+# --------------------------------------------------------------------------------------------
+# Steps, totals, resume
+
+
+def test_steps_counted_are_optimizer_steps(runs: Runs) -> None:
+    first, resumed = runs.first, runs.resumed
+    assert first.trainer.state.global_step == 30
+    assert first.callback.hook is not None
+    # 60 micro-batches, 30 optimizer steps: the hook counts the optimizer's.
+    assert first.callback.hook.steps_completed == 30
+    assert len(first.callback.hook.step_times_s) == 30
+    assert resumed.trainer.state.global_step == 40
+    assert resumed.callback.hook is not None
+    assert resumed.callback.hook.steps_completed == 20
+    assert resumed.callback.prediction is not None
+    assert resumed.callback.prediction.step == 40
+
+
+def test_resumed_run_starts_at_the_checkpoint_step(runs: Runs) -> None:
+    resumed = runs.resumed
+    hook = resumed.callback.hook
+    assert hook is not None
+    assert hook.total_steps == 40 == resumed.trainer.state.max_steps
+    prediction = resumed.callback.prediction
+    assert prediction is not None
+    assert prediction.step - hook.steps_completed == 20  # initial_step: the checkpoint's
+    assert prediction.total_steps == 40
+    assert prediction.remaining_steps == 0
+    assert not [line for line in resumed.lines if "ETSTrainerCallback" in line]
+
+
+def test_explicit_total_steps_wins_with_one_log_line(runs: Runs) -> None:
+    first = runs.first
+    assert first.callback.hook is not None
+    assert first.callback.hook.total_steps == 32
+    assert first.callback.prediction is not None
+    assert first.callback.prediction.total_steps == 32
+    lines = [line for line in first.lines if "ETSTrainerCallback" in line]
+    assert len(lines) == 1, first.lines
+    assert "total_steps=32" in lines[0] and "30" in lines[0]
+
+
+def test_phase_periods_come_from_the_trainer(runs: Runs) -> None:
+    prediction = runs.resumed.callback.prediction
+    assert prediction is not None
+    periods = {p.name: (p.period_steps, p.period_source) for p in prediction.phases}
+    assert periods["eval"] == (10, "hint")
+    assert periods["checkpoint"] == (20, "hint")
+
+
+# --------------------------------------------------------------------------------------------
+# Phases
+
+
+def test_eval_and_save_are_phases_not_step_time(runs: Runs) -> None:
+    hook = runs.first.callback.hook
+    assert hook is not None
+    assert max(hook.step_times_s) < SLOW_S, hook.step_times_s
+    # The steps right after the slow evaluation (step 10) and the slow save (step 20).
+    assert hook.step_times_s[10] < SLOW_S / 2
+    assert hook.step_times_s[20] < SLOW_S / 2
+    prediction = runs.first.callback.prediction
+    assert prediction is not None
+    phases = {p.name: p for p in prediction.phases}
+    assert set(phases) == {"eval", "checkpoint"}
+    assert phases["eval"].occurrences == 3  # steps 10, 20, 30
+    assert phases["checkpoint"].occurrences == 2  # steps 20, 30 (the final save)
+    assert phases["eval"].spent_s >= SLOW_S
+    assert phases["checkpoint"].spent_s >= SLOW_S
+    # Steps and phases tile the hook's wall time: nothing counted twice, no phase lost.
+    accounted = sum(hook.step_times_s) + sum(p.spent_s for p in phases.values())
+    assert 0.8 * prediction.elapsed_s <= accounted <= prediction.elapsed_s + 1e-3
+
+
+def test_predict_inside_training_is_a_phase(runs: Runs) -> None:
+    prediction = runs.resumed.callback.prediction
+    assert prediction is not None
+    phases = {p.name: p for p in prediction.phases}
+    assert phases["predict"].occurrences == 1
+    assert phases["eval"].occurrences == 2  # steps 30, 40
+    assert phases["checkpoint"].occurrences == 1  # step 40
+
+
+# --------------------------------------------------------------------------------------------
+# Logs
+
+
+def _training_entries(entries: list[dict[str, Any]], after: int = 0) -> list[dict[str, Any]]:
+    return [e for e in entries if "loss" in e and e["step"] > after]
+
+
+def test_predictions_in_log_history(runs: Runs) -> None:
+    for run, after, steps in (
+        (runs.first, 0, range(5, 31, 5)),
+        (runs.resumed, 20, range(25, 41, 5)),
+    ):
+        history = run.trainer.state.log_history
+        training = _training_entries(history, after)
+        assert [e["step"] for e in training] == list(steps)
+        for entry in training:
+            assert set(LOG_KEYS) <= set(entry), entry
+            assert entry["ets/iteration_s"] > 0
+            assert entry["ets/total_s"] >= entry["ets/eta_s"] >= 0
+        evals = [e for e in history if "eval_loss" in e and e["step"] > after]
+        assert evals and not any(k in e for e in evals for k in LOG_KEYS)
+        final = history[-1]
+        assert "train_runtime" in final and set(LOG_KEYS) <= set(final)
+    assert runs.resumed.trainer.state.log_history[-1]["ets/eta_s"] == 0
+    first_entry = _training_entries(runs.first.trainer.state.log_history)[0]
+    # The first run's total is 32 steps (explicit): 27 of them remain after step 5.
+    assert first_entry["ets/eta_s"] > 20 * first_entry["ets/iteration_s"]
+
+
+def test_predictions_reach_report_to_integrations(runs: Runs) -> None:
+    first = runs.first
+    assert first.extra["callbacks"][0] == "ETSLogInjector"
+    assert first.extra["callbacks"].index("Recorder") < first.extra["callbacks"].index(
+        "ETSTrainerCallback"
+    )
+    for run in (runs.first, runs.resumed):
+        history = [e for e in run.trainer.state.log_history if "loss" in e or "train_loss" in e]
+        received = [e for e in run.recorder.logs if "loss" in e or "train_loss" in e]
+        assert len(received) == len(history[-len(received) :]) > 0
+        for got, kept in zip(received, history[-len(received) :], strict=True):
+            assert {k: got[k] for k in LOG_KEYS} == {k: kept[k] for k in LOG_KEYS}
+
+
+def _tensorboard_scalars(root: Path) -> dict[str, list[tuple[int, float]]]:
+    """Tag -> [(step, value)] from every TensorBoard event file under ``root``."""
+    try:
+        from tensorboardX.proto import event_pb2
+    except ImportError:
+        from tensorboard.compat.proto import event_pb2
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    for path in glob.glob(str(root / "**" / "events.out.tfevents*"), recursive=True):
+        data = Path(path).read_bytes()
+        at = 0
+        while at + 12 <= len(data):
+            (length,) = struct.unpack("<Q", data[at : at + 8])
+            event = event_pb2.Event.FromString(data[at + 12 : at + 12 + length])
+            at += 12 + length + 4
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return scalars
+
+
+def test_predictions_reach_tensorboard(runs: Runs) -> None:
+    if not integration_utils.is_tensorboard_available():
+        pytest.skip("neither tensorboard nor tensorboardX is installed")
+    scalars = _tensorboard_scalars(runs.out)
+    for key in LOG_KEYS:
+        steps = {step for step, _ in scalars.get(f"train/{key}", [])}
+        assert {5, 10, 15, 25, 30, 35, 40} <= steps, sorted(scalars)
+
+
+def test_eta_on_the_trainers_progress_bar(runs: Runs) -> None:
+    bar = runs.first.bar
+    assert bar is not None and len(bar.postfixes) == 30
+    assert all("/step" in p and "ETA" in p for p in bar.postfixes), bar.postfixes
+
+
+# --------------------------------------------------------------------------------------------
+# Closed after training
+
+
+def test_hook_closed_after_training(runs: Runs) -> None:
+    assert not torch.autograd._profiler_enabled()
+    for run in (runs.first, runs.resumed):
+        model = run.trainer.model
+        assert not model._forward_pre_hooks
+        assert not model._forward_hooks
+        inner = run.trainer.optimizer.optimizer  # the AcceleratedOptimizer's optimizer
+        assert isinstance(inner, torch.optim.Optimizer)
+        assert not inner._optimizer_step_post_hooks
+        assert not inner._optimizer_step_pre_hooks
+        assert run.callback.hook is not None
+        assert run.callback.hook.capture_status.startswith("done")
+
+
+# --------------------------------------------------------------------------------------------
+# The README's snippet, verbatim
+
+
+def test_readme_snippet(tmp_path: Path) -> None:
+    model = tiny_gpt2()
+    args = TrainingArguments(
+        output_dir=str(tmp_path), max_steps=6, logging_steps=2, report_to="none", use_cpu=True,
+        disable_tqdm=True,
+    )  # fmt: skip
+    train_set = TokenSet(16)
+
+    # README "Hugging Face Trainer" (keep in sync) -------------------------------------------
+    from ets_hook.integrations.transformers import ETSTrainerCallback
+
+    ets = ETSTrainerCallback()  # ETSHook options go here, e.g. status_path="eta.json"
+    trainer = Trainer(model=model, args=args, train_dataset=train_set, callbacks=[ets])
+    trainer.train()  # ets/iteration_s, ets/eta_s, ets/total_s in the logs; ETA on the bar
+    print(ets.prediction)  # the final Prediction
+    # ----------------------------------------------------------------------------------------
+
+    assert ets.prediction is not None and ets.prediction.step == 6
+    assert ets.hook is not None and ets.hook.total_steps == 6
+    logged = [e for e in trainer.state.log_history if "loss" in e]
+    assert [e["step"] for e in logged] == [2, 4, 6]
+    assert all(set(LOG_KEYS) <= set(e) for e in logged)
+    # After training the hook is closed: a later evaluation logs without our values.
+    trainer.evaluate(TokenSet(4, seed=2))
+    assert "eval_loss" in trainer.state.log_history[-1]
+    assert not set(LOG_KEYS) & set(trainer.state.log_history[-1])
+    assert not model._forward_pre_hooks
+
+
+def test_added_after_init_still_reaches_report_to(tmp_path: Path) -> None:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(integration_utils.INTEGRATION_TO_CALLBACK, RECORDER, Recorder)
+        Recorder.instances.clear()
+        args = training_args(
+            tmp_path, max_steps=4, logging_steps=2, eval_strategy="no", save_strategy="no",
+            report_to=[RECORDER],
+        )  # fmt: skip
+        trainer = Trainer(model=tiny_gpt2(), args=args, train_dataset=TokenSet(16))
+        callback = ETSTrainerCallback(log_every=None)
+        trainer.add_callback(callback)
+        trainer.train()
+    (recorder,) = Recorder.instances
+    logged = [e for e in recorder.logs if "loss" in e]
+    assert [e["step"] for e in logged] == [2, 4]
+    assert all(set(LOG_KEYS) <= set(e) for e in logged)
+    assert type(trainer.callback_handler.callbacks[0]) is ETSLogInjector
+    # Picklable (hyperparameter search backends pickle the Trainer): options kept, no hook.
+    clone = pickle.loads(pickle.dumps(trainer.callback_handler.callbacks))
+    (copied,) = [cb for cb in clone if isinstance(cb, ETSTrainerCallback)]
+    assert copied.hook is None and copied._options == {"log_every": None}
+    assert clone[0]._owner() is copied
+
+
+# --------------------------------------------------------------------------------------------
+# Reading the Trainer's arguments; options
+
+
+def _args(**kw: Any) -> SimpleNamespace:
+    base = {
+        "gradient_accumulation_steps": 2,
+        "eval_strategy": "no",
+        "save_strategy": "no",
+        "eval_steps": None,
+        "save_steps": 500,
+    }
+    return SimpleNamespace(**{**base, **kw})
+
+
+def _state(**kw: Any) -> SimpleNamespace:
+    base = {"max_steps": 100, "global_step": 0, "eval_steps": None, "save_steps": 500}
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_epoch_strategies_use_steps_per_epoch() -> None:
+    loader = list(range(33))  # 33 micro-batches, accumulation 2: 17 optimizer steps an epoch
+    found = _trainer_options(
+        _args(eval_strategy="epoch", save_strategy="epoch"), _state(), None, loader
+    )
+    assert found["eval_every"] == 17 and found["checkpoint_every"] == 17
+    assert found["grad_accum_steps"] == 2 and found["total_steps"] == 100
+    assert "optimizer" not in found
+
+
+def test_step_no_and_best_strategies() -> None:
+    found = _trainer_options(
+        _args(eval_strategy="steps", save_strategy="best", eval_steps=50),
+        _state(eval_steps=25, global_step=40),
+        None,
+        None,
+    )
+    # The state's periods (what DefaultFlowCallback uses) win over the arguments'.
+    assert found["eval_every"] == 25
+    assert found["checkpoint_every"] == 25  # "best" saves only after an evaluation
+    assert found["initial_step"] == 40
+    found = _trainer_options(_args(), _state(), None, None)
+    assert found["eval_every"] is None and found["checkpoint_every"] is None
+    # A checkpoint past max_steps: the hook stays valid (the Trainer stops at once).
+    found = _trainer_options(_args(), _state(max_steps=10, global_step=12), None, None)
+    assert found["total_steps"] == 12 and found["initial_step"] == 12
+
+
+def test_unknown_option_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="model"):
+        ETSTrainerCallback(model=torch.nn.Linear(1, 1))
+    with pytest.raises(TypeError, match="totl_steps"):
+        ETSTrainerCallback(totl_steps=3)
+
+
+def test_log_values() -> None:
+    assert log_values(None) == {}
+    prediction = SimpleNamespace(iteration_s=0.5, eta_s=None, total_s=float("inf"))
+    assert log_values(prediction) == {"ets/iteration_s": 0.5}  # type: ignore[arg-type]
+
+
+def test_injector_holds_its_owner_weakly() -> None:
+    callback = ETSTrainerCallback()
+    injector = ETSLogInjector(callback)
+    del callback
+    logs = {"loss": 1.0}
+    injector.on_log(None, SimpleNamespace(log_history=[]), None, logs=logs)  # type: ignore[arg-type]
+    assert logs == {"loss": 1.0}
+
+
+# --------------------------------------------------------------------------------------------
+# Imports
+
+
+def test_import_ets_hook_never_imports_transformers() -> None:
+    code = (
+        "import sys, ets_hook, ets_hook.integrations; "
+        "assert 'transformers' not in sys.modules, 'transformers'; "
+        "assert 'accelerate' not in sys.modules, 'accelerate'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_import_without_transformers_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    monkeypatch.delitem(sys.modules, "ets_hook.integrations.transformers")
+    with pytest.raises(ImportError, match=r"pip install 'ets-hook\[transformers\]'"):
+        importlib.import_module("ets_hook.integrations.transformers")
