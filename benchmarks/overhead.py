@@ -77,6 +77,7 @@ from ets_hook import ETSHook
 from ets_hook.capture import native_ops
 from ets_hook.capture.ops import NativeOpCapture, ProfilerOpCapture
 from ets_hook.cli.zoo import workloads
+from ets_hook.ets import flops
 
 DEFAULT_WORKLOADS = (
     "mlp-w128-d2-b32",
@@ -198,6 +199,9 @@ def _none_block(job: Any, batches: Any, steps: int) -> dict[str, Any]:
 def _hook_block(
     job: Any, batches: Any, op_capture: str, shapes: bool, after_steps: int
 ) -> dict[str, Any]:
+    # Each capture measured as a job's first: the trace model's per-op cost cache starts cold
+    # (within one trace it still reuses repeated ops, as in a real job).
+    flops._cached_op_cost.cache_clear()
     hook = ETSHook(
         job.model,
         optimizer=job.optimizer,

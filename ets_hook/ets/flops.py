@@ -26,9 +26,10 @@ Contracts:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ..trace.names import canonical_op_name, is_backward_name
 
@@ -775,6 +776,27 @@ def op_cost(
     Raises:
         ValueError: a shape has a negative dimension.
     """
+    key = (name, input_shapes, input_dtypes, concrete_inputs, backward)
+    try:
+        return _cached_op_cost(key)
+    except TypeError:  # lists, not tuples: not hashable, cost it directly
+        return _op_cost(name, input_shapes, input_dtypes, concrete_inputs, backward)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _cached_op_cost(key: tuple[Any, ...]) -> OpCost:
+    # A trace repeats the same op on the same shapes many times (layers, steps): OpCost is an
+    # immutable tuple, so each distinct call is costed once.
+    return _op_cost(*key)
+
+
+def _op_cost(
+    name: str,
+    input_shapes: Sequence[Sequence[int]],
+    input_dtypes: Sequence[str],
+    concrete_inputs: Sequence[str],
+    backward: bool | None,
+) -> OpCost:
     op = canonical_op_name(name)
     if backward is None:
         backward = is_backward_name(name)
