@@ -333,7 +333,7 @@ class ETSHook:
         self._decode_thread: threading.Thread | None = None
         self._trace_ready = threading.Event()
         self._closed = False
-        self._close_lock = threading.Lock()
+        self._close_lock = threading.RLock()  # a SIGTERM handler may close inside close()
         # A close() from another thread while the profiler path captures: the training thread
         # (the only one that can end that session) finishes closing at its next hook call.
         self._close_pending: tuple[str, str | None] | None = None
