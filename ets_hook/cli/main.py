@@ -1,4 +1,4 @@
-"""The ``ets-hook`` command line: info, export, demo, build-ops, train, evaluate.
+"""The ``ets-hook`` command line: info, export, demo, build-ops, train, evaluate, watch.
 
 Subcommands import what they need lazily, so ``ets-hook info`` on a trace does not import torch.
 Exit codes (``cli.common``): 0 success; 2 a usage error, an invalid option value, or an
@@ -33,6 +33,7 @@ from .common import (
 )
 from .demo import DEMO_EXIT_CODES, add_demo_arguments
 from .train import add_evaluate_parser, add_train_parser
+from .watch import add_watch_parser
 
 _TRACE_INPUT = (
     "usage error, or TRACE is missing, not a regular file (a directory, FIFO, device), not "
@@ -172,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_train_parser(commands)
     add_evaluate_parser(commands)
+    add_watch_parser(commands)
     for subparser in commands.choices.values():
         subparser.set_defaults(subparser=subparser)
     return parser

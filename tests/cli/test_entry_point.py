@@ -31,7 +31,7 @@ from ets_hook.trace.summary import summarize_iteration
 #: The console script installed beside this interpreter (the venv's ``bin``).
 ETS_HOOK = shutil.which("ets-hook", path=str(Path(sys.executable).parent))
 #: Every subcommand ``ets-hook --help`` lists; each one is run here (demo: in test_main.py).
-SUBCOMMANDS = ("info", "export", "demo", "build-ops", "train", "evaluate")
+SUBCOMMANDS = ("info", "export", "demo", "build-ops", "train", "evaluate", "watch")
 #: Steps of each real run; the capture window is steps 1-3.
 STEPS, CAPTURED = 6, 3
 

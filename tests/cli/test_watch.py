@@ -1,0 +1,287 @@
+"""``ets-hook watch`` through the installed console script, on files the real reporter writes.
+
+Snapshots (stdout not a terminal, or ``--once``) for running, ended, prediction-less and stale
+files; the live view in a pseudo-terminal (redrawn in place, exits when the state leaves
+running, 130 on Ctrl-C); bad inputs exit 2 with one line naming the file, no traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from ets_hook.forecast.prediction import Prediction
+from ets_hook.reporters.status_file import StatusFileReporter
+from ets_hook.trace.atomic import atomic_write_bytes
+
+#: The console script installed beside this interpreter (the venv's ``bin``).
+ETS_HOOK = shutil.which("ets-hook", path=str(Path(sys.executable).parent))
+
+
+def watch(*args: str | Path, timeout: float = 20) -> subprocess.CompletedProcess[str]:
+    """Run ``ets-hook watch ARGS`` with stdout a pipe (not a terminal)."""
+    assert ETS_HOOK, "the console script is not installed next to python"
+    return subprocess.run(
+        [ETS_HOOK, "watch", *map(str, args)], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def assert_clean_error(run: subprocess.CompletedProcess[str], *needles: str) -> None:
+    """Exit 2, one line on stderr naming ``needles``, nothing on stdout, no traceback."""
+    assert run.returncode == 2, (run.returncode, run.stdout, run.stderr)
+    assert run.stdout == ""
+    lines = run.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ets-hook watch: error: "), run.stderr
+    for needle in needles:
+        assert needle in run.stderr, (needle, run.stderr)
+
+
+def prediction(step: int = 300, iteration_s: float = 0.412) -> Prediction:
+    eta = (2000 - step) * iteration_s
+    return Prediction(
+        step=step,
+        total_steps=2000,
+        remaining_steps=2000 - step,
+        iteration_s=iteration_s,
+        iteration_ci_s=iteration_s * 0.011,
+        total_s=130.0 + eta,
+        total_ci_s=20.0,
+        eta_s=eta,
+        elapsed_s=130.0,
+        finish_time=datetime.now(timezone.utc) + timedelta(seconds=eta),
+        converged=True,
+        source="measured",
+    )
+
+
+def write_aged(path: Path, reporter: StatusFileReporter, age_s: float, **fields: object) -> None:
+    """The reporter's running document, as if written ``age_s`` ago (fields replaced)."""
+    doc = reporter.document("running", prediction(**fields))  # type: ignore[arg-type]
+    doc["updated_at"] = (datetime.now(timezone.utc) - timedelta(seconds=age_s)).isoformat()
+    atomic_write_bytes(path, json.dumps(doc).encode())
+
+
+# ---------------------------------------------------------------------------------------------
+# snapshots
+
+
+def test_running_snapshot_shows_every_figure(tmp_path: Path) -> None:
+    path = tmp_path / "status.json"
+    p = prediction()
+    StatusFileReporter(path).write("running", p)
+    assert p.finish_time is not None
+    finish = p.finish_time.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    for args in ((path, "--once"), (path,)):  # stdout is a pipe: one snapshot either way
+        run = watch(*args)
+        assert run.returncode == 0, run.stderr
+        assert run.stderr == ""
+        out = run.stdout
+        assert f"pid {os.getpid()}  running" in out
+        assert "[####-" in out and "300/2000 15.0%" in out
+        assert "0.412 s/step ±1.1% (95%)  measured, converged" in out
+        assert "ETA       11m40s" in out
+        assert f"finish    {finish}" in out
+        assert "total     13m50s ± 20s (95%)" in out
+        assert "s ago" in out
+        assert "STALE" not in out and "job ended" not in out and "not running" not in out
+        assert "\x1b" not in out  # no terminal codes in a pipe
+
+
+@pytest.mark.parametrize(
+    ("state", "error", "note"),
+    [
+        ("closed", None, "job ended: closed"),
+        ("interrupted", None, "job ended: interrupted"),
+        ("failed", "RuntimeError", "job FAILED: RuntimeError"),
+    ],
+)
+def test_ended_job_snapshot(tmp_path: Path, state: str, error: str | None, note: str) -> None:
+    path = tmp_path / "status.json"
+    StatusFileReporter(path).write(state, prediction(step=2000), error)
+    run = watch(path)  # not --once, not a terminal: the snapshot, exit 0
+    assert run.returncode == 0, run.stderr
+    assert f"  {state}" in run.stdout and "2000/2000 100.0%" in run.stdout
+    assert note in run.stdout and "last prediction" in run.stdout
+    assert (f"failed ({error})" in run.stdout) == (state == "failed")
+
+
+def test_snapshot_without_a_prediction(tmp_path: Path) -> None:
+    path = tmp_path / "status.json"
+    StatusFileReporter(path).write("closed", None)
+    run = watch(path, "--once")
+    assert run.returncode == 0, run.stderr
+    assert "no prediction yet" in run.stdout and "job ended: closed" in run.stdout
+    assert "ETA" not in run.stdout
+
+
+def test_stale_file_and_a_process_that_is_gone(tmp_path: Path) -> None:
+    path = tmp_path / "status.json"
+    reporter = StatusFileReporter(path)
+    write_aged(path, reporter, 60)
+    out = watch(path, "--once").stdout
+    assert "STALE: not updated for 1m00s" in out and "not running" not in out
+    write_aged(path, reporter, 20, iteration_s=10.0)  # under 3 steps of 10 s: not stale yet
+    assert "STALE" not in watch(path, "--once").stdout
+    write_aged(path, reporter, 10, iteration_s=1.0)
+    assert "STALE" not in watch(path, "--once").stdout
+    assert "STALE: not updated for" in watch(path, "--once", "--stale-after", "5").stdout
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    doc = json.loads(path.read_text())
+    doc["pid"] = dead.pid
+    atomic_write_bytes(path, json.dumps(doc).encode())
+    out = watch(path, "--once").stdout
+    assert f"process {dead.pid} is not running on this host" in out
+
+
+# ---------------------------------------------------------------------------------------------
+# the live view, in a pseudo-terminal
+
+
+class PtyRun:
+    """``ets-hook watch ARGS`` with a pseudo-terminal as stdin, stdout and stderr."""
+
+    def __init__(self, *args: str | Path) -> None:
+        assert ETS_HOOK
+        master, slave = pty.openpty()
+        self.proc = subprocess.Popen(
+            [ETS_HOOK, "watch", *map(str, args)], stdin=slave, stdout=slave, stderr=slave
+        )
+        os.close(slave)
+        self.chunks: list[bytes] = []
+        self.reader = threading.Thread(target=self._read, args=(master,), daemon=True)
+        self.reader.start()
+
+    def _read(self, master: int) -> None:
+        try:
+            while data := os.read(master, 4096):
+                self.chunks.append(data)
+        except OSError:  # EIO: the child closed the terminal
+            pass
+        finally:
+            os.close(master)
+
+    @property
+    def output(self) -> str:
+        return b"".join(self.chunks).decode(errors="replace")
+
+    def wait_for(self, text: str, timeout: float = 10) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.output:
+            assert self.proc.poll() is None, self.output
+            assert time.monotonic() < deadline, (text, self.output)
+            time.sleep(0.02)
+
+    def finish(self, timeout: float = 10) -> int:
+        try:
+            code = self.proc.wait(timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+        self.reader.join(5)
+        return code
+
+
+def test_live_view_waits_redraws_and_exits_when_the_job_ends(tmp_path: Path) -> None:
+    path = tmp_path / "status.json"
+    run = PtyRun(path, "--interval", "0.2")
+    run.wait_for(f"waiting for {path}")
+    reporter = StatusFileReporter(path)
+    reporter.write("running", prediction(step=300))
+    run.wait_for("300/2000")
+    run.wait_for("refreshing every 0.2s")
+    reporter.write("running", prediction(step=600))
+    run.wait_for("600/2000")
+    assert run.proc.poll() is None  # still watching a running job
+    reporter.write("closed", prediction(step=2000))
+    assert run.finish() == 0, run.output
+    out = run.output
+    assert out.count("\x1b[H") >= 3  # redrawn in place
+    last = out[out.rindex("\x1b[H") :]
+    assert "2000/2000 100.0%" in last and "job ended: closed" in last
+    assert "refreshing" not in last and "Traceback" not in out
+
+
+def test_ctrl_c_exits_130_quietly(tmp_path: Path) -> None:
+    path = tmp_path / "status.json"
+    StatusFileReporter(path).write("running", prediction())
+    run = PtyRun(path, "--interval", "0.2")
+    run.wait_for("refreshing every")
+    run.proc.send_signal(signal.SIGINT)
+    assert run.finish() == 130
+    assert "Traceback" not in run.output and "KeyboardInterrupt" not in run.output
+
+
+# ---------------------------------------------------------------------------------------------
+# missing and bad inputs
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "status.json"
+    assert_clean_error(watch(path, "--once"), str(path), "No such file")
+    started = time.monotonic()
+    run = watch(path, "--timeout", "0.3", "--interval", "0.1")
+    assert time.monotonic() - started < 5
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert run.stderr.splitlines()[0] == f"waiting for {path} ..."
+    assert "after waiting" in run.stderr.splitlines()[-1]
+
+
+def test_a_missing_file_is_waited_for_then_printed(tmp_path: Path) -> None:
+    path = tmp_path / "status.json"
+    writer = threading.Timer(0.4, StatusFileReporter(path).write, ("running", prediction()))
+    writer.start()
+    try:
+        run = watch(path, "--interval", "0.1", "--timeout", "10")
+    finally:
+        writer.join()
+    assert run.returncode == 0, run.stderr
+    assert "300/2000" in run.stdout
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_special_files_are_refused_unread(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "status.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.mkdir()
+    for args in ((path, "--once"), (path,)):
+        assert_clean_error(watch(*args, timeout=10), str(path), "not a regular file")
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b"\xff\xfe", "not valid JSON"),
+        (b"[1, 2]", "not an ets-hook status file"),
+        (b'{"format": "something-else", "version": 2}', "not an ets-hook status file"),
+        (b'{"format": "ets-hook-status", "version": 99}', "version 99 is newer"),
+        (b'{"format": "ets-hook-status", "version": 2, "state": "done"}', "'state'"),
+    ],
+)
+def test_invalid_files_exit_2(tmp_path: Path, content: bytes, problem: str) -> None:
+    path = tmp_path / "status.json"
+    path.write_bytes(content)
+    assert_clean_error(watch(path, "--once"), str(path), problem)
+
+
+def test_invalid_fields_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "status.json"
+    doc = StatusFileReporter(path).document("running", prediction())
+    doc["prediction"]["step"] = "many"
+    path.write_text(json.dumps(doc))
+    assert_clean_error(watch(path), str(path), "prediction.step")
