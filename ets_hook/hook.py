@@ -24,7 +24,7 @@ import threading
 import time
 import weakref
 from array import array
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
@@ -143,6 +143,10 @@ class ETSHook:
         verbose: bool = True,
         progress: Any = False,
         status_path: str | os.PathLike[str] | None = None,
+        tensorboard_dir: str | os.PathLike[str] | None = None,
+        prometheus_port: int | None = None,
+        prometheus_textfile: str | os.PathLike[str] | None = None,
+        dashboard_ranks: Collection[int] | None = (0,),
         on_prediction: Callable[[Prediction], Any] | None = None,
         deadline: float | datetime | Literal[False] | None = None,
         on_deadline: str | Callable[[DeadlineMiss], Any] = "warn",
@@ -198,6 +202,13 @@ class ETSHook:
                 False or None: no bar.
             status_path: JSON status file for schedulers, rewritten atomically every 5 s and at
                 close; its directory must exist. None: none.
+            tensorboard_dir: TensorBoard log directory for ``ets/iteration_s``, ``.../eta_s``,
+                ``.../total_s`` scalars (``ets-hook[tensorboard]``; ``{rank}`` filled in).
+            prometheus_port, prometheus_textfile: serve Prometheus gauges (``ets_hook_eta_seconds``,
+                ...) on this port, or write them to a node-exporter ``*.prom`` textfile
+                (``ets-hook[prometheus]``); a port in use logs a warning. At most one.
+            dashboard_ranks: ranks whose TensorBoard/Prometheus reporters open anything (default:
+                rank 0; None: every rank).
             on_prediction: callable receiving each due ``Prediction`` and the final one at close;
                 an exception from it is logged and disables it.
             deadline: seconds from hook creation (> 0) or a datetime (naive = local time); None:
@@ -236,8 +247,9 @@ class ETSHook:
                 (``deadline_policy`` too without a deadline); ``model`` not an ``nn.Module``;
                 ``optimizer`` not optimizers; ``progress`` not a tqdm bar; ``trace_path`` or
                 ``status_path`` a directory, in a missing directory, or (``trace_path``) with
-                ``{...}`` fields other than ``{rank}``.
-            ImportError: ``progress=True`` and tqdm is not installed.
+                ``{...}`` fields other than ``{rank}``; a dashboard option (``prometheus_port``
+                outside 1-65535 or with ``prometheus_textfile``, not ``*.prom``, ...).
+            ImportError: ``progress=True`` without tqdm; a dashboard option without its package.
         """
         if not isinstance(model, torch.nn.Module):
             raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -266,6 +278,11 @@ class ETSHook:
             deadline=deadline,
             on_deadline=on_deadline,
             deadline_policy=deadline_policy,
+            tensorboard_dir=tensorboard_dir,
+            prometheus_port=prometheus_port,
+            prometheus_textfile=prometheus_textfile,
+            dashboard_ranks=dashboard_ranks,
+            rank=rank,
         )
         if disabled:
             reporters, capture_steps = [], 0

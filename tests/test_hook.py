@@ -579,3 +579,30 @@ def test_optimizer_wrappers_are_unwrapped_and_their_steps_seen():
     hook.close()
     with pytest.raises(ValueError, match="wrapper holding one in optimizer or _optimizer"):
         ETSHook(model, optimizer=object())
+
+
+def test_dashboards_selected_by_hook_options(tmp_path):
+    pytest.importorskip("tensorboardX")
+    parser = pytest.importorskip("prometheus_client.parser")
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(
+        model,
+        optimizer=opt,
+        total_steps=8,
+        capture_steps=0,
+        log_every=None,
+        tensorboard_dir=tmp_path / "tb",
+        prometheus_textfile=tmp_path / "ets.prom",
+    )
+    train(model, opt, hook, 8)
+    hook.close()
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    families = {f.name: f for f in parser.text_string_to_metric_families(
+        (tmp_path / "ets.prom").read_text()
+    )}  # fmt: skip
+    states = {s.labels["state"]: s.value for s in families["ets_hook_state"].samples}
+    assert states["closed"] == 1.0 and states["running"] == 0.0
+    assert families["ets_hook_step"].samples[0].value == 8
+    with pytest.raises(ValueError, match="prometheus"):
+        ETSHook(model, prometheus_port=80_000)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -18,7 +18,9 @@ from .deadline import (
     slurm_deadline,
 )
 from .log import LogReporter
+from .prometheus import PrometheusReporter
 from .status_file import StatusFileReporter
+from .tensorboard import TensorBoardReporter, check_ranks
 from .tqdm import TqdmReporter
 
 if TYPE_CHECKING:
@@ -43,11 +45,16 @@ def build_reporters(
     deadline_policy: str = "confident",
     deadline_margin_s: float = 0.0,
     environ: Mapping[str, str] | None = None,
+    tensorboard_dir: str | os.PathLike[str] | None = None,
+    prometheus_port: int | None = None,
+    prometheus_textfile: str | os.PathLike[str] | None = None,
+    dashboard_ranks: Collection[int] | None = (0,),
+    rank: int | None = None,
 ) -> list[Reporter]:
     """Build the reporters for the hook's keyword arguments, validating them now.
 
-    Order: log, progress bar, status file, callback, deadline guard. The guard comes last, so the
-    log line and status file are written before it can raise.
+    Order: log, progress bar, status file, TensorBoard, Prometheus, callback, deadline guard.
+    The guard comes last, so the log line and status file are written before it can raise.
 
     Args:
         log_every_n_steps: ``LogReporter`` period in global steps; None or 0: no log reporter.
@@ -66,6 +73,16 @@ def build_reporters(
         deadline_policy: ``"confident"``, ``"likely"`` or ``"point"`` (see ``DeadlineGuard``).
         deadline_margin_s: seconds (>= 0) before the deadline that already count as a miss.
         environ: environment read for the Slurm deadline; None: ``os.environ``.
+        tensorboard_dir: TensorBoard log directory (``TensorBoardReporter``; ``{rank}`` is
+            filled in); None: none.
+        prometheus_port: port of a Prometheus HTTP endpoint (``PrometheusReporter``); None:
+            none.
+        prometheus_textfile: node-exporter textfile-collector file (``*.prom``, folder must
+            exist; ``{rank}`` is filled in); None: none. Not with ``prometheus_port``.
+        dashboard_ranks: ranks whose TensorBoard and Prometheus reporters write or serve (ints
+            >= 0); None: every rank. The others open nothing.
+        rank: this process's rank (the hook passes ``distributed_rank()``'s); None: the
+            ``RANK`` environment variable, else 0.
 
     Returns:
         The reporters, in dispatch order (possibly empty).
@@ -73,9 +90,17 @@ def build_reporters(
     Raises:
         ValueError: a bad value of any argument above (from the reporters' constructors),
             the deadline's settings included when no deadline is in effect.
-        ImportError: ``progress=True`` and tqdm is not installed.
+        ImportError: ``progress=True`` and tqdm is not installed; ``tensorboard_dir`` without
+            tensorboardX (or tensorboard); a Prometheus option without prometheus_client.
     """
     reporters: list[Reporter] = []
+    check_ranks(dashboard_ranks, "dashboard_ranks")
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
+        raise ValueError(f"rank must be an int >= 0 or None, got {rank!r}")
+    if tensorboard_dir is not None and not isinstance(tensorboard_dir, (str, os.PathLike)):
+        raise ValueError(f"tensorboard_dir must be a path or None, got {tensorboard_dir!r}")
+    if prometheus_textfile is not None and not isinstance(prometheus_textfile, (str, os.PathLike)):
+        raise ValueError(f"prometheus_textfile must be a path or None, got {prometheus_textfile!r}")
     if not isinstance(verbose, bool):
         raise ValueError(f"verbose must be True or False, got {verbose!r}")
     if log_every_n_steps:
@@ -88,6 +113,17 @@ def build_reporters(
         reporters.append(TqdmReporter(progress))
     if status_path is not None:
         reporters.append(StatusFileReporter(status_path, interval_s=status_interval_s))
+    if tensorboard_dir is not None:
+        reporters.append(TensorBoardReporter(tensorboard_dir, ranks=dashboard_ranks, rank=rank))
+    if prometheus_port is not None or prometheus_textfile is not None:
+        reporters.append(
+            PrometheusReporter(
+                port=prometheus_port,
+                textfile=prometheus_textfile,
+                ranks=dashboard_ranks,
+                rank=rank,
+            )
+        )
     if on_prediction is not None:
         reporters.append(CallbackReporter(on_prediction))
     if deadline is None:
