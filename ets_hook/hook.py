@@ -47,6 +47,7 @@ from .capture.sysinfo import (
 )
 from .capture.window import (
     WindowFacts,
+    WindowState,
     build_window_trace,
     check_window_settings,
     choose_op_capture,
@@ -80,30 +81,6 @@ EXIT_DECODE_WAIT_S = 10.0
 _hook_of_model: weakref.WeakKeyDictionary[torch.nn.Module, weakref.ref[ETSHook]] = (
     weakref.WeakKeyDictionary()
 )
-
-
-def _resolve_trace_estimator(
-    choice: TraceEstimator | Literal["auto"] | None, device_type: str
-) -> TraceEstimator | None:
-    """The estimator object for ``trace_estimator=``; "auto" loads the shipped model (never
-    raises: without it the hook keeps its measured estimate)."""
-    if choice != "auto":
-        return choice
-    try:
-        from .forecast.trace_estimators import default_trace_estimator
-
-        return default_trace_estimator(device_type)
-    except Exception as exc:
-        logger.info("ets-hook: trace-based estimator unavailable: %r", exc)
-        return None
-
-
-class _State:
-    WAITING = "waiting"
-    CAPTURING = "capturing"
-    DECODING = "decoding"
-    DONE = "done"
-    OFF = "off"
 
 
 class ETSHook:
@@ -316,7 +293,7 @@ class ETSHook:
         self._partial_steps: list[int] = []
         self._restart_pending = False
 
-        self._state = _State.WAITING if capture_steps > 0 else _State.OFF
+        self._state = WindowState.WAITING if capture_steps > 0 else WindowState.OFF
         self._capture_note = (
             f"disabled by {DISABLE_ENV}"
             if disabled
@@ -341,11 +318,11 @@ class ETSHook:
         # psutil and NVML would hold the GIL against the training loop.
         facts = machine_facts(self._device) if capture_steps > 0 else (None, None)
         self._device_info, self._host_info = facts
-        self._trace_estimator = (
-            _resolve_trace_estimator(trace_estimator, self._device.type)
-            if capture_steps > 0
-            else None
-        )
+        self._trace_estimator: TraceEstimator | None = None
+        if capture_steps > 0:  # the trace model's module (~50 ms to import) only when capturing
+            from .forecast.trace_estimators import resolve_trace_estimator
+
+            self._trace_estimator = resolve_trace_estimator(trace_estimator, self._device.type)
         self._trace: Trace | None = None
         self._decode_thread: threading.Thread | None = None
         self._trace_ready = threading.Event()
@@ -383,7 +360,7 @@ class ETSHook:
         if not disabled:
             _hook_of_model[model] = weakref.ref(self)
             exits.register(self)
-        if self._state == _State.WAITING and skip_steps == 0:
+        if self._state == WindowState.WAITING and skip_steps == 0:
             self._guarded(self._start_capture)()
 
     # ------------------------------------------------------------------------------------------
@@ -478,7 +455,7 @@ class ETSHook:
         Returns:
             The trace, or None (capture not over, failed, off, or the timeout passed).
         """
-        if self._state in (_State.WAITING, _State.CAPTURING, _State.OFF):
+        if self._state in (WindowState.WAITING, WindowState.CAPTURING, WindowState.OFF):
             return self._trace
         self._trace_ready.wait(timeout_s)
         return self._trace
@@ -533,7 +510,7 @@ class ETSHook:
             error: the exception's type name for ``"failed"``, else None.
         """
         try:
-            if self._state == _State.CAPTURING:
+            if self._state == WindowState.CAPTURING:
                 self._abandon_capture("window cut short: the process exited")
         except Exception as exc:
             self._fail(exc)
@@ -544,7 +521,7 @@ class ETSHook:
             if self._closed:
                 return
             if (
-                self._state == _State.CAPTURING
+                self._state == WindowState.CAPTURING
                 and isinstance(self._ops, ProfilerOpCapture)
                 and threading.get_ident() != self._capture_thread
             ):
@@ -553,7 +530,7 @@ class ETSHook:
             self._closed = True
         exits.unregister(self)
         try:
-            if self._state == _State.CAPTURING:
+            if self._state == WindowState.CAPTURING:
                 self._finish_capture(truncated=True)
             self._detector.close()
             if self._decode_thread is not None:
@@ -591,7 +568,7 @@ class ETSHook:
 
     def _on_first_activity(self) -> None:
         # Step 0 starts at the first training forward when nothing was timed before it.
-        if self.steps_completed == 0 and self._state != _State.CAPTURING:
+        if self.steps_completed == 0 and self._state != WindowState.CAPTURING:
             self._step_start_ns = time.perf_counter_ns()
             if self._cuda_timer is not None:
                 self._cuda_timer = CudaStepTimer()
@@ -609,7 +586,7 @@ class ETSHook:
         self._step_start_ns = now_ns
         self._phase_ns_in_step = 0
         try:
-            if self._state == _State.CAPTURING or self._state == _State.WAITING:
+            if self._state == WindowState.CAPTURING or self._state == WindowState.WAITING:
                 self._advance_window(step_index, start_ns, now_ns)
             if self._cuda_timer is not None:
                 self._cuda_timer.record(step_index + 1)
@@ -623,13 +600,13 @@ class ETSHook:
     def _advance_window(self, step_index: int, start_ns: int, end_ns: int) -> None:
         if self._user_profiler_took_over():
             return
-        if self._state == _State.CAPTURING and self._ops is not None and self._ops.active:
+        if self._state == WindowState.CAPTURING and self._ops is not None and self._ops.active:
             offset = self._epoch_offset_ns
             self._window_bounds.append(StepBounds(step_index, start_ns + offset, end_ns + offset))
         completed = step_index + 1
-        if self._state == _State.WAITING and completed == self.skip_steps:
+        if self._state == WindowState.WAITING and completed == self.skip_steps:
             self._start_capture()
-        elif self._state == _State.CAPTURING:
+        elif self._state == WindowState.CAPTURING:
             if completed == self.skip_steps + self.capture_steps:
                 self._finish_capture(truncated=False)
             elif self._restart_pending:
@@ -647,7 +624,7 @@ class ETSHook:
                     self._restart_pending = True
 
     def _on_forward(self) -> None:
-        if self._restart_pending and self._state == _State.CAPTURING:
+        if self._restart_pending and self._state == WindowState.CAPTURING:
             self._partial_steps.append(self.steps_completed)
             self._restart_ops()
 
@@ -664,7 +641,7 @@ class ETSHook:
         takes the thread's Kineto session over (torch keeps one), and its end ends ours: never
         disable it (that would end the user's). Back off to timing steps, once."""
         if not (
-            self._state == _State.CAPTURING
+            self._state == WindowState.CAPTURING
             and isinstance(self._ops, ProfilerOpCapture)
             and ProfilerOpCapture.user_session_active()
         ):
@@ -688,7 +665,7 @@ class ETSHook:
                 self._collector.close()
         with contextlib.suppress(Exception):
             self._detector.remove_capture_hooks()
-        self._state = _State.OFF
+        self._state = WindowState.OFF
         self._capture_note = note
         self._trace_ready.set()
 
@@ -701,7 +678,7 @@ class ETSHook:
     def _start_capture(self) -> None:
         choice = choose_op_capture(self._op_capture_mode)
         if choice.ops is None:
-            self._state = _State.OFF
+            self._state = WindowState.OFF
             self._capture_note = choice.note
             self._kernel_status = "off: another profiler is active"
             return
@@ -715,7 +692,7 @@ class ETSHook:
             correlation = correlation_api()
         self._ops.start(record_shapes=self.record_shapes != "none", correlation=correlation)
         self._capture_thread = threading.get_ident()
-        self._state = _State.CAPTURING
+        self._state = WindowState.CAPTURING
         # The window's steps carry the capture's cost, and the steps after it the decode's.
         window_end = self.skip_steps + self.capture_steps
         costs = self._ops.cpu_costs if self._device.type == "cpu" else {}
@@ -736,7 +713,7 @@ class ETSHook:
                 window_end_event = torch.cuda.Event()
                 window_end_event.record()
         self._detector.remove_capture_hooks()
-        self._state = _State.DECODING
+        self._state = WindowState.DECODING
         if truncated:
             self._capture_note = f"window cut short after {len(self._window_bounds)} steps"
         snapshot = (self._ops, list(self._window_bounds), window_end_event)
@@ -787,7 +764,7 @@ class ETSHook:
                 self._publish_trace_estimate(trace)
             if self.trace_path is not None:
                 save_trace(trace, self.trace_path)
-            self._state = _State.DONE
+            self._state = WindowState.DONE
         except Exception as exc:
             self._fail(exc)
         finally:

@@ -21,6 +21,17 @@ from .ops import NativeOpCapture, ProfilerOpCapture, other_profiler_active
 
 logger = logging.getLogger("ets_hook")
 
+
+class WindowState:
+    """Where a hook's capture window stands (``ETSHook.capture_status``)."""
+
+    WAITING = "waiting"
+    CAPTURING = "capturing"
+    DECODING = "decoding"
+    DONE = "done"
+    OFF = "off"
+
+
 RECORD_SHAPES_MODES = ("first", "all", "none")
 OP_CAPTURE_MODES = ("auto", "native", "profiler")
 

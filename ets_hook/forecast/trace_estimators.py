@@ -17,6 +17,7 @@ combines the op-median bootstrap with the model's held-out error.
 from __future__ import annotations
 
 import difflib
+import logging
 import math
 import warnings
 from collections import Counter
@@ -524,3 +525,30 @@ def default_trace_estimator(device_type: str) -> Callable[[Trace], TraceEstimate
     """
     model = load_default_model(device_type)
     return LearnedTraceEstimator(model) if model is not None else OpMedianEstimator()
+
+
+def resolve_trace_estimator(
+    choice: Callable[[Trace], TraceEstimate | None] | str | None, device_type: str
+) -> Callable[[Trace], TraceEstimate | None] | None:
+    """The estimator for ``ETSHook(trace_estimator=...)``.
+
+    Args:
+        choice: ``"auto"`` (the shipped model for the device type), None, or a callable.
+        device_type: the training device's type (``"cpu"``, ``"cuda"``).
+
+    Returns:
+        ``choice`` itself unless it is ``"auto"``; for ``"auto"`` the default estimator, or
+        None (logged) when it cannot be loaded: the hook then keeps its measured estimate.
+
+    Raises:
+        ValueError: ``choice`` is none of those.
+    """
+    if choice is None or (callable(choice) and not isinstance(choice, str)):
+        return choice
+    if choice != "auto":
+        raise ValueError(f"trace_estimator must be 'auto', None or a callable, got {choice!r}")
+    try:
+        return default_trace_estimator(device_type)
+    except Exception as exc:
+        logging.getLogger("ets_hook").info("ets-hook: trace-based estimator unavailable: %r", exc)
+        return None
