@@ -55,6 +55,7 @@ from .capture.window import (
 )
 from .errors import DeadlineExceededError
 from .ets.blas import single_threaded_blas
+from .forecast.early_stop import EarlyStoppingRule
 from .forecast.forecaster import Forecaster
 from .forecast.job import JobModel
 from .forecast.prediction import Prediction
@@ -116,6 +117,7 @@ class ETSHook:
         checkpoint_every: int | None = None,
         phase_every: Mapping[str, int] | None = None,
         initial_step: int = 0,
+        early_stopping: tuple[int, float, str] | EarlyStoppingRule | None = None,
         log_every: int | None = 100,
         verbose: bool = True,
         progress: Any = False,
@@ -171,6 +173,9 @@ class ETSHook:
                 learned.
             phase_every: period in steps of any named phase (int >= 0; 0: one-off).
             initial_step: steps already done before this process (resumed jobs; int >= 0).
+            early_stopping: ``(patience, min_delta, mode)`` or an ``EarlyStoppingRule``: the
+                job stops early by that rule on the metric given to ``report_metric``;
+                predictions then carry ``expected_stop_step`` and ``total_range_s``.
             log_every: a log line every N global steps (plus after local steps 1, 3, 5, at
                 convergence and on moves of 5%); None or 0: no log lines.
             verbose: with no logging configured, show those lines on stderr (tqdm-aware);
@@ -235,6 +240,7 @@ class ETSHook:
         rank, world_size = distributed_rank()
         rank_trace = checked_trace_path(trace_path, rank, world_size)
         disabled = hooks_disabled()
+        rule = EarlyStoppingRule.coerce(early_stopping)
         job = JobModel.from_args(
             total_steps=total_steps,
             epochs=epochs,
@@ -340,6 +346,8 @@ class ETSHook:
             prior=StepTimePrior.for_device("cuda" if self._device.type == "cuda" else "cpu"),
             reports=ReportDispatcher(reporters),
         )
+        self._forecaster.set_early_stopping(rule)
+        self._monitor: str | None = None
         self._cuda_timer: CudaStepTimer | None = None
         if self._device.type == "cuda" and torch.cuda.is_available():
             self._cuda_timer = CudaStepTimer()
@@ -423,6 +431,19 @@ class ETSHook:
         duration_ns = time.perf_counter_ns() - started_ns
         self._phase_ns_in_step += duration_ns
         self._guarded(self._on_phase_end)(name, duration_ns)
+
+    def report_metric(self, name: str, value: float) -> None:
+        """One evaluation of the metric that early stopping monitors (``early_stopping=``).
+
+        The first name reported is the monitored one; others are ignored. Never raises.
+
+        Args:
+            name: the metric's name, e.g. ``"val_loss"``.
+            value: its value now (NaN or infinity counts as no improvement).
+        """
+        self._monitor = self._monitor or name
+        if name == self._monitor:
+            self._forecaster.on_metric(value)
 
     @property
     def prediction(self) -> Prediction | None:

@@ -44,6 +44,7 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import DeadlineExceededError
+from .early_stop import EarlyStoppingRule, EarlyStopTracker, total_range_s
 from .job import JobModel, PhaseTracker, remaining_phase_time
 from .prediction import Prediction, utc_from_timestamp
 from .stats import (
@@ -212,7 +213,8 @@ class Forecaster:
         self._phase_ends_s: list[float] = []
         self._phase_cum_s: list[float] = []
         self._trace: TraceEstimate | None = None
-        self._version = 0  # bumped by set_trace_estimate / set_perturbed_steps
+        self._version = 0  # bumped by set_trace_estimate / set_perturbed_steps / on_metric
+        self._early_stop: EarlyStopTracker | None = None
         # Steps [0, _perturbed_end) include the capture's own cost (see set_perturbed_steps);
         # [_capture[0], _capture[1]) ran inside the capture window.
         self._perturbed_end = 0
@@ -287,6 +289,41 @@ class Forecaster:
                 self._last_phase_end_s = max(self._last_phase_end_s, now_s)
         except Exception as exc:
             self._fail(exc)
+
+    def set_early_stopping(self, rule: EarlyStoppingRule | None) -> None:
+        """Follow an early-stopping rule: ``on_metric`` feeds it, predictions then carry the
+        expected stopping step and the total-time range (``forecast.early_stop``). Needs a known
+        job length (else ignored, logged). None: stop following.
+
+        Raises:
+            ValueError: ``rule`` is neither an ``EarlyStoppingRule`` nor None.
+        """
+        if rule is not None and not isinstance(rule, EarlyStoppingRule):
+            raise ValueError(f"rule must be an EarlyStoppingRule or None, got {rule!r}")
+        if rule is not None and self._job.total_steps is None:
+            logger.info("ets-hook: early stopping followed only when the job's length is known")
+            rule = None
+        with self._lock:
+            self._early_stop = (
+                EarlyStopTracker(rule, self._job.total_steps)
+                if rule is not None and self._job.total_steps is not None
+                else None
+            )
+            self._version += 1
+
+    def on_metric(self, value: float) -> None:
+        """One evaluation of the monitored metric, at the current global step. The curve fit
+        runs here (~2 ms), not at step ends. Never raises: a bad value is logged."""
+        tracker = self._early_stop
+        if tracker is None:
+            return
+        try:
+            tracker.observe(self._job.initial_step + self._steps_done, float(value))
+            tracker.forecast()
+            with self._lock:
+                self._version += 1
+        except Exception as exc:
+            logger.info("ets-hook: early-stopping metric ignored: %r", exc)
 
     def set_trace_estimate(self, estimate: TraceEstimate | None) -> None:
         """Install (or, with None, remove) the trace-based estimate. Any thread.
@@ -491,6 +528,7 @@ class Forecaster:
                 + capture_ci_s**2
             )
             finish_time = utc_from_timestamp(self.wall_start_s + total_s)
+        stop = self._early_stop.forecast() if self._early_stop is not None else None
         converged = est.rel_ci <= self.converge_rel_ci
         return Prediction(
             step=step,
@@ -517,6 +555,12 @@ class Forecaster:
             remaining_phase_s=phase_s,
             remaining_capture_s=capture_s,
             phases=phases,
+            expected_stop_step=stop.expected_stop_step if stop is not None else None,
+            total_range_s=(
+                total_range_s(stop, total_s, cadence_s)
+                if stop is not None and total_s is not None
+                else None
+            ),
             start_time=utc_from_timestamp(self.wall_start_s),
             as_of=utc_from_timestamp(self.wall_start_s + elapsed_s),
         )

@@ -60,6 +60,10 @@ class Prediction:
             yet run, the one-off profiler disable and decode after it); 0 once the step after
             the window has ended.
         phases: each known phase, measured and projected.
+        expected_stop_step: the global step at which the early-stopping rule is expected to
+            fire (<= ``total_steps``); None without a rule or before enough evaluations.
+        total_range_s: (total if the job stops there, total to ``total_steps``); ``total_s``
+            and ``eta_s`` stay those of the full run. None alike.
         start_time: UTC time of hook creation.
         as_of: UTC time of the last step or phase end reported.
     """
@@ -88,6 +92,8 @@ class Prediction:
     remaining_phase_s: float = 0.0
     remaining_capture_s: float = 0.0
     phases: tuple[PhaseForecast, ...] = ()
+    expected_stop_step: int | None = None
+    total_range_s: tuple[float, float] | None = None
     start_time: datetime | None = None
     as_of: datetime | None = None
 

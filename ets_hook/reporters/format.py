@@ -97,10 +97,17 @@ def format_prediction(p: Prediction) -> str:
 
     Returns:
         ``step 30/2000 · 0.412 s/step ±1.1% · ETA 13m32s · total 13m45s``; without ``/2000``
-        while the total step count is unknown, and without the ETA and total while ``eta_s`` is.
+        while the total step count is unknown, and without the ETA and total while ``eta_s`` is;
+        with early stopping followed, `` · early stop ~step 1200 · total 8m20s–13m45s``.
     """
     steps = f"step {p.step}/{p.total_steps}" if p.total_steps is not None else f"step {p.step}"
     text = f"{steps} · {format_step_time(p.iteration_s)} {format_relative(p.iteration_rel_ci)}"
     if p.eta_s is not None:
         text += f" · ETA {format_duration(p.eta_s)} · total {format_duration(p.total_s)}"
+    if p.expected_stop_step is not None and p.total_range_s is not None:
+        low, high = p.total_range_s
+        text += (
+            f" · early stop ~step {p.expected_stop_step}"
+            f" · total {format_duration(low)}–{format_duration(high)}"
+        )
     return text

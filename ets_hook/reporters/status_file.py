@@ -23,7 +23,7 @@ logger = logging.getLogger("ets_hook")
 
 STATUS_FORMAT = "ets-hook-status"
 #: Bumped on every change of the document (``ets_hook/data/status.schema.json``).
-STATUS_VERSION = 2
+STATUS_VERSION = 3
 #: Every ``state`` a status file can hold.
 STATUS_STATES = ("running", *JOB_OUTCOMES)
 #: Keys of the document that ``extra`` may not replace.
@@ -46,7 +46,7 @@ class StatusFileReporter(Reporter):
     most every ``interval_s``, and when the job ends. Document (JSON Schema:
     ``ets_hook/data/status.schema.json``, ``status_schema_path()``)::
 
-        {"format": "ets-hook-status", "version": 2,
+        {"format": "ets-hook-status", "version": 3,
          "state": "running" | "closed" | "interrupted" | "failed",
          "error": exception type name (state "failed") | null,
          "pid": ..., "host": ..., "updated_at": ISO 8601, **extra,
