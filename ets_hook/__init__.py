@@ -30,6 +30,7 @@ __all__ = [
     "DeadlineExceededError",
     "DeviceInfo",
     "ETSHook",
+    "EarlyStoppingRule",
     "HostInfo",
     "IterationTrace",
     "JobModel",
@@ -47,6 +48,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from .forecast.early_stop import EarlyStoppingRule
     from .forecast.job import JobModel
     from .forecast.prediction import Prediction
     from .forecast.stats import TraceEstimate
@@ -54,6 +56,7 @@ if TYPE_CHECKING:
 
 _LAZY = {
     "ETSHook": ("hook", "ETSHook"),
+    "EarlyStoppingRule": ("forecast.early_stop", "EarlyStoppingRule"),
     "Prediction": ("forecast.prediction", "Prediction"),
     "JobModel": ("forecast.job", "JobModel"),
     "TraceEstimate": ("forecast.stats", "TraceEstimate"),
