@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..trace.atomic import atomic_write_bytes
-from .base import EARLY_STEPS, JOB_OUTCOMES, Reporter, ReportSchedule
-from .tensorboard import _has, check_ranks, fill_rank, launcher_rank
+from .base import JOB_OUTCOMES, Reporter
+from .tensorboard import _has, dashboard_rank, fill_rank
 
 if TYPE_CHECKING:
     from ..forecast.prediction import Prediction
@@ -205,16 +205,8 @@ class PrometheusReporter(Reporter):
             isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535
         ):
             raise ValueError(f"prometheus_port must be an int in 1-65535, got {port!r}")
-        self.ranks = check_ranks(ranks)
-        if rank is None:
-            rank = launcher_rank()
-        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-            raise ValueError(f"rank must be an int >= 0, got {rank!r}")
-        self.rank = rank
-        self.active = self.ranks is None or rank in self.ranks
-        self.schedule = ReportSchedule(
-            first_steps=0, interval_s=interval_s, early_steps=EARLY_STEPS
-        )
+        self.ranks, self.rank, self.active, self.schedule = dashboard_rank(ranks, rank, interval_s)
+        rank = self.rank
         self.port, self.addr = port, addr
         self.textfile = Path(fill_rank(textfile, rank)) if textfile is not None else None
         if self.textfile is not None:

@@ -78,6 +78,33 @@ def fill_rank(path: str | os.PathLike[str], rank: int) -> str:
     return os.fspath(path).replace("{rank}", str(rank))
 
 
+def dashboard_rank(
+    ranks: Collection[int] | None, rank: int | None, interval_s: float
+) -> tuple[frozenset[int] | None, int, bool, ReportSchedule]:
+    """What the dashboard reporters (TensorBoard, Prometheus) share: which ranks report, this
+    process's rank, whether it reports, and their schedule (first prediction, the early steps,
+    then every ``interval_s``).
+
+    Args:
+        ranks: ranks that report (ints >= 0); None: every rank.
+        rank: this process's rank; None: ``launcher_rank()``.
+        interval_s: seconds (> 0) between reports after the early steps.
+
+    Returns:
+        ``(ranks, rank, active, schedule)``.
+
+    Raises:
+        ValueError: ``ranks`` not ints >= 0, ``rank`` not an int >= 0, ``interval_s`` not > 0.
+    """
+    checked = check_ranks(ranks)
+    if rank is None:
+        rank = launcher_rank()
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise ValueError(f"rank must be an int >= 0, got {rank!r}")
+    schedule = ReportSchedule(first_steps=0, interval_s=interval_s, early_steps=EARLY_STEPS)
+    return checked, rank, checked is None or rank in checked, schedule
+
+
 def _finite(value: Any) -> float | None:
     if value is None:
         return None
@@ -126,16 +153,8 @@ class TensorBoardReporter(Reporter):
             ImportError: no ``writer`` and neither tensorboardX nor tensorboard is installed
                 (the message names ``pip install 'ets-hook[tensorboard]'``).
         """
-        self.ranks = check_ranks(ranks)
-        if rank is None:
-            rank = launcher_rank()
-        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-            raise ValueError(f"rank must be an int >= 0, got {rank!r}")
-        self.rank = rank
-        self.active = self.ranks is None or rank in self.ranks
-        self.schedule = ReportSchedule(
-            first_steps=0, interval_s=interval_s, early_steps=EARLY_STEPS
-        )
+        self.ranks, self.rank, self.active, self.schedule = dashboard_rank(ranks, rank, interval_s)
+        rank = self.rank
         self.log_dir = fill_rank(log_dir, rank)
         if "://" not in self.log_dir and os.path.isfile(self.log_dir):
             raise ValueError(f"tensorboard_dir is a file, not a directory: {self.log_dir}")
