@@ -7,8 +7,15 @@ Trainer's optimizers with what the Trainer knows:
 - ``total_steps``: ``trainer.max_steps`` when > 0, and ``trainer.estimated_stepping_batches``
   (``max_epochs`` x optimizer steps per epoch), the smaller of the two; unknown (no ETA, step
   time only, no made-up total) for an ``IterableDataset`` without ``len()`` and
-  ``max_steps=-1``, or ``max_epochs=-1``. ``max_time`` and ``EarlyStopping`` can end the job
-  sooner: one log line says so.
+  ``max_steps=-1``, or ``max_epochs=-1``. ``max_time`` can end the job sooner: one log line
+  says so.
+- ``early_stopping``: with an ``EarlyStopping`` callback (the first of
+  ``trainer.early_stopping_callbacks``), its rule (``EarlyStoppingRule.from_lightning(patience,
+  abs(min_delta), mode, check_finite)``); its ``monitor`` value in ``trainer.callback_metrics``
+  goes to ``hook.report_metric`` wherever that callback checks it (validation end, or train
+  epoch end with ``check_on_train_epoch_end``), so predictions carry ``expected_stop_step`` and
+  ``total_range_s``. An ``early_stopping=`` option given explicitly wins (the callback's
+  ``monitor`` is still reported).
 - ``initial_step``: ``trainer.global_step`` (restored by ``fit(ckpt_path=...)``).
 - ``grad_accum_steps``: ``accumulate_grad_batches``. The hook counts optimizer steps, as
   ``trainer.global_step`` does: Lightning steps the optimizer once per accumulation (and on an
@@ -114,6 +121,7 @@ if not installed_packages():
 import torch  # noqa: E402
 
 from ..capture.steps import optimizer_list  # noqa: E402
+from ..forecast.early_stop import EarlyStoppingRule  # noqa: E402
 from ..forecast.job import CHECKPOINT, EVAL  # noqa: E402
 from ..hook import ETSHook  # noqa: E402
 from ..reporters.format import format_duration  # noqa: E402
@@ -268,6 +276,11 @@ def _note_disagreement(notes: list[str], key: str, given: Any, derived: Any) -> 
 def _same(given: Any, derived: Any) -> bool:
     if given is derived:
         return True
+    if isinstance(derived, EarlyStoppingRule):
+        try:
+            return EarlyStoppingRule.coerce(given) == derived
+        except ValueError:
+            return False
     if isinstance(given, (list, tuple)) and isinstance(derived, (list, tuple)):
         return len(given) == len(derived) and all(map(_same, given, derived))
     try:
@@ -348,6 +361,7 @@ class BaseETSCallback:
         self._logging_failed = False
         self._sanity_started_ns: int | None = None
         self._trainer_patch: tuple[Any, Callable[..., Any], Any] | None = None
+        self._early_stopping: Any = None  # the EarlyStopping callback whose monitor is reported
 
     # -- public --------------------------------------------------------------------------------
 
@@ -399,6 +413,7 @@ class BaseETSCallback:
             ValueError: an option in ``hook_options`` is invalid (from ``ETSHook``).
         """
         self._close(outcome=None)
+        self._early_stopping = _early_stopping_callback(trainer)
         options, notes, trainer_total = self._resolve_options(trainer, pl_module)
         self.resolved_options = options
         self._hook = ETSHook(**options)
@@ -417,8 +432,16 @@ class BaseETSCallback:
             self._in_eval = True
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
-        """End the validation phase (before ``ModelCheckpoint`` saves: Lightning runs it last)."""
+        """End the validation phase (before ``ModelCheckpoint`` saves: Lightning runs it last);
+        report the ``EarlyStopping`` monitor when that callback checks at validation end."""
         self._end_eval()
+        if not _checks_on_train_epoch_end(self._early_stopping):
+            self._report_metric(trainer)
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        """Report the ``EarlyStopping`` monitor when that callback checks at train epoch end."""
+        if _checks_on_train_epoch_end(self._early_stopping):
+            self._report_metric(trainer)
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
@@ -509,6 +532,9 @@ class BaseETSCallback:
             eval_every = trainer_eval_every(trainer)
         if eval_every is not None:
             derived["eval_every"] = eval_every
+        rule = _early_stopping_rule(self._early_stopping)
+        if rule is not None:
+            derived["early_stopping"] = rule
 
         options = dict(derived)
         trainer_total = None
@@ -558,9 +584,28 @@ class BaseETSCallback:
                 notes.append(
                     f"{bound} at the latest; the ETA assumes all {hook.total_steps} steps run"
                 )
-        if any(_is_a(cb, "EarlyStopping") for cb in callbacks):
+        if self._early_stopping is None and any(_is_a(cb, "EarlyStopping") for cb in callbacks):
             notes.append("EarlyStopping may end the job sooner: the total is an upper bound")
         return notes
+
+    def _report_metric(self, trainer: Any) -> None:
+        """Give the ``EarlyStopping`` monitor's current value to the hook (training only, never
+        in the sanity check). Never raises."""
+        early = self._early_stopping
+        if not self._open or self._hook is None or early is None:
+            return
+        if getattr(trainer, "sanity_checking", False):
+            return
+        monitor = getattr(early, "monitor", None)
+        metrics = getattr(trainer, "callback_metrics", None) or {}
+        if not isinstance(monitor, str) or monitor not in metrics:
+            return
+        try:
+            value = float(metrics[monitor])
+        except (TypeError, ValueError, RuntimeError) as exc:
+            logger.debug("ets-hook: %s is not a number: %r", monitor, exc)
+            return
+        self._hook.report_metric(monitor, value)
 
     def _end_eval(self) -> None:
         if self._in_eval and self._hook is not None:
@@ -614,6 +659,38 @@ class BaseETSCallback:
                     hook.close()
                 else:
                     hook.close_at_exit(outcome, error)
+
+
+def _early_stopping_callback(trainer: Any) -> Any:
+    """The Trainer's first ``EarlyStopping`` callback, or None."""
+    found = getattr(trainer, "early_stopping_callbacks", None)
+    if found is None:
+        single = getattr(trainer, "early_stopping_callback", None)
+        found = [single] if single is not None else []
+    return next(iter(found), None)
+
+
+def _early_stopping_rule(callback: Any) -> EarlyStoppingRule | None:
+    """The rule of a Lightning ``EarlyStopping`` callback (None for None, or one it cannot be
+    made for: logged). Lightning stores ``min_delta`` with its sign flipped in mode "min"."""
+    if callback is None:
+        return None
+    try:
+        return EarlyStoppingRule.from_lightning(
+            callback.patience,
+            abs(float(callback.min_delta)),
+            callback.mode,
+            bool(getattr(callback, "check_finite", True)),
+        )
+    except (AttributeError, TypeError, ValueError) as exc:
+        logger.info("ets-hook: EarlyStopping not followed: %r", exc)
+        return None
+
+
+def _checks_on_train_epoch_end(callback: Any) -> bool:
+    """Whether an ``EarlyStopping`` callback checks at train epoch end (resolved in its
+    ``setup``) rather than at validation end."""
+    return bool(getattr(callback, "_check_on_train_epoch_end", False))
 
 
 def _package_of(obj: Any) -> str | None:

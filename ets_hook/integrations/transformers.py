@@ -12,6 +12,14 @@ callback creates an ``ETSHook`` on the Trainer's model and optimizer with what t
   Trainer's ``eval_steps`` / ``save_steps``; ``epoch``: optimizer steps per epoch from the train
   dataloader and the accumulation; ``best``: saves can only follow evaluations; ``no``: none).
 
+Early stopping: when the Trainer's callbacks include a ``transformers.EarlyStoppingCallback``,
+the hook follows its rule (``early_stopping=EarlyStoppingRule.from_hf(early_stopping_patience,
+early_stopping_threshold, greater_is_better)``) and each ``on_evaluate`` reports the monitored
+metric (``metric_for_best_model``, prefixed with ``eval_`` as the Trainer does) to
+``hook.report_metric``: predictions then carry ``expected_stop_step`` and ``total_range_s``. An
+``early_stopping=`` option given explicitly wins over the callback's rule (the metric is still
+reported when ``metric_for_best_model`` is set).
+
 Anything passed to ``ETSTrainerCallback(**hook_options)`` goes to ``ETSHook`` and wins over what
 the Trainer says (one log line when the two disagree).
 
@@ -46,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 try:
-    from transformers import TrainerCallback
+    from transformers import EarlyStoppingCallback, TrainerCallback
     from transformers.trainer_callback import CallbackHandler, ProgressCallback
 except ImportError as exc:
     raise ImportError(
@@ -55,6 +63,7 @@ except ImportError as exc:
     ) from exc
 
 from ..capture.steps import optimizer_list
+from ..forecast.early_stop import EarlyStoppingRule
 from ..hook import ETSHook
 from ..reporters.tqdm import TqdmReporter
 
@@ -186,6 +195,7 @@ class ETSTrainerCallback(TrainerCallback):
         self._injector = ETSLogInjector(self)
         self._progress: ProgressCallback | None = None
         self._shown: Prediction | None = None
+        self._monitor: str | None = None  # the metric reported to the hook at on_evaluate
 
     @property
     def prediction(self) -> Prediction | None:
@@ -249,6 +259,7 @@ class ETSTrainerCallback(TrainerCallback):
         options, disagree = self._hook_options(args, state, optimizer, train_dataloader)
         self._save_best = _strategy(args, "save_strategy") == "best"
         self._phase, self._in_loop, self._flagged_eval, self._shown = None, False, False, None
+        self._monitor = _monitored_metric(args) if "early_stopping" in options else None
         self.hook = ETSHook(model, **options)
         self._training = True
         if disagree:  # after the hook: its console handler shows the line
@@ -321,20 +332,28 @@ class ETSTrainerCallback(TrainerCallback):
             self._begin_phase(_loop_phase())
 
     def on_evaluate(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        metrics: dict[str, Any] | None = None,
+        **kwargs: Any,
     ) -> None:
-        """End the evaluation phase; begin the checkpoint phase when a save follows.
+        """End the evaluation phase (reporting the early-stopping metric to the hook); begin the
+        checkpoint phase when a save follows.
 
         Args:
             args: the Trainer's arguments.
             state: the Trainer's state.
             control: the Trainer's control flags.
-            **kwargs: the Trainer's other event arguments (``metrics``).
+            metrics: the evaluation's metrics (the monitored one goes to ``report_metric``).
+            **kwargs: the Trainer's other event arguments.
         """
         if not self._training:
             return
         self._in_loop = False
         self._end_phase()
+        self._report_metric(metrics)
         # save_strategy="best": whether it saves is decided after this event; a phase that
         # saved nothing ends at the next step's begin (same step: one occurrence, its cost the
         # expected save cost per evaluation).
@@ -413,6 +432,9 @@ class ETSTrainerCallback(TrainerCallback):
         """``ETSHook`` keyword arguments (the Trainer's values, then the explicit ones) and a
         description of each explicit value that disagrees with the Trainer's."""
         found = _trainer_options(args, state, optimizer, dataloader)
+        rule = self._early_stopping_rule(args)
+        if rule is not None:
+            found["early_stopping"] = rule
         explicit = self._options
         if "optimizer" in explicit or "grad_scaler" in explicit:
             found.pop("grad_scaler", None)  # the Trainer's scaler goes with its optimizer only
@@ -430,6 +452,35 @@ class ETSTrainerCallback(TrainerCallback):
                 else _held_optimizer(given)
             )
         return options, disagree
+
+    def _early_stopping_rule(self, args: TrainingArguments) -> EarlyStoppingRule | None:
+        """The rule of the Trainer's ``EarlyStoppingCallback``, if it has one (and
+        ``metric_for_best_model``, without which that callback does nothing). Never raises."""
+        handler = self._handler() if self._handler is not None else None
+        if handler is None or _monitored_metric(args) is None:
+            return None
+        early = next(
+            (cb for cb in handler.callbacks if isinstance(cb, EarlyStoppingCallback)), None
+        )
+        if early is None:
+            return None
+        try:
+            return EarlyStoppingRule.from_hf(
+                early.early_stopping_patience,
+                early.early_stopping_threshold or 0.0,
+                bool(getattr(args, "greater_is_better", False)),
+            )
+        except (ValueError, TypeError) as exc:
+            logger.info("ets-hook: EarlyStoppingCallback not followed: %r", exc)
+            return None
+
+    def _report_metric(self, metrics: dict[str, Any] | None) -> None:
+        """Give the monitored metric of an evaluation to the hook (never raises)."""
+        if self.hook is None or self._monitor is None or not isinstance(metrics, dict):
+            return
+        value = metrics.get(self._monitor)
+        if isinstance(value, (int, float, torch.Tensor)) and not isinstance(value, bool):
+            self.hook.report_metric(self._monitor, float(value))
 
     def _phase_from_flags(self, control: TrainerControl) -> None:
         if control.should_evaluate:
@@ -579,6 +630,15 @@ def _trainer_options(
     return found
 
 
+def _monitored_metric(args: Any) -> str | None:
+    """The metric key ``EarlyStoppingCallback`` reads: ``metric_for_best_model`` prefixed with
+    ``eval_`` unless it starts with it; None when it is not set."""
+    name = getattr(args, "metric_for_best_model", None)
+    if not isinstance(name, str) or not name:
+        return None
+    return name if name.startswith("eval_") else f"eval_{name}"
+
+
 def _held_optimizer(optimizer: Any) -> Any:
     """The torch optimizer an Accelerate ``AcceleratedOptimizer`` holds, else ``optimizer``.
 
@@ -637,11 +697,19 @@ def _same(name: str, explicit: Any, found: Any) -> bool:
             return False
     if name == "grad_scaler":
         return explicit is found
+    if name == "early_stopping":
+        try:
+            return EarlyStoppingRule.coerce(explicit) == found
+        except ValueError:
+            return False
     return explicit == found
 
 
 def _describe(value: Any) -> str:
-    if isinstance(value, (int, float, str, type(None))):
+    simple = (int, float, str, type(None))
+    if isinstance(value, (*simple, EarlyStoppingRule)):
+        return repr(value)
+    if isinstance(value, tuple) and all(isinstance(v, simple) for v in value):
         return repr(value)
     return type(value).__name__
 

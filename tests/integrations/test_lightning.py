@@ -28,10 +28,11 @@ import torch
 pytest.importorskip("lightning")
 
 import lightning.pytorch as L
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
+from ets_hook.forecast.early_stop import EarlyStoppingRule
 from ets_hook.integrations.lightning import (
     LOG_KEYS,
     ETSCallback,
@@ -602,3 +603,58 @@ def test_readme_shows_this_snippet() -> None:
     if "ets_hook.integrations.lightning" not in readme:
         pytest.skip("README has no Lightning section yet")
     assert README_SNIPPET in readme
+
+
+# --------------------------------------------------------------------------------------------
+# Early stopping: the hook follows the Trainer's EarlyStopping
+
+
+class _FallingValLoss(TinyModule):
+    """``val_loss`` falls with each validation: early stopping never fires."""
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("val_loss", torch.tensor(1.0 / (1.0 + self.global_step)))
+
+
+@pytest.mark.parametrize(
+    ("trainer_kwargs", "at_epoch_end"),
+    [({}, True), ({"val_check_interval": 2}, False)],
+    ids=["checks-at-train-epoch-end", "checks-at-validation-end"],
+)
+def test_follows_the_trainers_early_stopping(
+    trainer_kwargs: dict[str, Any], at_epoch_end: bool
+) -> None:
+    early = EarlyStopping(monitor="val_loss", patience=2)
+    callback = ETSCallback(capture_steps=0, log_every=None)
+    trainer = quiet_trainer(
+        max_epochs=5, num_sanity_val_steps=1, callbacks=[callback, early], **trainer_kwargs
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(_FallingValLoss(), *loaders(batches=4))
+    assert early._check_on_train_epoch_end is at_epoch_end
+    assert callback.resolved_options["early_stopping"] == EarlyStoppingRule(
+        2, 0.0, "min", stop_on_non_finite=True
+    )
+    tracker = callback.hook._forecaster._early_stop
+    assert tracker is not None
+    validations = 5 if at_epoch_end else 10  # the sanity check is not reported
+    assert tracker.evaluations == validations >= 4
+    prediction = callback.prediction
+    assert prediction.expected_stop_step is not None
+    assert prediction.expected_stop_step <= trainer.global_step == 20
+    assert prediction.total_range_s is not None
+
+
+def test_explicit_early_stopping_wins(caplog: pytest.LogCaptureFixture) -> None:
+    early = EarlyStopping(monitor="val_loss", patience=2, min_delta=0.01)
+    callback = ETSCallback(capture_steps=0, log_every=None, early_stopping=(4, 0.5))
+    trainer = quiet_trainer(max_epochs=4, callbacks=[callback, early])
+    caplog.set_level(logging.INFO, logger="ets_hook")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(_FallingValLoss(), *loaders(batches=2))
+    tracker = callback.hook._forecaster._early_stop
+    assert tracker is not None and tracker.rule == EarlyStoppingRule(4, 0.5, "min")
+    assert tracker.evaluations == 4  # the monitor is still reported
+    assert any("early_stopping=(4, 0.5) given" in r.getMessage() for r in caplog.records)

@@ -27,6 +27,7 @@ pytest.importorskip("transformers")  # only so the core suite runs where the ext
 
 import torch
 from transformers import (
+    EarlyStoppingCallback,
     GPT2Config,
     GPT2LMHeadModel,
     Trainer,
@@ -36,10 +37,12 @@ from transformers import (
 from transformers.integrations import integration_utils
 from transformers.trainer_callback import ProgressCallback
 
+from ets_hook.forecast.early_stop import EarlyStoppingRule
 from ets_hook.integrations.transformers import (
     LOG_KEYS,
     ETSLogInjector,
     ETSTrainerCallback,
+    _monitored_metric,
     _trainer_options,
     log_values,
 )
@@ -575,3 +578,66 @@ def test_import_without_transformers_names_the_extra(monkeypatch: pytest.MonkeyP
     monkeypatch.delitem(sys.modules, "ets_hook.integrations.transformers")
     with pytest.raises(ImportError, match=r"pip install 'ets-hook\[transformers\]'"):
         importlib.import_module("ets_hook.integrations.transformers")
+
+
+# --------------------------------------------------------------------------------------------
+# Early stopping: the hook follows the Trainer's EarlyStoppingCallback
+
+
+def _early_stopping_run(
+    tmp_path: Path, max_steps: int, **hook_options: Any
+) -> tuple[Trainer, ETSTrainerCallback, list[str]]:
+    """A run evaluating (and saving) every 2 steps under ``EarlyStoppingCallback(patience=2)``,
+    on its own training data (its eval loss falls)."""
+    data = TokenSet(16)
+    args = training_args(
+        tmp_path, max_steps=max_steps, gradient_accumulation_steps=1, logging_steps=2,
+        eval_steps=2, save_steps=2, save_total_limit=1, load_best_model_at_end=True,
+        metric_for_best_model="eval_loss", learning_rate=1e-3,
+    )  # fmt: skip
+    records = Records()
+    ets_logger = logging.getLogger("ets_hook")
+    ets_logger.addHandler(records)
+    level = ets_logger.level
+    ets_logger.setLevel(logging.INFO)
+    callback = ETSTrainerCallback(log_every=None, capture_steps=0, **hook_options)
+    trainer = Trainer(
+        model=tiny_gpt2(), args=args, train_dataset=data, eval_dataset=TokenSet(4),
+        callbacks=[callback, EarlyStoppingCallback(early_stopping_patience=2)],
+    )  # fmt: skip
+    try:
+        trainer.train()
+    finally:
+        ets_logger.removeHandler(records)
+        ets_logger.setLevel(level)
+    return trainer, callback, records.lines
+
+
+def test_follows_the_trainers_early_stopping_callback(tmp_path: Path) -> None:
+    trainer, callback, _ = _early_stopping_run(tmp_path, max_steps=20)
+    hook = callback.hook
+    assert hook is not None
+    tracker = hook._forecaster._early_stop
+    assert tracker is not None
+    assert tracker.rule == EarlyStoppingRule(2, 0.0, "min", best_on_any_improvement=True)
+    evaluations = [e for e in trainer.state.log_history if "eval_loss" in e]
+    assert tracker.evaluations == len(evaluations) >= 4
+    prediction = callback.prediction
+    assert prediction is not None and prediction.expected_stop_step is not None
+    assert prediction.expected_stop_step <= 20
+    assert prediction.total_range_s is not None
+
+
+def test_explicit_early_stopping_wins(tmp_path: Path) -> None:
+    _, callback, lines = _early_stopping_run(tmp_path, max_steps=8, early_stopping=(5, 0.1))
+    assert callback.hook is not None
+    tracker = callback.hook._forecaster._early_stop
+    assert tracker is not None and tracker.rule == EarlyStoppingRule(5, 0.1, "min")
+    assert tracker.evaluations == 4  # eval_loss is still reported
+    assert any("early_stopping=(5, 0.1)" in line for line in lines)
+
+
+def test_monitored_metric_is_prefixed_as_the_trainer_does() -> None:
+    assert _monitored_metric(SimpleNamespace(metric_for_best_model="loss")) == "eval_loss"
+    assert _monitored_metric(SimpleNamespace(metric_for_best_model="eval_acc")) == "eval_acc"
+    assert _monitored_metric(SimpleNamespace(metric_for_best_model=None)) is None
