@@ -3,6 +3,7 @@ their measurements are not asserted here)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -40,3 +41,19 @@ def test_scale_run_reports_no_drops_for_a_small_op_count(tmp_path: Path) -> None
     lines = dict(line.strip().split(": ", 1) for line in result.stdout.splitlines() if ": " in line)
     assert int(lines["dropped_records"]) == 0
     assert int(lines["ops_per_step_seen"]) >= 3000 * 0.9
+
+
+def test_framework_accuracy_quick_run_reports_both_frameworks(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    pytest.importorskip("lightning")
+    out_json, out_md = tmp_path / "fw.json", tmp_path / "fw.md"
+    result = run(
+        "accuracy_frameworks.py", "--quick", "--repeats", "1",
+        "--json", str(out_json), "--markdown", str(out_md),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    document = json.loads(out_json.read_text())
+    assert {r["framework"] for r in document["runs"]} == {"transformers", "lightning"}
+    for method in ("ets-hook", "framework", "last_step"):
+        assert set(document["summary"][method]) == {"3", "5", "10"}
+    assert "| ets-hook (median / max over runs) |" in out_md.read_text()

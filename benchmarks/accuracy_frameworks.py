@@ -1,0 +1,540 @@
+"""Early total-time predictions of ets-hook against the frameworks' own progress-bar ETAs.
+
+Real Hugging Face ``Trainer`` and Lightning ``Trainer`` jobs on CPU (tiny-but-not-trivial
+models built from configs, random data, no downloads), each with the ets-hook callback
+(``ETSTrainerCallback`` / ``ETSCallback``, default settings) and the framework's own tqdm bar
+enabled (its output goes to a null file). A recorder callback placed *after* the bar reads, at
+the end of optimizer steps 3, 5 and 10:
+
+- ``ets-hook``: ``callback.prediction.total_s`` (measured from hook creation);
+- ``framework``: the bar's ETA as a whole-job total: elapsed (the hook's clock) + remaining
+  optimizer steps x the bar's seconds per step. The Trainer's bar counts optimizer steps over
+  the whole job (tqdm EMA, smoothing 0.3: ``format_dict["rate"]``, else ``elapsed / n``);
+  Lightning's bar counts the batches of the current epoch (``smoothing=0``: ``elapsed / n``),
+  converted to seconds per optimizer step x ``accumulate_grad_batches``;
+- ``last_step``: elapsed + the last optimizer step's wall time x remaining steps.
+
+Ground truth: the hook's clock at the end of the last optimizer step. Reported: the absolute %
+error per job, repeat and step, and the median over all runs per step. Noise floor, per job:
+the run-to-run spread of the actual total over the repeats ((max - min) / mean) and the
+coefficient of variation of the step time over the second half of each run.
+
+    python benchmarks/accuracy_frameworks.py [--jobs a,b] [--repeats 2] [--quick]
+        [--json results/accuracy_frameworks.json] [--markdown results/accuracy_frameworks.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from accuracy import machine  # benchmarks/ is sys.path[0] when this script runs
+
+REPORT_STEPS = (3, 5, 10)
+METHODS = ("ets-hook", "framework", "last_step")
+
+
+@dataclass
+class Record:
+    """What the recorder saw in one run."""
+
+    job: str
+    framework: str
+    repeat: int
+    total_steps: int
+    step_ends_s: list[float] = field(default_factory=list)  # hook clock, per optimizer step
+    ets_total_s: dict[int, float | None] = field(default_factory=dict)
+    framework_total_s: dict[int, float | None] = field(default_factory=dict)
+    bar: dict[int, dict[str, Any]] = field(default_factory=dict)  # the bar's numbers at k
+    train_step_s: list[float] = field(default_factory=list)  # the hook's step times
+
+    def see(self, step: int, now_s: float, ets_total: float | None, bar_total: float | None,
+            bar: dict[str, Any]) -> None:  # fmt: skip
+        """Record the end of optimizer step ``step`` (1-based) at hook time ``now_s``."""
+        self.step_ends_s.append(now_s)
+        if step in REPORT_STEPS:
+            self.ets_total_s[step] = ets_total
+            self.framework_total_s[step] = bar_total
+            self.bar[step] = bar
+
+    @property
+    def actual_total_s(self) -> float:
+        """The hook's clock at the end of the last optimizer step."""
+        return self.step_ends_s[-1]
+
+    def errors(self) -> dict[str, dict[int, float]]:
+        """method -> step -> absolute % error of the predicted total."""
+        truth = self.actual_total_s
+        out: dict[str, dict[int, float]] = {m: {} for m in METHODS}
+        for k in REPORT_STEPS:
+            if k >= self.total_steps or len(self.step_ends_s) < k:
+                continue
+            elapsed = self.step_ends_s[k - 1]
+            last = elapsed - (self.step_ends_s[k - 2] if k > 1 else 0.0)
+            candidates = {
+                "ets-hook": self.ets_total_s.get(k),
+                "framework": self.framework_total_s.get(k),
+                "last_step": elapsed + last * (self.total_steps - k),
+            }
+            for method, total in candidates.items():
+                if total is not None:
+                    out[method][k] = 100.0 * abs(total - truth) / truth
+        return out
+
+
+def _bar_numbers(bar: Any) -> dict[str, Any]:
+    """The tqdm bar's ``format_dict`` numbers (n, total, elapsed, rate) and its seconds per item."""
+    if bar is None or getattr(bar, "disable", True):
+        raise RuntimeError("the framework's progress bar is disabled: nothing to compare with")
+    fd = bar.format_dict
+    rate = fd.get("rate") or (fd["n"] / fd["elapsed"] if fd["elapsed"] and fd["n"] else None)
+    return {
+        "n": fd["n"],
+        "total": fd["total"],
+        "elapsed": fd["elapsed"],
+        "rate": fd.get("rate"),
+        "s_per_item": 1.0 / rate if rate else None,
+    }
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Send stdout/stderr (the bars bind the current ``sys.stdout``/``sys.stderr``) to null."""
+    with (
+        open(os.devnull, "w") as null,
+        contextlib.redirect_stdout(null),
+        contextlib.redirect_stderr(null),
+    ):
+        yield
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face Trainer jobs
+
+
+@dataclass(frozen=True)
+class TrainerJob:
+    """A Hugging Face Trainer job: a model family, its size and the Trainer's schedule."""
+
+    name: str
+    model: str  # "gpt2" | "bert"
+    width: int
+    layers: int
+    seq: int
+    batch: int
+    steps: int
+    eval_steps: int
+    save_steps: int
+    grad_accum: int = 1
+    framework: str = "transformers"
+
+
+@dataclass(frozen=True)
+class LightningJob:
+    """A Lightning job: a LightningModule, its size, epochs and accumulation."""
+
+    name: str
+    model: str  # "cnn" | "mlp"
+    width: int
+    batch: int
+    batches_per_epoch: int
+    epochs: int
+    grad_accum: int = 1
+    val_batches: int = 8
+    framework: str = "lightning"
+
+
+JOBS: tuple[TrainerJob | LightningJob, ...] = (
+    TrainerJob("hf-gpt2+eval+ckpt", "gpt2", 256, 4, 128, 8, 120, eval_steps=40, save_steps=60),
+    TrainerJob("hf-bert+accum2+eval+ckpt", "bert", 256, 4, 128, 8, 80, 25, 40, grad_accum=2),
+    LightningJob("pl-cnn+val+ckpt", "cnn", 48, 128, 40, 3),
+    LightningJob("pl-mlp+accum2+val+ckpt", "mlp", 1536, 128, 80, 3, grad_accum=2),
+)
+QUICK_JOBS: tuple[TrainerJob | LightningJob, ...] = (
+    TrainerJob("hf-gpt2-tiny", "gpt2", 16, 1, 16, 2, 12, eval_steps=6, save_steps=12),
+    LightningJob("pl-mlp-tiny", "mlp", 32, 8, 6, 2, val_batches=2),
+)
+
+
+class _Tokens(torch.utils.data.Dataset):
+    """Random token sequences: causal-LM targets (``gpt2``) or a class label (``bert``)."""
+
+    def __init__(self, n: int, seq: int, vocab: int, classes: int | None, seed: int) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(0, vocab, (n, seq), generator=generator)
+        self.labels = None if classes is None else torch.randint(0, classes, (n,))
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        labels = self.ids[i] if self.labels is None else self.labels[i]
+        return {"input_ids": self.ids[i], "labels": labels}
+
+
+def run_trainer_job(job: TrainerJob, repeat: int, workdir: Path) -> Record:
+    """Train ``job`` with ``ETSTrainerCallback`` and the Trainer's tqdm bar; record it."""
+    from transformers import (
+        BertConfig,
+        BertForSequenceClassification,
+        GPT2Config,
+        GPT2LMHeadModel,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
+    from transformers.trainer_callback import ProgressCallback
+
+    from ets_hook.integrations.transformers import ETSTrainerCallback
+
+    torch.manual_seed(repeat)
+    vocab = 1000
+    if job.model == "gpt2":
+        config = GPT2Config(n_layer=job.layers, n_head=4 if job.width >= 64 else 2,
+                            n_embd=job.width, vocab_size=vocab, n_positions=job.seq,
+                            bos_token_id=0, eos_token_id=0)  # fmt: skip
+        model: Any = GPT2LMHeadModel(config)
+        classes = None
+    else:
+        config = BertConfig(vocab_size=vocab, hidden_size=job.width, num_hidden_layers=job.layers,
+                            num_attention_heads=4, intermediate_size=2 * job.width,
+                            max_position_embeddings=job.seq, num_labels=4)  # fmt: skip
+        model = BertForSequenceClassification(config)
+        classes = 4
+    samples = job.steps * job.batch * job.grad_accum
+    train = _Tokens(samples, job.seq, vocab, classes, seed=repeat)
+    evaluation = _Tokens(4 * job.batch, job.seq, vocab, classes, seed=1000 + repeat)
+    args = TrainingArguments(
+        output_dir=str(workdir / "out"),
+        max_steps=job.steps,
+        per_device_train_batch_size=job.batch,
+        per_device_eval_batch_size=2 * job.batch,
+        gradient_accumulation_steps=job.grad_accum,
+        eval_strategy="steps",
+        eval_steps=job.eval_steps,
+        save_strategy="steps",
+        save_steps=job.save_steps,
+        logging_steps=max(1, job.steps // 4),
+        report_to=[],
+        use_cpu=True,
+        dataloader_num_workers=0,
+        disable_tqdm=False,
+        seed=repeat,
+    )
+    ets = ETSTrainerCallback()
+    record = Record(job.name, job.framework, repeat, job.steps)
+
+    class Recorder(TrainerCallback):
+        """After the ProgressCallback: read the bar and the hook at each optimizer step end."""
+
+        progress: Any = None
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            hook = ets.hook
+            if hook is None:
+                return
+            now_s = (time.perf_counter_ns() - hook.created_ns) / 1e9
+            step = state.global_step
+            bar = _bar_numbers(self.progress.training_bar)
+            remaining = state.max_steps - step
+            bar_total = (
+                now_s + remaining * bar["s_per_item"] if bar["s_per_item"] is not None else None
+            )
+            prediction = ets.prediction
+            ets_total = prediction.total_s if prediction is not None else None
+            record.see(step, now_s, ets_total, bar_total, bar)
+
+    recorder = Recorder()
+    with _quiet():
+        trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=evaluation,
+                          callbacks=[ets])  # fmt: skip
+        trainer.add_callback(recorder)  # after ProgressCallback: the bar is updated by then
+        recorder.progress = next(
+            c for c in trainer.callback_handler.callbacks if isinstance(c, ProgressCallback)
+        )
+        trainer.train()
+    assert ets.hook is not None
+    record.train_step_s = list(ets.hook.step_times_s)
+    return record
+
+
+# ---------------------------------------------------------------------------------------------
+# Lightning jobs
+
+
+def run_lightning_job(job: LightningJob, repeat: int, workdir: Path) -> Record:
+    """Fit ``job`` with ``ETSCallback``, a ModelCheckpoint and the TQDM bar; record it."""
+    import lightning.pytorch as L
+    from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from ets_hook.integrations.lightning import ETSCallback
+
+    torch.manual_seed(repeat)
+    width = job.width
+    if job.model == "cnn":
+        shape: tuple[int, ...] = (3, 32, 32)
+        net = torch.nn.Sequential(
+            torch.nn.Conv2d(3, width, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(width, 2 * width, 3, padding=1), torch.nn.ReLU(),
+            torch.nn.MaxPool2d(2), torch.nn.Conv2d(2 * width, 4 * width, 3, padding=1),
+            torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+            torch.nn.Linear(4 * width, 10),
+        )  # fmt: skip
+    else:
+        shape = (256,)
+        net = torch.nn.Sequential(
+            torch.nn.Linear(256, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
+            torch.nn.ReLU(), torch.nn.Linear(width, width), torch.nn.ReLU(),
+            torch.nn.Linear(width, 10),
+        )  # fmt: skip
+
+    class Module(L.LightningModule):
+        """A classifier on random data (validation each epoch)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = net
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            loss = torch.nn.functional.cross_entropy(self.net(x), y)
+            self.log("train_loss", loss)
+            return loss
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            x, y = batch
+            self.log("val_loss", torch.nn.functional.cross_entropy(self.net(x), y))
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    g = torch.Generator().manual_seed(repeat)
+    n_train, n_val = job.batch * job.batches_per_epoch, job.batch * job.val_batches
+    train = TensorDataset(torch.randn(n_train, *shape, generator=g),
+                          torch.randint(0, 10, (n_train,), generator=g))  # fmt: skip
+    val = TensorDataset(torch.randn(n_val, *shape, generator=g),
+                        torch.randint(0, 10, (n_val,), generator=g))  # fmt: skip
+    total_steps = job.epochs * (job.batches_per_epoch // job.grad_accum)
+    record = Record(job.name, job.framework, repeat, total_steps)
+    ets = ETSCallback()
+    bar = TQDMProgressBar(refresh_rate=1)
+
+    class Recorder(L.Callback):
+        """After the TQDM bar: read the bar and the hook at each optimizer step end."""
+
+        seen_step = 0
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                               batch_idx: int) -> None:  # fmt: skip
+            hook = ets.hook
+            step = trainer.global_step
+            if hook is None or step == self.seen_step:
+                return  # no optimizer step in this batch (gradient accumulation)
+            self.seen_step = step
+            now_s = (time.perf_counter_ns() - hook.created_ns) / 1e9
+            numbers = _bar_numbers(bar.train_progress_bar)
+            per_item = numbers["s_per_item"]
+            bar_total = (
+                now_s + (total_steps - step) * per_item * job.grad_accum
+                if per_item is not None
+                else None
+            )
+            prediction = ets.prediction
+            ets_total = prediction.total_s if prediction is not None else None
+            record.see(step, now_s, ets_total, bar_total, numbers)
+
+    with _quiet():
+        trainer = L.Trainer(
+            max_epochs=job.epochs,
+            accumulate_grad_batches=job.grad_accum,
+            check_val_every_n_epoch=1,
+            callbacks=[ets, bar, Recorder(),
+                       ModelCheckpoint(dirpath=workdir / "ckpt", save_last=True, save_top_k=-1)],
+            logger=False,
+            enable_model_summary=False,
+            log_every_n_steps=10,
+            accelerator="cpu",
+            devices=1,
+        )  # fmt: skip
+        trainer.fit(Module(), DataLoader(train, batch_size=job.batch, shuffle=True),
+                    DataLoader(val, batch_size=job.batch))  # fmt: skip
+    assert ets.hook is not None
+    if trainer.global_step != total_steps:
+        raise RuntimeError(f"{job.name}: {trainer.global_step} steps, expected {total_steps}")
+    record.train_step_s = list(ets.hook.step_times_s)
+    return record
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics and reporting
+
+
+def noise(records: list[Record]) -> dict[str, float | None]:
+    """A job's noise floor: run-to-run spread of the actual total and second-half step CV (%)."""
+    totals = [r.actual_total_s for r in records]
+    spread = (
+        100.0 * (max(totals) - min(totals)) / statistics.fmean(totals) if len(totals) > 1 else None
+    )
+    cvs = []
+    for r in records:
+        half = r.train_step_s[len(r.train_step_s) // 2 :]
+        if len(half) > 1:
+            cvs.append(100.0 * statistics.stdev(half) / statistics.fmean(half))
+    return {"total_spread": spread, "step_cv": statistics.fmean(cvs) if cvs else None}
+
+
+def summarize(errors: list[dict[str, dict[int, float]]]) -> dict[str, dict[int, dict[str, float]]]:
+    """method -> step -> median / max absolute % error over all runs."""
+    table: dict[str, dict[int, dict[str, float]]] = {}
+    for method in METHODS:
+        table[method] = {}
+        for k in REPORT_STEPS:
+            values = [e[method][k] for e in errors if k in e[method]]
+            if values:
+                table[method][k] = {
+                    "median": float(np.median(values)),
+                    "max": float(np.max(values)),
+                    "runs": len(values),
+                }
+    return table
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def markdown(records: list[Record], table: dict[str, Any], floors: dict[str, Any]) -> str:
+    """Per-run rows, the median over runs per step, and the per-job noise floors."""
+    head = "| job | run | actual total (s) | " + " | ".join(
+        f"step {k}: ets-hook / framework / last step" for k in REPORT_STEPS
+    ) + " |"  # fmt: skip
+    rows = [
+        "**Predicted total job time**: absolute % error, ets-hook / framework bar ETA / "
+        "last step x remaining",
+        "",
+        head,
+        "|---|---|---|" + "---|" * len(REPORT_STEPS),
+    ]
+    for r in records:
+        e = r.errors()
+        cells = [" / ".join(_fmt(e[m].get(k)) for m in METHODS) for k in REPORT_STEPS]
+        rows.append(
+            f"| {r.job} | {r.repeat} | {r.actual_total_s:.2f} | " + " | ".join(cells) + " |"
+        )
+    rows += ["", "| method | " + " | ".join(f"step {k}" for k in REPORT_STEPS) + " |",
+             "|---|" + "---|" * len(REPORT_STEPS)]  # fmt: skip
+    for method in METHODS:
+        cells = [
+            f"{table[method][k]['median']:.1f} / {table[method][k]['max']:.1f}"
+            if k in table[method]
+            else "-"
+            for k in REPORT_STEPS
+        ]
+        rows.append(f"| {method} (median / max over runs) | " + " | ".join(cells) + " |")
+    rows += ["", "| job | run-to-run spread of the actual total (%) | step-time CV, 2nd half (%) |",
+             "|---|---|---|"]  # fmt: skip
+    for name, floor in floors.items():
+        rows.append(f"| {name} | {_fmt(floor['total_spread'])} | {_fmt(floor['step_cv'])} |")
+    return "\n".join(rows)
+
+
+def run_one(job: TrainerJob | LightningJob, repeat: int) -> Record:
+    """Run one job once in a fresh temporary directory."""
+    runner: Callable[[Any, int, Path], Record] = (
+        run_trainer_job if isinstance(job, TrainerJob) else run_lightning_job
+    )
+    with tempfile.TemporaryDirectory(prefix="ets-accuracy-fw-") as tmp:
+        return runner(job, repeat, Path(tmp))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the jobs, print and write the JSON and markdown reports."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", default=None, help="comma-separated job names (default: all)")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--json", type=Path, default=Path("results/accuracy_frameworks.json"))
+    parser.add_argument("--markdown", type=Path, default=Path("results/accuracy_frameworks.md"))
+    parser.add_argument("--quick", action="store_true", help="one tiny job per framework")
+    args = parser.parse_args(argv)
+    pool = QUICK_JOBS if args.quick else JOBS
+    specs = {j.name: j for j in pool}
+    names = args.jobs.split(",") if args.jobs else list(specs)
+    unknown = [n for n in names if n not in specs]
+    if unknown:
+        parser.error(f"unknown jobs {unknown}; known: {sorted(specs)}")
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
+    load_before = os.getloadavg()
+    print(f"machine: {machine()}  load: {load_before}")
+    records: list[Record] = []
+    floors: dict[str, Any] = {}
+    for name in names:
+        mine = []
+        for repeat in range(args.repeats):
+            started = time.perf_counter()
+            record = run_one(specs[name], repeat)
+            e = record.errors()
+            print(
+                f"{name:28} run {repeat}: total {record.actual_total_s:6.2f}s "
+                f"({record.total_steps} steps, {time.perf_counter() - started:.0f}s wall)  "
+                + "  ".join(
+                    f"@{k}: " + "/".join(_fmt(e[m].get(k)) for m in METHODS) for k in REPORT_STEPS
+                )
+            )
+            sys.stdout.flush()
+            mine.append(record)
+        floors[name] = noise(mine)
+        records += mine
+    table = summarize([r.errors() for r in records])
+    load_after = os.getloadavg()
+    report = markdown(records, table, floors)
+    print("\n" + report + f"\n\nload average before {load_before}, after {load_after}")
+    document = {
+        "machine": machine(),
+        "load_before": load_before,
+        "load_after": load_after,
+        "repeats": args.repeats,
+        "jobs_spec": [asdict(specs[n]) for n in names],
+        "summary": {m: {str(k): v for k, v in t.items()} for m, t in table.items()},
+        "noise_floor": floors,
+        "runs": [
+            {
+                "job": r.job,
+                "framework": r.framework,
+                "repeat": r.repeat,
+                "total_steps": r.total_steps,
+                "actual_total_s": r.actual_total_s,
+                "errors": {m: {str(k): v for k, v in e.items()} for m, e in r.errors().items()},
+                "ets_total_s": {str(k): v for k, v in r.ets_total_s.items()},
+                "framework_total_s": {str(k): v for k, v in r.framework_total_s.items()},
+                "bar": {str(k): v for k, v in r.bar.items()},
+                "step_ends_s": r.step_ends_s,
+                "train_step_s": r.train_step_s,
+            }
+            for r in records
+        ],
+    }
+    for path in (args.json, args.markdown):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(document, indent=1))
+    args.markdown.write_text(report + "\n")
+    print(f"wrote {args.json}, {args.markdown}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
