@@ -570,6 +570,15 @@ PyObject* py_reset(PyObject*, PyObject*) {
   return PyLong_FromSize_t(forget_records());
 }
 
+// record_count(): start + end records published so far, every thread (a live count: the hook
+// reads it at each window step boundary to learn the job's ops per step).
+PyObject* py_record_count(PyObject*, PyObject*) {
+  std::size_t total = 0;
+  std::lock_guard<std::mutex> lock(g_threads_mutex);
+  for (auto& b : g_threads) total += b->events.published();
+  return PyLong_FromSize_t(total);
+}
+
 PyObject* py_allocated_bytes(PyObject*, PyObject*) {
   std::size_t total = 0;
   std::lock_guard<std::mutex> lock(g_threads_mutex);
@@ -636,6 +645,7 @@ PyMethodDef kMethods[] = {
     {"dropped", py_dropped, METH_NOARGS, "dropped() -> records dropped since reset()"},
     {"reset", py_reset, METH_NOARGS, "reset() -> bytes freed"},
     {"allocated_bytes", py_allocated_bytes, METH_NOARGS, "allocated_bytes() -> buffer bytes held"},
+    {"record_count", py_record_count, METH_NOARGS, "record_count() -> records published so far"},
     {"names", py_names, METH_VARARGS, "names(start=0) -> interned names from id start"},
     {"dtype_names", py_dtype_names, METH_NOARGS, "dtype_names() -> name per ScalarType code"},
     {"record_fields", py_record_fields, METH_NOARGS, "record_fields() -> [(name, format, offset)]"},

@@ -51,6 +51,7 @@ from .capture.window import (
     build_window_trace,
     check_window_settings,
     choose_op_capture,
+    measured_capture_ratio,
     start_kernel_collector,
 )
 from .errors import DeadlineExceededError
@@ -624,6 +625,8 @@ class ETSHook:
         if self._state == WindowState.CAPTURING and self._ops is not None and self._ops.active:
             offset = self._epoch_offset_ns
             self._window_bounds.append(StepBounds(step_index, start_ns + offset, end_ns + offset))
+            if isinstance(self._ops, NativeOpCapture) and self._device.type == "cpu":
+                self._measure_window_step()
         completed = step_index + 1
         if self._state == WindowState.WAITING and completed == self.skip_steps:
             self._start_capture()
@@ -643,6 +646,19 @@ class ETSHook:
                     # any scope of this session.
                     self._ops.stop()
                     self._restart_pending = True
+
+    def _measure_window_step(self) -> None:
+        """Ops this window step recorded -> the job's own window slowdown, for the forecaster
+        (instead of the prior's median over other jobs)."""
+        count = self._ops.records()
+        self._window_ops.append((count - self._window_records) // 2)
+        self._window_records = count
+        us_per_op = self._ops.us_per_op[self.record_shapes != "none"]
+        recent_s = self._step_times_s[-len(self._window_ops) :]
+        ratio = measured_capture_ratio(recent_s, self._window_ops, us_per_op)
+        if ratio is not None:
+            end = self.skip_steps + self.capture_steps
+            self._forecaster.set_capture_window(self.skip_steps, end, capture_ratio=ratio)
 
     def _on_forward(self) -> None:
         if self._restart_pending and self._state == WindowState.CAPTURING:
@@ -713,6 +729,8 @@ class ETSHook:
             correlation = correlation_api()
         self._ops.start(record_shapes=self.record_shapes != "none", correlation=correlation)
         self._capture_thread = threading.get_ident()
+        self._window_ops: list[int] = []  # ops recorded per window step (native path)
+        self._window_records = self._ops.records() if isinstance(self._ops, NativeOpCapture) else 0
         self._state = WindowState.CAPTURING
         # The window's steps carry the capture's cost, and the steps after it the decode's.
         window_end = self.skip_steps + self.capture_steps

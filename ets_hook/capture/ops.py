@@ -75,6 +75,14 @@ class NativeOpCapture:
         "capture_ratio": (1.0, 1.3),
         "capture_spike_steps": (0.5, 11.0),
     }
+    #: Wall time the observer adds per op, µs, (low, high) without / with input shapes: the
+    #: per-round IQRs of ``benchmarks/overhead.py`` on four CPU models (0.49-0.71 µs/op without
+    #: shapes, 0.56-0.95 with), widened. With the ops each window step records this gives the
+    #: job's own window slowdown (``capture.window.measured_capture_ratio``).
+    us_per_op: ClassVar[Mapping[bool, tuple[float, float]]] = {
+        False: (0.3, 0.7),
+        True: (0.4, 0.9),
+    }
 
     def __init__(self, module: Any, thread_budget_bytes: int = NATIVE_THREAD_BUDGET_BYTES) -> None:
         self._ops = module
@@ -117,6 +125,10 @@ class NativeOpCapture:
             RuntimeError: no session is open.
         """
         self._ops.set_inputs(record_shapes)
+
+    def records(self) -> int:
+        """Start and end records published so far by every thread (cheap: one lock, a sum)."""
+        return int(self._ops.record_count())
 
     def stop(self) -> None:
         """Remove the callback (ops still open keep their end records coming). Idempotent."""

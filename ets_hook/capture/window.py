@@ -10,6 +10,7 @@ the window recorded into a ``Trace``. ``ETSHook`` decides *when*; this module do
 from __future__ import annotations
 
 import logging
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,6 +70,32 @@ class OpCaptureChoice:
 
     ops: NativeOpCapture | ProfilerOpCapture | None
     note: str
+
+
+def measured_capture_ratio(
+    step_s: Sequence[float], ops_per_step: Sequence[int], us_per_op: tuple[float, float]
+) -> tuple[float, float] | None:
+    """This job's window slowdown (window step / the same step without capture), from what the
+    window measured: the median window step and the median ops it recorded per step, at the
+    observer's per-op cost range.
+
+    Args:
+        step_s: the window's step times so far, seconds.
+        ops_per_step: ops recorded in each of those steps.
+        us_per_op: (low, high) wall time the capture adds per op, µs.
+
+    Returns:
+        ``(low, high)`` ratios (>= 1), or None without a step. The capture's share of a step is
+        capped at 80% (a step cannot be mostly capture unless the cost range is wrong).
+    """
+    if not step_s or not ops_per_step:
+        return None
+    step = statistics.median(step_s)
+    ops = statistics.median(ops_per_step)
+    if not step > 0:
+        return None
+    share_lo, share_hi = (min(0.8, ops * us * 1e-6 / step) for us in us_per_op)
+    return 1.0 / (1.0 - share_lo), 1.0 / (1.0 - share_hi)
 
 
 def choose_op_capture(mode: str) -> OpCaptureChoice:

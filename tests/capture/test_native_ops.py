@@ -333,3 +333,27 @@ def test_the_observer_can_be_switched_off(tmp_path: Path) -> None:
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert "disabled by ETS_HOOK_NATIVE_OPS" in run.stdout
+
+
+def test_the_window_measures_its_own_slowdown_from_the_ops_it_records() -> None:
+    from ets_hook import ETSHook
+    from ets_hook.capture.window import measured_capture_ratio
+
+    # 1000 ops in a 2 ms step at 0.4-0.9 µs per op: 20-45% of the step is capture.
+    lo, hi = measured_capture_ratio([0.002, 0.0021, 0.0019], [1000, 1000, 1000], (0.4, 0.9))
+    assert lo == pytest.approx(1 / (1 - 0.2)) and hi == pytest.approx(1 / (1 - 0.45))
+    assert measured_capture_ratio([], [], (0.4, 0.9)) is None
+    capped = measured_capture_ratio([0.001], [10**6], (0.4, 0.9))  # capture capped at 80%
+    assert capped == pytest.approx((5.0, 5.0))
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    hook = ETSHook(model, optimizer=opt, capture_steps=3, skip_steps=1, op_capture="native")
+    for _ in range(5):
+        opt.zero_grad()
+        model(torch.randn(8, 16)).sum().backward()
+        opt.step()
+    assert len(hook._window_ops) == 3 and all(n > 20 for n in hook._window_ops)
+    ratio = hook._forecaster.prior.capture_ratio
+    assert ratio != NativeOpCapture.cpu_costs["capture_ratio"] and 1.0 < ratio[0] <= ratio[1]
+    hook.close()
