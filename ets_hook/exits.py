@@ -47,7 +47,7 @@ class ExitListener(Protocol):
         ``FAILED``; ``error``: the exception's type name for ``FAILED``, else None."""
 
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # re-entrant: the SIGTERM handler may run inside register()
 _live: weakref.WeakSet[Any] = weakref.WeakSet()
 _installed = False
 _outcome: tuple[str, str | None] | None = None
