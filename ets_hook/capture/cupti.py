@@ -405,7 +405,7 @@ class CollectorStats:
         return self.ring_dropped + self.cupti_dropped
 
 
-_active_lock = threading.Lock()
+_active_lock = threading.RLock()  # re-entrant: close() may run in a SIGTERM handler
 _active: KernelCollector | None = None  # guarded by _active_lock
 _last_started: KernelCollector | None = None  # whose session the native counters describe
 

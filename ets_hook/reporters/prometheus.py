@@ -71,7 +71,7 @@ _MISSING = (
 # HTTP servers this process started, by (addr, port), with the reporter that owns each: a new
 # reporter may take over the port of one that has ended (notebook re-runs), never a live one's.
 _servers: dict[tuple[str, int], tuple[Any, PrometheusReporter]] = {}
-_servers_lock = threading.Lock()
+_servers_lock = threading.RLock()  # re-entrant: reachable from a SIGTERM handler
 
 
 def script_name() -> str:

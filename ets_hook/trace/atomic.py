@@ -16,7 +16,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # re-entrant: a SIGTERM handler may write while it is held
 _swept: set[Path] = set()
 
 
