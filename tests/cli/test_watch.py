@@ -156,7 +156,13 @@ class PtyRun:
         assert ETS_HOOK
         master, slave = pty.openpty()
         self.proc = subprocess.Popen(
-            [ETS_HOOK, "watch", *map(str, args)], stdin=slave, stdout=slave, stderr=slave
+            [ETS_HOOK, "watch", *map(str, args)],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            # A shell's background job starts with SIGINT ignored, and Python then keeps it
+            # ignored: give the child the default, as a terminal would.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         os.close(slave)
         self.chunks: list[bytes] = []
