@@ -196,6 +196,7 @@ def _inputs_by_handle(
     }
     pad = -(2**63)
     out: dict[int, tuple[tuple[tuple[int, ...], ...], tuple[str, ...]]] = {}
+    seen: dict[tuple[int, ...], tuple[tuple[tuple[int, ...], ...], tuple[str, ...]]] = {}
     for raw in buffers:
         words = np.frombuffer(raw, dtype="<i8").tolist()
         i, n = 0, len(words)
@@ -206,15 +207,20 @@ def _inputs_by_handle(
             handle, size = words[i], words[i + 1]
             if size < 2 or i + size > n:
                 break  # torn tail (a producer still writing): nothing after it is complete
-            shapes: list[tuple[int, ...]] = []
-            dtypes: list[str] = []
-            j, stop = i + 2, i + size
-            while j + 1 < stop:
-                code, ndim = words[j], words[j + 1]
-                shapes.append(tuple(words[j + 2 : j + 2 + ndim]))
-                dtypes.append(dtype_names[code] if code >= 0 else special.get(code, ""))
-                j += 2 + ndim
-            out[handle] = (tuple(shapes), tuple(dtypes))
+            stop = i + size
+            key = tuple(words[i + 2 : stop])  # the same inputs recur every step: parse once
+            parsed = seen.get(key)
+            if parsed is None:
+                shapes: list[tuple[int, ...]] = []
+                dtypes: list[str] = []
+                j = i + 2
+                while j + 1 < stop:
+                    code, ndim = words[j], words[j + 1]
+                    shapes.append(tuple(words[j + 2 : j + 2 + ndim]))
+                    dtypes.append(dtype_names[code] if code >= 0 else special.get(code, ""))
+                    j += 2 + ndim
+                parsed = seen[key] = (tuple(shapes), tuple(dtypes))
+            out[handle] = parsed
             i = stop
     return out
 
