@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import re
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -216,3 +217,22 @@ def run_job(
 def log_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     """The messages logged on the ``ets_hook`` logger."""
     return [r.getMessage() for r in caplog.records if r.name == "ets_hook"]
+
+
+def call_in_thread(call: Any, timeout: float = 20.0) -> Any:
+    """Run ``call`` in a daemon thread: its result or exception, or fail if it blocks."""
+    outcome: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            outcome["result"] = call()
+        except BaseException as exc:  # handed back to the test
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert not thread.is_alive(), f"{call} still blocked after {timeout} s"
+    if "error" in outcome:
+        raise outcome["error"]  # type: ignore[misc]
+    return outcome["result"]

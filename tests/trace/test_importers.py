@@ -7,11 +7,10 @@ import csv
 import os
 import pickle
 import sys
-import threading
 from pathlib import Path
 
 import pytest
-from support import SHARED_DATA
+from support import SHARED_DATA, call_in_thread
 
 from ets_hook.errors import (
     ETSCSVError,
@@ -227,25 +226,6 @@ def test_shared_sample_imports_as_the_manifest_says() -> None:
 # Hostile files (issue 13)
 
 
-def _in_thread(call, timeout: float = 20.0):
-    """Run ``call`` in a daemon thread: its result or exception, or fail if it blocks."""
-    outcome: dict[str, object] = {}
-
-    def target() -> None:
-        try:
-            outcome["result"] = call()
-        except BaseException as exc:  # handed back to the test
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    assert not thread.is_alive(), f"{call} still blocked after {timeout} s"
-    if "error" in outcome:
-        raise outcome["error"]  # type: ignore[misc]
-    return outcome["result"]
-
-
 def _special_paths(tmp_path: Path) -> list[tuple[Path, str]]:
     found = [(tmp_path / "folder.1_7.csv", "directory")]
     found[0][0].mkdir()
@@ -265,7 +245,7 @@ def test_special_files_are_refused_before_reading(tmp_path: Path, loader: str) -
         else:
             call = lambda p=path: load_op_codes(p)  # noqa: E731
         with pytest.raises(ETSCSVNotARegularFileError, match=kind) as info:
-            _in_thread(call)
+            call_in_thread(call)
         assert isinstance(info.value, ETSCSVError)
         assert isinstance(info.value, NotARegularFileError)
         assert isinstance(info.value, TraceFileError)

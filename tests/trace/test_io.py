@@ -8,7 +8,6 @@ import pickle
 import re
 import socket
 import struct
-import threading
 import tracemalloc
 import zlib
 from pathlib import Path
@@ -16,7 +15,7 @@ from pathlib import Path
 import msgpack
 import numpy as np
 import pytest
-from support import sample_trace
+from support import call_in_thread, sample_trace
 
 import ets_hook
 from ets_hook.errors import (
@@ -175,25 +174,6 @@ def test_every_error_is_a_value_error_subclass():
 # Hostile files (issue 13): special files, bounded memory, typed errors naming file and field
 
 
-def _in_thread(call, timeout: float = 20.0):
-    """Run ``call`` in a daemon thread: its result or exception, or fail if it blocks."""
-    outcome: dict[str, object] = {}
-
-    def target() -> None:
-        try:
-            outcome["result"] = call()
-        except BaseException as exc:  # handed back to the test
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    assert not thread.is_alive(), f"{call} still blocked after {timeout} s"
-    if "error" in outcome:
-        raise outcome["error"]  # type: ignore[misc]
-    return outcome["result"]
-
-
 def _fifo(tmp_path):
     if not hasattr(os, "mkfifo"):
         pytest.skip("no FIFOs here")
@@ -205,14 +185,14 @@ def _fifo(tmp_path):
 def test_fifo_is_refused_without_blocking(tmp_path):
     path = _fifo(tmp_path)
     with pytest.raises(NotARegularFileError, match="FIFO") as info:
-        _in_thread(lambda: load_trace(path))
+        call_in_thread(lambda: load_trace(path))
     assert str(path) in str(info.value)
     assert isinstance(info.value, TraceFileError) and isinstance(info.value, ValueError)
 
 
 def test_directory_is_refused(tmp_path):
     with pytest.raises(NotARegularFileError, match="directory") as info:
-        _in_thread(lambda: load_trace(tmp_path))
+        call_in_thread(lambda: load_trace(tmp_path))
     assert str(tmp_path) in str(info.value)
 
 
@@ -224,7 +204,7 @@ def test_dev_zero_is_never_read(monkeypatch):
         untrusted.os, "open", lambda *a, **k: opened.append(a) or real_open(*a, **k)
     )
     with pytest.raises(NotARegularFileError, match="character device"):
-        _in_thread(lambda: load_trace("/dev/zero"))
+        call_in_thread(lambda: load_trace("/dev/zero"))
     assert opened == []  # refused on os.stat alone: not even opened
 
 
@@ -239,7 +219,7 @@ def test_socket_is_refused(tmp_path):
         pytest.skip("cannot bind a Unix socket under tmp_path")
     try:
         with pytest.raises(NotARegularFileError, match="socket"):
-            _in_thread(lambda: load_trace(path))
+            call_in_thread(lambda: load_trace(path))
     finally:
         server.close()
 
@@ -251,14 +231,14 @@ def test_fifo_swapped_in_after_the_check_cannot_block_the_open(tmp_path, monkeyp
     regular = os.stat(__file__)
     monkeypatch.setattr(untrusted.os, "stat", lambda p: regular)
     with pytest.raises(NotARegularFileError, match="FIFO"):
-        _in_thread(lambda: load_trace(path))
+        call_in_thread(lambda: load_trace(path))
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="no procfs")
 def test_a_file_longer_than_its_reported_size_is_read_to_its_end():
     # procfs files report st_size 0; the content must still be read (and is not a trace)
     with pytest.raises(NotATraceFileError):
-        _in_thread(lambda: load_trace("/proc/self/status"))
+        call_in_thread(lambda: load_trace("/proc/self/status"))
 
 
 def test_empty_input_is_truncated_both_ways(tmp_path):
