@@ -11,10 +11,9 @@ from .base import Reporter
 from .callback import CallbackReporter
 from .console import ensure_console_handler
 from .deadline import (
-    DEADLINE_ACTIONS,
-    DEADLINE_POLICIES,
     DeadlineGuard,
     DeadlineMiss,
+    check_deadline_settings,
     slurm_deadline,
 )
 from .log import LogReporter
@@ -137,16 +136,11 @@ def build_reporters(
             DeadlineGuard(resolved, on_deadline, policy=deadline_policy, margin_s=deadline_margin_s)
         )
     else:  # checked all the same: a wrong value must not wait for the first Slurm job to fail
-        if not callable(on_deadline) and on_deadline not in DEADLINE_ACTIONS:
-            raise ValueError(
-                f"on_deadline must be 'warn', 'raise' or a callable, got {on_deadline!r}"
-            )
-        if deadline_policy not in DEADLINE_POLICIES:
-            raise ValueError(
-                f"deadline_policy must be one of {DEADLINE_POLICIES}, got {deadline_policy!r}"
-            )
-        if isinstance(deadline_margin_s, bool) or not (
-            isinstance(deadline_margin_s, (int, float)) and deadline_margin_s >= 0
-        ):
-            raise ValueError(f"deadline_margin_s must be a number >= 0, got {deadline_margin_s!r}")
+        check_deadline_settings(
+            on_deadline,
+            deadline_policy,
+            deadline_margin_s,
+            policy_name="deadline_policy",
+            margin_name="deadline_margin_s",
+        )
     return reporters

@@ -55,6 +55,37 @@ class DeadlineMiss:
     message: str
 
 
+def check_deadline_settings(
+    on_deadline: Any,
+    policy: Any,
+    margin_s: Any,
+    *,
+    policy_name: str = "policy",
+    margin_name: str = "margin_s",
+) -> None:
+    """Check a deadline guard's settings (also when no deadline is in effect yet).
+
+    Args:
+        on_deadline: ``"warn"``, ``"raise"`` or a callable.
+        policy: one of ``DEADLINE_POLICIES``.
+        margin_s: seconds >= 0 (a finite number; bools refused).
+        policy_name, margin_name: the arguments' names in the messages.
+
+    Raises:
+        ValueError: a value outside those, naming the argument and the value.
+    """
+    if not callable(on_deadline) and on_deadline not in DEADLINE_ACTIONS:
+        raise ValueError(f"on_deadline must be 'warn', 'raise' or a callable, got {on_deadline!r}")
+    if policy not in DEADLINE_POLICIES:
+        raise ValueError(f"{policy_name} must be one of {DEADLINE_POLICIES}, got {policy!r}")
+    if (
+        isinstance(margin_s, bool)
+        or not isinstance(margin_s, (int, float))
+        or not (math.isfinite(margin_s) and margin_s >= 0)
+    ):
+        raise ValueError(f"{margin_name} must be >= 0, got {margin_s!r}")
+
+
 class DeadlineGuard(Reporter):
     """Fires once when the prediction says the job will end after ``deadline - margin_s``.
 
@@ -107,14 +138,7 @@ class DeadlineGuard(Reporter):
             raise ValueError(f"deadline must be seconds (> 0) or a datetime, got {deadline!r}")
         elif not (math.isfinite(deadline) and deadline > 0):
             raise ValueError(f"deadline must be seconds > 0, got {deadline!r}")
-        if not callable(on_deadline) and on_deadline not in DEADLINE_ACTIONS:
-            raise ValueError(
-                f"on_deadline must be 'warn', 'raise' or a callable, got {on_deadline!r}"
-            )
-        if policy not in DEADLINE_POLICIES:
-            raise ValueError(f"policy must be one of {DEADLINE_POLICIES}, got {policy!r}")
-        if not (math.isfinite(margin_s) and margin_s >= 0):
-            raise ValueError(f"margin_s must be >= 0, got {margin_s!r}")
+        check_deadline_settings(on_deadline, policy, margin_s)
         self.deadline = deadline
         self.on_deadline = on_deadline
         self.policy = policy
