@@ -67,7 +67,6 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
-import inspect
 import logging
 import math
 import time
@@ -85,8 +84,6 @@ PACKAGES = {
 }
 
 #: The metrics logged through ``pl_module.log`` (``Prediction`` fields of the same name).
-LOG_KEYS = ("ets/iteration_s", "ets/eta_s", "ets/total_s")
-
 # Options that describe the job's length; with any of them given, the Trainer's total is not.
 _LENGTH_OPTIONS = ("total_steps", "epochs", "dataloader")
 
@@ -125,6 +122,7 @@ from ..forecast.early_stop import EarlyStoppingRule  # noqa: E402
 from ..forecast.job import CHECKPOINT, EVAL  # noqa: E402
 from ..hook import ETSHook  # noqa: E402
 from ..reporters.format import format_duration  # noqa: E402
+from .common import HOOK_ARGUMENTS, LOG_KEYS, prediction_metrics, whole_number  # noqa: E402
 
 if TYPE_CHECKING:
     from ..forecast.prediction import Prediction
@@ -137,21 +135,12 @@ EVAL_PHASE = EVAL
 CHECKPOINT_PHASE = CHECKPOINT
 
 #: ``ETSHook``'s arguments an ``ETSCallback`` accepts.
-HOOK_OPTIONS = frozenset(inspect.signature(ETSHook.__init__).parameters) - {"self"}
+HOOK_OPTIONS = HOOK_ARGUMENTS
 
 
 # --------------------------------------------------------------------------------------------
 # What the Trainer knows
 # --------------------------------------------------------------------------------------------
-
-
-def _int_or_none(value: Any) -> int | None:
-    """``value`` as an int when it is a finite whole number, else None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    if not math.isfinite(value) or value != int(value):
-        return None
-    return int(value)
 
 
 def trainer_total_steps(trainer: Any) -> int | None:
@@ -168,11 +157,11 @@ def trainer_total_steps(trainer: Any) -> int | None:
         The step count (>= 1), or None.
     """
     candidates = []
-    max_steps = _int_or_none(getattr(trainer, "max_steps", None))
+    max_steps = whole_number(getattr(trainer, "max_steps", None))
     if max_steps is not None and max_steps > 0:
         candidates.append(max_steps)
     try:
-        estimated = _int_or_none(trainer.estimated_stepping_batches)
+        estimated = whole_number(trainer.estimated_stepping_batches)
     except Exception as exc:  # e.g. accumulation scheduled to vary per epoch
         logger.debug("ets-hook: estimated_stepping_batches unavailable: %r", exc)
         estimated = None
@@ -191,8 +180,8 @@ def trainer_steps_per_epoch(trainer: Any) -> int | None:
     Returns:
         The count, or None when the number of batches is unknown or zero.
     """
-    batches = _int_or_none(getattr(trainer, "num_training_batches", None))
-    accumulate = _int_or_none(getattr(trainer, "accumulate_grad_batches", 1)) or 1
+    batches = whole_number(getattr(trainer, "num_training_batches", None))
+    accumulate = whole_number(getattr(trainer, "accumulate_grad_batches", 1)) or 1
     if batches is None or batches <= 0:
         return None
     return math.ceil(batches / accumulate)
@@ -218,16 +207,16 @@ def trainer_eval_every(trainer: Any) -> int | None:
     if getattr(trainer, "_val_check_time_interval", None) is not None:
         return None  # time-based validation
     steps_per_epoch = trainer_steps_per_epoch(trainer)
-    batches = _int_or_none(getattr(trainer, "num_training_batches", None))
-    every = _int_or_none(getattr(trainer, "val_check_batch", None))
-    accumulate = _int_or_none(getattr(trainer, "accumulate_grad_batches", 1)) or 1
+    batches = whole_number(getattr(trainer, "num_training_batches", None))
+    every = whole_number(getattr(trainer, "val_check_batch", None))
+    accumulate = whole_number(getattr(trainer, "accumulate_grad_batches", 1)) or 1
     epochs = getattr(trainer, "check_val_every_n_epoch", 1)
     if steps_per_epoch is None or batches is None or every is None or every <= 0:
         return None
     if epochs is None:  # every `every` batches counted over the whole fit
         divisible = every % accumulate == 0 and batches % accumulate == 0
         return every // accumulate if divisible else None
-    epochs = _int_or_none(epochs)
+    epochs = whole_number(epochs)
     if epochs is None or epochs <= 0:
         return None
     if every == batches:
@@ -287,24 +276,6 @@ def _same(given: Any, derived: Any) -> bool:
         return bool(given == derived)
     except Exception:
         return False
-
-
-def prediction_metrics(prediction: Prediction) -> dict[str, float]:
-    """The logged values of a prediction.
-
-    Args:
-        prediction: the hook's prediction.
-
-    Returns:
-        ``{"ets/iteration_s": ..., "ets/eta_s": ..., "ets/total_s": ...}`` as floats; a key is
-        left out when its value is unknown (no job length: no ETA, no total) or not finite.
-    """
-    out = {}
-    for key in LOG_KEYS:
-        value = getattr(prediction, key.removeprefix("ets/"))
-        if value is not None and math.isfinite(value):
-            out[key] = float(value)
-    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -514,10 +485,10 @@ class BaseETSCallback:
         scaler = _grad_scaler(trainer)
         if scaler is not None:
             derived["grad_scaler"] = scaler
-        accumulate = _int_or_none(getattr(trainer, "accumulate_grad_batches", 1))
+        accumulate = whole_number(getattr(trainer, "accumulate_grad_batches", 1))
         if accumulate is not None and accumulate >= 1:
             derived["grad_accum_steps"] = accumulate
-        derived["initial_step"] = max(0, _int_or_none(trainer.global_step) or 0)
+        derived["initial_step"] = max(0, whole_number(trainer.global_step) or 0)
         total = trainer_total_steps(trainer)
         if total is not None:  # below the restored step: Lightning stops at once
             derived["total_steps"] = max(total, derived["initial_step"])

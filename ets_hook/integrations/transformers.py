@@ -44,7 +44,6 @@ Importing this module needs transformers (``pip install 'ets-hook[transformers]'
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 import sys
@@ -66,6 +65,8 @@ from ..capture.steps import optimizer_list
 from ..forecast.early_stop import EarlyStoppingRule
 from ..hook import ETSHook
 from ..reporters.tqdm import TqdmReporter
+from .common import HOOK_ARGUMENTS, prediction_metrics, whole_number
+from .common import LOG_KEYS as LOG_KEYS  # re-exported: what the callback adds to the logs
 
 if TYPE_CHECKING:
     from transformers import TrainerControl, TrainerState, TrainingArguments
@@ -75,37 +76,20 @@ if TYPE_CHECKING:
 logger = logging.getLogger("ets_hook")
 
 #: The keys our prediction adds to the Trainer's logs (``Prediction`` fields of the same name).
-LOG_KEYS = ("ets/iteration_s", "ets/eta_s", "ets/total_s")
-
 EVAL_PHASE = "eval"
 PREDICT_PHASE = "predict"
 CHECKPOINT_PHASE = "checkpoint"
 
 # ETSHook's keyword arguments (the model is always the Trainer's).
-_HOOK_OPTIONS = frozenset(inspect.signature(ETSHook.__init__).parameters) - {"self", "model"}
+_HOOK_OPTIONS = HOOK_ARGUMENTS - {"model"}
 
 # How far up the stack the Trainer's CallbackHandler.call_event is looked for.
 _HANDLER_FRAMES = 6
 
 
 def log_values(prediction: Prediction | None) -> dict[str, float]:
-    """The values ``ETSTrainerCallback`` adds to a Trainer log.
-
-    Args:
-        prediction: the hook's current prediction, or None.
-
-    Returns:
-        ``{"ets/iteration_s": ..., "ets/eta_s": ..., "ets/total_s": ...}`` as floats; a key is
-        left out while its value is unknown or not finite (empty for None).
-    """
-    if prediction is None:
-        return {}
-    out: dict[str, float] = {}
-    for key in LOG_KEYS:
-        value = getattr(prediction, key.removeprefix("ets/"))
-        if value is not None and math.isfinite(value):
-            out[key] = float(value)
-    return out
+    """The values ``ETSTrainerCallback`` adds to a Trainer log (``common.prediction_metrics``)."""
+    return prediction_metrics(prediction)
 
 
 class ETSLogInjector(TrainerCallback):
@@ -583,9 +567,9 @@ def _trainer_options(
     args: TrainingArguments, state: TrainerState, optimizer: Any, dataloader: Any
 ) -> dict[str, Any]:
     """What the Trainer says about the job, as ``ETSHook`` keyword arguments."""
-    accum = _count(getattr(args, "gradient_accumulation_steps", 1)) or 1
-    done = _count(getattr(state, "global_step", 0), minimum=0) or 0
-    total = _count(getattr(state, "max_steps", None))
+    accum = whole_number(getattr(args, "gradient_accumulation_steps", 1), 1) or 1
+    done = whole_number(getattr(state, "global_step", 0), 0) or 0
+    total = whole_number(getattr(state, "max_steps", None), 1)
     found: dict[str, Any] = {
         # A resumed run whose checkpoint is past max_steps ends at once; keep the hook valid.
         "total_steps": max(total, done) if total is not None else None,
@@ -672,17 +656,8 @@ def _period(strategy: str, steps: int | None, per_epoch: int | None) -> int | No
     return None
 
 
-def _count(value: Any, minimum: int = 1) -> int | None:
-    """``value`` as an int >= ``minimum``, else None (floats that are whole numbers pass)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    if isinstance(value, float) and not value.is_integer():
-        return None
-    return int(value) if value >= minimum else None
-
-
 def _first_count(*values: Any) -> int | None:
-    return next((c for c in map(_count, values) if c is not None), None)
+    return next((c for c in (whole_number(v, 1) for v in values) if c is not None), None)
 
 
 def _same(name: str, explicit: Any, found: Any) -> bool:
