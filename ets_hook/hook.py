@@ -54,16 +54,25 @@ from .capture.window import (
     measured_capture_ratio,
     start_kernel_collector,
 )
+from .distributed.coordinator import (
+    DEFAULT_EXCHANGE_TIMEOUT_S,
+    RankCoordinator,
+    check_exchange_timeout,
+    next_hook_number,
+)
 from .errors import DeadlineExceededError
 from .ets.blas import single_threaded_blas
 from .forecast.early_stop import EarlyStoppingRule
 from .forecast.forecaster import Forecaster
 from .forecast.job import JobModel
 from .forecast.prediction import Prediction
+from .forecast.ranks import JobView
 from .forecast.stats import StepTimePrior, TraceEstimate
+from .launcher import restart_count
 from .reporters.base import ReportDispatcher
 from .reporters.builder import build_reporters
 from .reporters.deadline import DeadlineMiss
+from .trace.breakdown import rank_breakdown
 from .trace.decode import StepBounds
 from .trace.events import Trace
 from .trace.io import save_trace
@@ -127,6 +136,8 @@ class ETSHook:
         prometheus_port: int | None = None,
         prometheus_textfile: str | os.PathLike[str] | None = None,
         dashboard_ranks: Collection[int] | None = (0,),
+        log_ranks: Collection[int] | None = (0,),
+        rank_exchange_timeout_s: float | None = DEFAULT_EXCHANGE_TIMEOUT_S,
         on_prediction: Callable[[Prediction], Any] | None = None,
         deadline: float | datetime | Literal[False] | None = None,
         on_deadline: str | Callable[[DeadlineMiss], Any] = "warn",
@@ -192,6 +203,13 @@ class ETSHook:
                 (``ets-hook[prometheus]``); a port in use logs a warning. At most one.
             dashboard_ranks: ranks whose TensorBoard/Prometheus reporters open anything (default:
                 rank 0; None: every rank).
+            log_ranks: ranks that write log lines and show ``progress=True``'s bar (default:
+                rank 0; None: every rank).
+            rank_exchange_timeout_s: in a multi-process job (``torch.distributed`` initialised),
+                the ranks exchange their forecasts through the job's store at a few steps
+                (``ets_hook.distributed``) so that every rank predicts the job's end; rank 0
+                waits this long (seconds > 0) for every rank, on a background thread. None or
+                0: no exchange (each rank predicts its own end).
             on_prediction: callable receiving each due ``Prediction`` and the final one at close;
                 an exception from it is logged and disables it.
             deadline: seconds from hook creation (> 0) or a datetime (naive = local time); None:
@@ -266,8 +284,11 @@ class ETSHook:
             prometheus_port=prometheus_port,
             prometheus_textfile=prometheus_textfile,
             dashboard_ranks=dashboard_ranks,
+            log_ranks=log_ranks,
             rank=rank,
+            world_size=world_size,
         )
+        exchange_timeout_s = check_exchange_timeout(rank_exchange_timeout_s)
         if disabled:
             reporters, capture_steps = [], 0
             logger.debug("ets-hook: disabled by %s; this hook does nothing", DISABLE_ENV)
@@ -346,8 +367,23 @@ class ETSHook:
             wall_start_s=(self._created_ns + self._epoch_offset_ns) / 1e9,
             prior=StepTimePrior.for_device("cuda" if self._device.type == "cuda" else "cpu"),
             reports=ReportDispatcher(reporters),
+            rank=rank,
+            world_size=world_size,
         )
         self._forecaster.set_early_stopping(rule)
+        self._ranks: RankCoordinator | None = None
+        if world_size > 1 and exchange_timeout_s and not disabled:
+            self._ranks = RankCoordinator(
+                rank,
+                world_size,
+                namespace=f"restart{restart_count()}/hook{next_hook_number()}",
+                timeout_s=exchange_timeout_s,
+                first_step=skip_steps + capture_steps + 2,
+                current=lambda: self._forecaster.prediction,
+                apply=self._forecaster.set_job_view,
+                log_here=log_ranks is None or rank in log_ranks,
+                start_wall_s=self._forecaster.wall_start_s,
+            )
         self._monitor: str | None = None
         self._cuda_timer: CudaStepTimer | None = None
         if self._device.type == "cuda" and torch.cuda.is_available():
@@ -460,6 +496,12 @@ class ETSHook:
         return self._step_times_s.tolist()
 
     @property
+    def job_view(self) -> JobView | None:
+        """The job-level view of the last rank exchange (the same object on every rank), or
+        None: a single process, no exchange yet, or the last one was skipped."""
+        return self._ranks.view if self._ranks is not None else None
+
+    @property
     def trace(self) -> Trace | None:
         """The captured trace once decoding has finished, else None (see ``wait_for_trace``)."""
         return self._trace
@@ -551,6 +593,8 @@ class ETSHook:
                 return
             self._closed = True
         exits.unregister(self)
+        if self._ranks is not None:
+            self._ranks.close()
         try:
             if self._state == WindowState.CAPTURING:
                 self._finish_capture(truncated=True)
@@ -614,6 +658,8 @@ class ETSHook:
                 self._cuda_timer.record(step_index + 1)
                 for index, device_s in self._cuda_timer.poll():
                     self._forecaster.on_device_step_end(index, device_s)
+            if self._ranks is not None:
+                self._ranks.on_step(step_index + 1)
         except Exception as exc:
             self._fail(exc)
         # Last: with on_deadline="raise" this may raise DeadlineExceededError on purpose.
@@ -801,6 +847,8 @@ class ETSHook:
                 self._kernel_status = trace.capture.kernel_capture
                 self._trace = trace
                 self._publish_trace_estimate(trace)
+                if self._ranks is not None:
+                    self._ranks.set_breakdown(rank_breakdown(trace))
             if self.trace_path is not None:
                 save_trace(trace, self.trace_path)
             self._state = WindowState.DONE

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import re
+import shutil
+import sys
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +30,9 @@ if TYPE_CHECKING:
     from ets_hook.forecast.forecaster import Forecaster
 
 #: ``../shared/data`` beside the checkout: third-party data that optional tests read by path.
+#: The ``ets-hook`` console script installed beside this interpreter (the venv's ``bin``).
+ETS_HOOK = shutil.which("ets-hook", path=str(Path(sys.executable).parent))
+
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 

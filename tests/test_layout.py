@@ -19,14 +19,20 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "errors": (),
     # closes the live hooks on every exit path; knows nothing of what they are
     "exits": (),
+    # what the launcher's environment variables say (rank, world size); reads os.environ only
+    "launcher": (),
     "trace": ("errors",),
     "ets": ("trace", "errors"),
     "forecast": ("ets", "trace", "errors"),
     # reporters know the Prediction (and its phases), never the forecaster or the capture
-    "reporters": ("forecast.prediction", "forecast.job", "trace", "errors"),
-    "capture": ("trace", "errors", "_C"),
+    "reporters": ("forecast.prediction", "forecast.job", "trace", "errors", "launcher"),
+    "capture": ("trace", "errors", "_C", "launcher"),
+    # the ranks' exchange of forecasts; knows forecasts and traces, never the capture
+    "distributed": ("forecast", "trace", "errors"),
     "hook": (
         "exits",
+        "launcher",
+        "distributed",
         "capture",
         "forecast",
         "reporters",

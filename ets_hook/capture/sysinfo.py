@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..launcher import launcher_rank_and_size
 from ..trace.events import DeviceInfo, HostInfo
 
 logger = logging.getLogger("ets_hook")
@@ -161,7 +162,8 @@ def machine_facts(device: Any) -> tuple[DeviceInfo | None, HostInfo | None]:
 
 def distributed_rank() -> tuple[int, int]:
     """This process's ``(rank, world size)``: from ``torch.distributed`` when initialised, else
-    the launcher's ``RANK`` / ``WORLD_SIZE`` variables, else ``(0, 1)``. Never raises."""
+    the launcher's variables (``ets_hook.launcher``: torchrun, Slurm, MPI), else ``(0, 1)``.
+    Never raises."""
     try:
         import torch.distributed as dist
 
@@ -169,7 +171,7 @@ def distributed_rank() -> tuple[int, int]:
             return dist.get_rank(), dist.get_world_size()
     except Exception:
         pass
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    return launcher_rank_and_size()
 
 
 def rank_trace_path(path: str | os.PathLike[str], rank: int, world_size: int) -> Path:

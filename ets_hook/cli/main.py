@@ -13,9 +13,11 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 
 from .. import __version__
 from ..errors import ETSCSVError, ModelFileError, NativeOpsBuildError, TraceFileError
+from ..trace.breakdown import find_straggler, format_rank_table, rank_breakdown
 from ..trace.events import Trace
 from ..trace.summary import format_info, info_document
 from .common import (
@@ -50,11 +52,33 @@ def _load(path: str) -> Trace:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    trace = _load(args.trace)
+    paths: list[str] = args.trace
+    traces = [_load(path) for path in paths]
+    if len(traces) == 1:
+        if args.json:
+            print(json.dumps(info_document(traces[0], paths[0]), indent=2, allow_nan=False))
+        else:
+            print(format_info(traces[0], paths[0]))
+        return EXIT_OK
+    breakdowns = [rank_breakdown(trace) for trace in traces]
+    ranked = [(b, t.host.hostname) for b, t in zip(breakdowns, traces) if b is not None]
     if args.json:
-        print(json.dumps(info_document(trace, args.trace), indent=2, allow_nan=False))
-    else:
-        print(format_info(trace, args.trace))
+        found = find_straggler(
+            {b.rank: b.busy_s for b, _ in ranked},
+            busy_se_s_by_rank={b.rank: b.busy_se_s for b, _ in ranked},
+        )
+        document = {
+            "traces": [info_document(t, p) for t, p in zip(traces, paths)],
+            "ranks": [asdict(b) for b, _ in ranked],
+            "straggler_rank": found[0] if found else None,
+            "straggler_ratio": found[1] if found else None,
+        }
+        print(json.dumps(document, indent=2, allow_nan=False))
+        return EXIT_OK
+    for trace, path in zip(traces, paths):
+        print(format_info(trace, path), end="\n\n")
+    print("per rank (medians over the captured steps):")
+    print(format_rank_table([b for b, _ in ranked], [h for _, h in ranked]))
     return EXIT_OK
 
 
@@ -123,7 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=exit_codes_epilog("the table (or JSON) was printed", _TRACE_INPUT, _UNEXPECTED),
         formatter_class=HelpFormatter,
     )
-    info.add_argument("trace", help="an .ets trace file")
+    info.add_argument(
+        "trace",
+        nargs="+",
+        help="an .ets trace file; several (one per rank): also a per-rank table of compute, "
+        "data wait and the rest per step, naming a straggler",
+    )
     info.add_argument("--json", action="store_true", help="print JSON instead of a table")
     info.set_defaults(handler=_cmd_info)
 

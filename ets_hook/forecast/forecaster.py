@@ -47,6 +47,7 @@ from ..errors import DeadlineExceededError
 from .early_stop import EarlyStoppingRule, EarlyStopTracker, total_range_s
 from .job import JobModel, PhaseTracker, remaining_phase_time
 from .prediction import Prediction, utc_from_timestamp
+from .ranks import JobView
 from .stats import (
     DEFAULT_LEVEL,
     Estimate,
@@ -157,6 +158,8 @@ class Forecaster:
         min_warmup_steps: int = 1,
         reports: ReportSink | None = None,
         series_capacity: int = 1 << 16,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> None:
         """Set up an empty forecaster; reads ``time.time()`` only when ``wall_start_s`` is None.
 
@@ -176,6 +179,8 @@ class Forecaster:
                 reporting.
             series_capacity: most stored elements per step-time series, an even number >= 64
                 (longer series are compacted).
+            rank: this process's rank (>= 0), carried into predictions.
+            world_size: processes in the job (> rank).
 
         Raises:
             ValueError: an argument is outside the range given above.
@@ -190,6 +195,10 @@ class Forecaster:
             raise ValueError(f"min_warmup_steps must be >= 0, got {min_warmup_steps}")
         if not math.isfinite(start_s):
             raise ValueError(f"start_s must be finite, got {start_s}")
+        if not 0 <= rank < world_size:
+            raise ValueError(
+                f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}"
+            )
         self._job = job if job is not None else JobModel()
         self.start_s = start_s
         self.wall_start_s = time.time() if wall_start_s is None else wall_start_s
@@ -219,6 +228,8 @@ class Forecaster:
         # [_capture[0], _capture[1]) ran inside the capture window.
         self._perturbed_end = 0
         self._capture: tuple[int, int] | None = None
+        self.rank, self.world_size = rank, world_size
+        self._job_view: JobView | None = None
 
         self._lock = threading.RLock()
         self._measured: Estimate | None = None
@@ -335,6 +346,22 @@ class Forecaster:
             raise ValueError(f"estimate must be a TraceEstimate or None, got {estimate!r}")
         with self._lock:
             self._trace = estimate
+            self._version += 1
+
+    def set_job_view(self, view: JobView | None) -> None:
+        """Apply the job-level view of the last rank exchange (None: back to this rank's own).
+
+        From now on predictions carry the job's end: this rank's ``total_s``/``eta_s`` moved by
+        the gap between the job's predicted end and this rank's own at the exchange (see
+        ``Prediction``). Any thread.
+
+        Raises:
+            ValueError: ``view`` is neither a ``JobView`` nor None.
+        """
+        if view is not None and not isinstance(view, JobView):
+            raise ValueError(f"view must be a JobView or None, got {view!r}")
+        with self._lock:
+            self._job_view = view
             self._version += 1
 
     def set_capture_window(
@@ -528,6 +555,13 @@ class Forecaster:
                 + capture_ci_s**2
             )
             finish_time = utc_from_timestamp(self.wall_start_s + total_s)
+        local_total_s = total_s
+        view = self._job_view
+        lag_s = self._job_lag_s(view) if total_s is not None else None
+        if lag_s is not None and eta_s is not None:
+            eta_s = max(eta_s + lag_s, 0.0)
+            total_s = elapsed_s + eta_s
+            finish_time = utc_from_timestamp(self.wall_start_s + total_s)
         stop = self._early_stop.forecast() if self._early_stop is not None else None
         converged = est.rel_ci <= self.converge_rel_ci
         return Prediction(
@@ -563,7 +597,22 @@ class Forecaster:
             ),
             start_time=utc_from_timestamp(self.wall_start_s),
             as_of=utc_from_timestamp(self.wall_start_s + elapsed_s),
+            rank=self.rank,
+            world_size=self.world_size,
+            local_total_s=local_total_s,
+            slowest_rank=view.slowest_rank if view is not None else None,
+            job_view_step=view.step if view is not None else None,
+            straggler_rank=view.straggler_rank if view is not None else None,
         )
+
+    def _job_lag_s(self, view: JobView | None) -> float | None:
+        """The job's predicted end minus this rank's own, both as of the view's exchange."""
+        if view is None or view.finish_wall_s is None:
+            return None
+        own = view.forecast_of(self.rank)
+        if own is None or own.finish_wall_s is None:
+            return None
+        return view.finish_wall_s - own.finish_wall_s
 
     # ------------------------------------------------------------------------------------------
     # Slow path: reporters and housekeeping

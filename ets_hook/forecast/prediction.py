@@ -66,6 +66,17 @@ class Prediction:
             and ``eta_s`` stay those of the full run. None alike.
         start_time: UTC time of hook creation.
         as_of: UTC time of the last step or phase end reported.
+        rank: this process's rank in a multi-process job (0 otherwise).
+        world_size: processes in the job (1: a single process).
+        local_total_s: this rank's own ``total_s``, before the job-level view is applied (the
+            same as ``total_s`` in a single process or before the first exchange).
+        slowest_rank: the rank the job's end waits for, from the last rank exchange
+            (``forecast.ranks.JobView``); None before one, or in a single process.
+        job_view_step: the global step of that exchange; None alike. While it is set,
+            ``total_s``, ``eta_s`` and ``finish_time`` are the job's: this rank's own values
+            moved by the gap between the job's predicted end and this rank's at that exchange.
+        straggler_rank: the rank whose compute + data wait per step is 10% or more above the
+            fastest rank's, from that exchange; None when there is none or it is unknown.
     """
 
     step: int
@@ -96,6 +107,12 @@ class Prediction:
     total_range_s: tuple[float, float] | None = None
     start_time: datetime | None = None
     as_of: datetime | None = None
+    rank: int = 0
+    world_size: int = 1
+    local_total_s: float | None = None
+    slowest_rank: int | None = None
+    job_view_step: int | None = None
+    straggler_rank: int | None = None
 
     @property
     def iteration_rel_ci(self) -> float:

@@ -18,8 +18,8 @@ from .deadline import (
 )
 from .log import LogReporter
 from .prometheus import PrometheusReporter
-from .status_file import StatusFileReporter
-from .tensorboard import TensorBoardReporter, check_ranks
+from .status_file import StatusFileReporter, status_paths
+from .tensorboard import TensorBoardReporter, check_ranks, launcher_rank
 from .tqdm import TqdmReporter
 
 if TYPE_CHECKING:
@@ -48,7 +48,9 @@ def build_reporters(
     prometheus_port: int | None = None,
     prometheus_textfile: str | os.PathLike[str] | None = None,
     dashboard_ranks: Collection[int] | None = (0,),
+    log_ranks: Collection[int] | None = (0,),
     rank: int | None = None,
+    world_size: int = 1,
 ) -> list[Reporter]:
     """Build the reporters for the hook's keyword arguments, validating them now.
 
@@ -71,7 +73,8 @@ def build_reporters(
             even when there is no guard.
         deadline_policy: ``"confident"``, ``"likely"`` or ``"point"`` (see ``DeadlineGuard``).
         deadline_margin_s: seconds (>= 0) before the deadline that already count as a miss.
-        environ: environment read for the Slurm deadline; None: ``os.environ``.
+        environ: environment read for the Slurm deadline and, when ``rank`` is None, the
+            launcher's rank; None: ``os.environ``.
         tensorboard_dir: TensorBoard log directory (``TensorBoardReporter``; ``{rank}`` is
             filled in); None: none.
         prometheus_port: port of a Prometheus HTTP endpoint (``PrometheusReporter``); None:
@@ -80,8 +83,12 @@ def build_reporters(
             exist; ``{rank}`` is filled in); None: none. Not with ``prometheus_port``.
         dashboard_ranks: ranks whose TensorBoard and Prometheus reporters write or serve (ints
             >= 0); None: every rank. The others open nothing.
+        log_ranks: ranks that write log lines and show a progress bar of their own
+            (``progress=True``; a user's bar is annotated on every rank); None: every rank.
         rank: this process's rank (the hook passes ``distributed_rank()``'s); None: the
-            ``RANK`` environment variable, else 0.
+            launcher's (``ets_hook.launcher``, read from ``environ``), else 0.
+        world_size: processes in the job (>= 1): above 1, ``status_path`` names the job's file
+            (rank 0) and every rank writes its own too (``status_file.status_paths``).
 
     Returns:
         The reporters, in dispatch order (possibly empty).
@@ -94,24 +101,39 @@ def build_reporters(
     """
     reporters: list[Reporter] = []
     check_ranks(dashboard_ranks, "dashboard_ranks")
+    loggers = check_ranks(log_ranks, "log_ranks")
     if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
         raise ValueError(f"rank must be an int >= 0 or None, got {rank!r}")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+    this_rank = rank if rank is not None else launcher_rank(environ)
+    logs_here = loggers is None or this_rank in loggers
     if tensorboard_dir is not None and not isinstance(tensorboard_dir, (str, os.PathLike)):
         raise ValueError(f"tensorboard_dir must be a path or None, got {tensorboard_dir!r}")
     if prometheus_textfile is not None and not isinstance(prometheus_textfile, (str, os.PathLike)):
         raise ValueError(f"prometheus_textfile must be a path or None, got {prometheus_textfile!r}")
     if not isinstance(verbose, bool):
         raise ValueError(f"verbose must be True or False, got {verbose!r}")
-    if log_every_n_steps:
+    if log_every_n_steps and logs_here:
         reporters.append(LogReporter(every_n_steps=log_every_n_steps))
         if verbose:
             ensure_console_handler()
     if progress is True:
-        reporters.append(TqdmReporter())
+        if logs_here:
+            reporters.append(TqdmReporter())
     elif progress is not False and progress is not None:
         reporters.append(TqdmReporter(progress))
     if status_path is not None:
-        reporters.append(StatusFileReporter(status_path, interval_s=status_interval_s))
+        for path, scope in status_paths(status_path, this_rank, max(world_size, this_rank + 1)):
+            reporters.append(
+                StatusFileReporter(
+                    path,
+                    interval_s=status_interval_s,
+                    scope=scope,
+                    rank=this_rank,
+                    world_size=max(world_size, this_rank + 1),
+                )
+            )
     if tensorboard_dir is not None:
         reporters.append(TensorBoardReporter(tensorboard_dir, ranks=dashboard_ranks, rank=rank))
     if prometheus_port is not None or prometheus_textfile is not None:

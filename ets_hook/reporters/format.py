@@ -98,7 +98,9 @@ def format_prediction(p: Prediction) -> str:
     Returns:
         ``step 30/2000 · 0.412 s/step ±1.1% · ETA 13m32s · total 13m45s``; without ``/2000``
         while the total step count is unknown, and without the ETA and total while ``eta_s`` is;
-        with early stopping followed, `` · early stop ~step 1200 · total 8m20s–13m45s``.
+        with early stopping followed, `` · early stop ~step 1200 · total 8m20s–13m45s``; in a
+        multi-process job once a rank exchange has given the job's end, `` · job of 8 ranks,
+        waits for rank 3`` (ETA and total are then the job's).
     """
     steps = f"step {p.step}/{p.total_steps}" if p.total_steps is not None else f"step {p.step}"
     text = f"{steps} · {format_step_time(p.iteration_s)} {format_relative(p.iteration_rel_ci)}"
@@ -110,4 +112,6 @@ def format_prediction(p: Prediction) -> str:
             f" · early stop ~step {p.expected_stop_step}"
             f" · total {format_duration(low)}–{format_duration(high)}"
         )
+    if p.world_size > 1 and p.slowest_rank is not None:
+        text += f" · job of {p.world_size} ranks, waits for rank {p.slowest_rank}"
     return text

@@ -23,15 +23,59 @@ logger = logging.getLogger("ets_hook")
 
 STATUS_FORMAT = "ets-hook-status"
 #: Bumped on every change of the document (``ets_hook/data/status.schema.json``).
-STATUS_VERSION = 3
+STATUS_VERSION = 4
 #: Every ``state`` a status file can hold.
 STATUS_STATES = ("running", *JOB_OUTCOMES)
 #: Keys of the document that ``extra`` may not replace.
-RESERVED_KEYS = ("format", "version", "state", "error", "pid", "host", "updated_at", "prediction")
+RESERVED_KEYS = (
+    "format",
+    "version",
+    "state",
+    "error",
+    "pid",
+    "host",
+    "updated_at",
+    "prediction",
+    "scope",
+    "rank",
+    "world_size",
+)
+#: ``scope`` of a status file: the job's (the name the user gave) or one rank's.
+STATUS_SCOPES = ("job", "rank")
 #: Seconds before retrying after a failed write, doubled per failure up to the maximum.
 RETRY_FIRST_S, RETRY_MAX_S = 1.0, 300.0
 #: Attempts of the final write at close, and the pause between them.
 CLOSE_ATTEMPTS, CLOSE_PAUSE_S = 3, 0.1
+
+
+def status_paths(
+    path: str | os.PathLike[str], rank: int, world_size: int
+) -> list[tuple[Path, str]]:
+    """The status files one rank writes, each with its ``scope``.
+
+    The name the user gave is the job's file, written by rank 0 (what a scheduler reads); every
+    rank of a multi-process job also writes its own, named with its rank: ``{rank}`` filled in
+    where the user wrote it (then there is no separate job file), else a ``.rank<N>`` suffix
+    (``eta.json`` -> ``eta.rank1.json``).
+
+    Args:
+        path: the path the user gave.
+        rank: this process's rank (>= 0).
+        world_size: processes in the job (>= 1).
+
+    Returns:
+        ``[(path, "job")]`` in a single process; with ``{rank}`` in the name,
+        ``[(filled path, "rank")]`` (``"job"`` for rank 0 of one process); otherwise rank 0 gets
+        ``[(path, "job"), (path.rank0, "rank")]`` and the others ``[(path.rank<N>, "rank")]``.
+    """
+    text = os.fspath(path)
+    if "{rank}" in text:
+        return [(Path(text.replace("{rank}", str(rank))), "job" if world_size == 1 else "rank")]
+    if world_size <= 1:
+        return [(Path(text), "job")]
+    target = Path(text)
+    own = target.with_name(f"{target.stem}.rank{rank}{target.suffix}")
+    return [(target, "job"), (own, "rank")] if rank == 0 else [(own, "rank")]
 
 
 def status_schema_path() -> Path:
@@ -46,10 +90,11 @@ class StatusFileReporter(Reporter):
     most every ``interval_s``, and when the job ends. Document (JSON Schema:
     ``ets_hook/data/status.schema.json``, ``status_schema_path()``)::
 
-        {"format": "ets-hook-status", "version": 3,
+        {"format": "ets-hook-status", "version": 4,
          "state": "running" | "closed" | "interrupted" | "failed",
          "error": exception type name (state "failed") | null,
-         "pid": ..., "host": ..., "updated_at": ISO 8601, **extra,
+         "pid": ..., "host": ..., "updated_at": ISO 8601,
+         "scope": "job" | "rank", "rank": ..., "world_size": ..., **extra,
          "prediction": Prediction.to_dict() | null}
 
     A failed write is logged (naming the path) and retried with back-off (1 s, doubling up to
@@ -63,6 +108,9 @@ class StatusFileReporter(Reporter):
         *,
         interval_s: float = 5.0,
         extra: Mapping[str, Any] | None = None,
+        scope: str = "job",
+        rank: int = 0,
+        world_size: int = 1,
     ) -> None:
         """Check the path and the extras; writes nothing yet.
 
@@ -71,12 +119,20 @@ class StatusFileReporter(Reporter):
             interval_s: seconds (> 0) between rewrites while running; None: first prediction
                 and close only.
             extra: JSON-serialisable keys added to every document (not the standard keys).
+            scope: ``"job"`` or ``"rank"`` (see ``status_paths``), written as ``scope``.
+            rank: the writing process's rank (>= 0), written as ``rank``.
+            world_size: processes in the job (> rank), written as ``world_size``.
 
         Raises:
             ValueError: the directory of ``path`` does not exist, ``path`` is a directory,
                 ``interval_s`` is not > 0, ``extra`` names a standard key or holds a value JSON
                 cannot carry (NaN, infinity, an object ``json.dumps`` cannot serialise).
         """
+        if scope not in STATUS_SCOPES:
+            raise ValueError(f"scope must be one of {STATUS_SCOPES}, got {scope!r}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"need 0 <= rank < world_size, got {rank}, {world_size}")
+        self.scope, self.rank, self.world_size = scope, rank, world_size
         self.path = Path(path)
         if not self.path.parent.is_dir():
             raise ValueError(f"status_path's directory does not exist: {self.path.parent}")
@@ -121,6 +177,9 @@ class StatusFileReporter(Reporter):
             "pid": os.getpid(),
             "host": self._host,
             "updated_at": datetime.now(timezone.utc).isoformat(),
+            "scope": self.scope,
+            "rank": self.rank,
+            "world_size": self.world_size,
             **self.extra,
             "prediction": prediction.to_dict() if prediction is not None else None,
         }

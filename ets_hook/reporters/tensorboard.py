@@ -15,6 +15,7 @@ import os
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..launcher import launcher_rank_and_size
 from .base import EARLY_STEPS, Reporter, ReportSchedule
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ _MISSING = "ets-hook's TensorBoard reporter needs tensorboardX: pip install 'ets
 
 
 def launcher_rank(environ: Mapping[str, str] | None = None) -> int:
-    """This process's rank as the launcher set it (``RANK``; torchrun, Slurm wrappers).
+    """This process's rank as the launcher set it (``ets_hook.launcher``: torchrun, Slurm, MPI).
 
     Reporters do not import ``capture`` (nor torch): ``ETSHook`` passes the rank it got from
     ``distributed_rank()``; this is the fallback when no rank is given.
@@ -41,13 +42,9 @@ def launcher_rank(environ: Mapping[str, str] | None = None) -> int:
         environ: the environment; None: ``os.environ``.
 
     Returns:
-        ``int(RANK)``, or 0 when it is unset or not an int.
+        The launcher's rank, or 0 when none is set or it is not an int.
     """
-    env = os.environ if environ is None else environ
-    try:
-        return int(env.get("RANK", "0"))
-    except ValueError:
-        return 0
+    return launcher_rank_and_size(environ)[0]
 
 
 def check_ranks(ranks: Collection[int] | None, name: str = "ranks") -> frozenset[int] | None:

@@ -20,6 +20,10 @@ STEP_ANNOTATION_PREFIXES = ("Optimizer.step#", "Optimizer.zero_grad#", "Profiler
 #: step annotations, the DataLoader's iterator annotation and user ``record_function("## ...")``.
 NON_ROW_PREFIXES = (*STEP_ANNOTATION_PREFIXES, "enumerate(DataLoader)", "## ")
 
+#: Collective communication ops (c10d's dispatcher ops, the profiler's backend annotations):
+#: time in them is communication or waiting for other ranks, not this rank's own work.
+COLLECTIVE_PREFIXES = ("c10d::", "c10d:", "gloo:", "nccl:", "record_param_comms", "mpi:", "ucc:")
+
 #: ``torch.profiler.RecordScope.USER_SCOPE``: ``record_function`` annotations.
 USER_SCOPE = 7
 #: ``torch.profiler.RecordScope.BACKWARD_FUNCTION``: autograd nodes.
@@ -101,3 +105,16 @@ def canonical_op_name(name: str) -> str:
     if n and n[0].isupper():  # an autograd node without the Backward suffix: AccumulateGrad
         return _camel_to_snake(n)
     return n
+
+
+def is_collective(name: str) -> bool:
+    """True when an op is a collective (all-reduce, broadcast, barrier, ...) of torch.distributed.
+
+    Args:
+        name: the op's name as recorded (``"c10d::allreduce_"``, ``"nccl:all_reduce"``).
+
+    Returns:
+        Whether time inside it is communication (or waiting for other ranks) rather than this
+        rank's own compute.
+    """
+    return name.startswith(COLLECTIVE_PREFIXES)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import ETS_HOOK
 
 from ets_hook.cli.common import EXIT_CODES_HELP
 from ets_hook.ets.regressors import Predictor
@@ -28,8 +28,6 @@ from ets_hook.trace.importers import ETS_CSV_COLUMNS
 from ets_hook.trace.io import load_trace
 from ets_hook.trace.summary import summarize_iteration
 
-#: The console script installed beside this interpreter (the venv's ``bin``).
-ETS_HOOK = shutil.which("ets-hook", path=str(Path(sys.executable).parent))
 #: Every subcommand ``ets-hook --help`` lists; each one is run here (demo: in test_main.py).
 SUBCOMMANDS = ("info", "export", "demo", "build-ops", "train", "evaluate", "watch")
 #: Steps of each real run; the capture window is steps 1-3.

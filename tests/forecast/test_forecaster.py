@@ -16,6 +16,7 @@ from ets_hook.forecast import stats as estimators
 from ets_hook.forecast.forecaster import Forecaster
 from ets_hook.forecast.job import JobModel
 from ets_hook.forecast.prediction import Prediction
+from ets_hook.forecast.ranks import JobView, RankForecast, aggregate_ranks
 from ets_hook.forecast.stats import TraceEstimate
 from ets_hook.reporters.base import ReportDispatcher
 
@@ -391,3 +392,168 @@ def test_total_includes_the_capture_cost_still_to_come() -> None:
     assert short.prediction.remaining_capture_s == 0.0
     with pytest.raises(ValueError, match="capture_spike_steps"):
         estimators.StepTimePrior(capture_spike_steps=(5.0, 1.0))
+
+
+# ----------------------------------------------------------------------------------------------
+# Multi-process jobs: rank, world size and the job view of a rank exchange
+
+
+def _rank_forecast(rank: int, finish_wall_s: float | None, busy_s: float = 0.1) -> RankForecast:
+    return RankForecast(
+        rank=rank,
+        step=50,
+        start_wall_s=WALL_START,
+        finish_wall_s=finish_wall_s,
+        finish_ci_s=0.5,
+        iteration_s=0.2,
+        busy_s=busy_s,
+    )
+
+
+def _job_view(own_rank: int, own_finish: float, other_finish: float, **busy: float) -> JobView:
+    other = 1 - own_rank
+    return aggregate_ranks(
+        [
+            _rank_forecast(own_rank, own_finish, busy.get("own", 0.1)),
+            _rank_forecast(other, other_finish, busy.get("other", 0.1)),
+        ],
+        exchange=0,
+        world_size=2,
+    )
+
+
+def _rank_forecaster(rank: int = 1, world_size: int = 2, total_steps: int = 200) -> Forecaster:
+    f = Forecaster(
+        JobModel(total_steps=total_steps),
+        start_s=0.0,
+        wall_start_s=WALL_START,
+        rank=rank,
+        world_size=world_size,
+    )
+    drive(f, noisy(50))
+    return f
+
+
+def test_predictions_carry_rank_and_world_size() -> None:
+    p = _rank_forecaster(rank=1, world_size=4).prediction
+    assert p is not None
+    assert (p.rank, p.world_size) == (1, 4)
+    assert p.local_total_s == p.total_s
+    assert p.slowest_rank is None and p.job_view_step is None and p.straggler_rank is None
+    single = Forecaster(JobModel(total_steps=10), start_s=0.0)
+    drive(single, noisy(3))
+    assert (single.prediction.rank, single.prediction.world_size) == (0, 1)
+    doc = json.loads(p.to_json())
+    assert (doc["rank"], doc["world_size"], doc["local_total_s"]) == (1, 4, p.total_s)
+
+
+def test_job_view_moves_total_eta_and_finish_by_the_lag() -> None:
+    f = _rank_forecaster(rank=1)
+    own = f.prediction
+    assert own is not None and own.total_s is not None and own.finish_time is not None
+    own_finish = WALL_START + own.total_s
+    lag = 37.5
+    view = _job_view(1, own_finish, own_finish + lag, own=0.25, other=0.1)
+    assert not view.lockstep and view.slowest_rank == 0 and view.straggler_rank == 1
+    f.set_job_view(view)
+    p = f.prediction
+    assert p is not None and p is not own  # the cached prediction is rebuilt
+    assert p.total_s == pytest.approx(own.total_s + lag)
+    assert p.eta_s == pytest.approx(own.eta_s + lag)
+    assert p.finish_time.timestamp() == pytest.approx(own.finish_time.timestamp() + lag)
+    assert p.local_total_s == pytest.approx(own.total_s)
+    assert p.elapsed_s == own.elapsed_s and p.iteration_s == own.iteration_s
+    assert (p.slowest_rank, p.job_view_step, p.straggler_rank) == (0, view.step, 1)
+    # Later steps keep the lag measured at the exchange.
+    drive(f, noisy(20, seed=5), start=own.elapsed_s, first_index=50)
+    later = f.prediction
+    assert later.step == own.step + 20
+    assert later.total_s - later.local_total_s == pytest.approx(lag)
+    assert later.job_view_step == view.step
+
+
+def test_the_slowest_rank_itself_is_not_moved() -> None:
+    f = _rank_forecaster(rank=1)
+    own = f.prediction
+    own_finish = WALL_START + own.total_s
+    f.set_job_view(_job_view(1, own_finish, own_finish - 100.0))
+    p = f.prediction
+    assert p.slowest_rank == 1
+    assert p.total_s == pytest.approx(own.total_s)
+    assert p.eta_s == pytest.approx(own.eta_s)
+
+
+def test_none_restores_this_ranks_own_prediction() -> None:
+    f = _rank_forecaster(rank=1)
+    own = f.prediction
+    own_finish = WALL_START + own.total_s
+    f.set_job_view(_job_view(1, own_finish, own_finish + 60.0))
+    assert f.prediction.total_s != pytest.approx(own.total_s)
+    f.set_job_view(None)
+    p = f.prediction
+    assert p.total_s == pytest.approx(own.total_s) and p.eta_s == pytest.approx(own.eta_s)
+    assert p.finish_time == own.finish_time
+    assert p.local_total_s == p.total_s
+    assert p.slowest_rank is None and p.job_view_step is None and p.straggler_rank is None
+
+
+def test_eta_never_goes_below_zero() -> None:
+    f = _rank_forecaster(rank=0)
+    own = f.prediction
+    own_finish = WALL_START + own.total_s
+    # Two ranks in lock step whose median end lies far before this rank's own end.
+    view = aggregate_ranks(
+        [
+            RankForecast(0, 50, WALL_START, own_finish, 1e6, 0.2),
+            RankForecast(1, 50, WALL_START, own_finish - 1e5, 1e6, 0.2),
+        ],
+        exchange=3,
+        world_size=2,
+    )
+    assert view.finish_wall_s - own_finish < -own.eta_s
+    f.set_job_view(view)
+    p = f.prediction
+    assert p.eta_s == 0.0
+    assert p.total_s == pytest.approx(p.elapsed_s)
+    assert p.finish_time.timestamp() == pytest.approx(WALL_START + p.elapsed_s)
+    assert p.local_total_s == pytest.approx(own.total_s)
+
+
+def test_a_view_without_an_end_leaves_the_totals_alone() -> None:
+    f = _rank_forecaster(rank=1)
+    own = f.prediction
+    view = _job_view(1, WALL_START + own.total_s, WALL_START)
+    unknown = JobView(
+        exchange=1,
+        step=50,
+        world_size=2,
+        ranks=view.ranks,
+        slowest_rank=None,
+        finish_wall_s=None,
+        start_wall_s=WALL_START,
+    )
+    f.set_job_view(unknown)
+    p = f.prediction
+    assert p.total_s == pytest.approx(own.total_s)
+    assert p.job_view_step == 50 and p.slowest_rank is None
+
+
+def test_a_view_with_an_unknown_job_length_is_harmless() -> None:
+    f = Forecaster(start_s=0.0, wall_start_s=WALL_START, rank=1, world_size=2)
+    drive(f, noisy(20))
+    f.set_job_view(_job_view(1, WALL_START + 10.0, WALL_START + 50.0))
+    p = f.prediction
+    assert p.total_s is None and p.eta_s is None and p.local_total_s is None
+    assert p.slowest_rank == 0
+
+
+def test_set_job_view_refuses_other_objects() -> None:
+    f = _rank_forecaster()
+    with pytest.raises(ValueError, match="JobView"):
+        f.set_job_view({"finish_wall_s": 1.0})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("rank", "world_size"), [(-1, 2), (2, 2), (3, 2), (0, 0), (1, 1)])
+def test_rank_must_be_inside_the_world(rank: int, world_size: int) -> None:
+    with pytest.raises(ValueError, match="rank"):
+        Forecaster(start_s=0.0, rank=rank, world_size=world_size)

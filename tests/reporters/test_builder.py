@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
-import pytest
+import json
+from pathlib import Path
+from typing import Any
 
+import pytest
+from support import run_job
+
+from ets_hook.forecast.forecaster import Forecaster
+from ets_hook.forecast.job import JobModel
+from ets_hook.reporters.base import ReportDispatcher, Reporter
 from ets_hook.reporters.builder import build_reporters
 from ets_hook.reporters.deadline import (
     DeadlineGuard,
 )
 from ets_hook.reporters.log import LogReporter
+from ets_hook.reporters.status_file import StatusFileReporter
+from ets_hook.reporters.tqdm import TqdmReporter
 
 
 def test_build_reporters_validates() -> None:
@@ -18,3 +28,112 @@ def test_build_reporters_validates() -> None:
         build_reporters(deadline=False, on_deadline="shout")
     kinds = [type(r) for r in build_reporters(deadline=60.0, environ={})]
     assert kinds == [LogReporter, DeadlineGuard]
+
+
+# ---------------------------------------------------------------------------------------------
+# Multi-process jobs: per-rank status files and log_ranks
+
+
+def _quiet(**kwargs: Any) -> list[Reporter]:
+    defaults: dict[str, Any] = {"deadline": False, "environ": {}, "verbose": False}
+    return build_reporters(**{**defaults, **kwargs})
+
+
+def _run_to_close(reporters: list[Reporter], rank: int, world_size: int) -> None:
+    f = Forecaster(
+        JobModel(total_steps=30),
+        start_s=0.0,
+        reports=ReportDispatcher(reporters),
+        rank=rank,
+        world_size=world_size,
+    )
+    run_job(f, 10, 0.1)
+    f.close()
+
+
+@pytest.mark.parametrize("rank", [1, 3])
+def test_a_rank_other_than_0_writes_only_its_own_status_file(tmp_path: Path, rank: int) -> None:
+    reporters = _quiet(status_path=tmp_path / "eta.json", rank=rank, world_size=4)
+    status = [r for r in reporters if isinstance(r, StatusFileReporter)]
+    assert [(r.path, r.scope, r.rank, r.world_size) for r in status] == [
+        (tmp_path / f"eta.rank{rank}.json", "rank", rank, 4)
+    ]
+    _run_to_close(reporters, rank, 4)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"eta.rank{rank}.json"]
+    doc = json.loads((tmp_path / f"eta.rank{rank}.json").read_text())
+    assert (doc["scope"], doc["rank"], doc["world_size"], doc["state"]) == (
+        "rank",
+        rank,
+        4,
+        "closed",
+    )
+
+
+def test_rank_0_writes_the_jobs_file_and_its_own(tmp_path: Path) -> None:
+    reporters = _quiet(status_path=tmp_path / "eta.json", rank=0, world_size=2)
+    _run_to_close(reporters, 0, 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["eta.json", "eta.rank0.json"]
+    scopes = {
+        name: json.loads((tmp_path / name).read_text())["scope"]
+        for name in ("eta.json", "eta.rank0.json")
+    }
+    assert scopes == {"eta.json": "job", "eta.rank0.json": "rank"}
+
+
+def test_a_single_process_writes_the_given_file_only(tmp_path: Path) -> None:
+    reporters = _quiet(status_path=tmp_path / "eta.json", rank=0)
+    _run_to_close(reporters, 0, 1)
+    assert [p.name for p in tmp_path.iterdir()] == ["eta.json"]
+    assert json.loads((tmp_path / "eta.json").read_text())["scope"] == "job"
+
+
+def test_a_rank_beyond_world_size_widens_the_world(tmp_path: Path) -> None:
+    [status] = [
+        r
+        for r in _quiet(status_path=tmp_path / "eta.json", rank=2, world_size=1)
+        if isinstance(r, StatusFileReporter)
+    ]
+    assert (status.path.name, status.rank, status.world_size) == ("eta.rank2.json", 2, 3)
+
+
+def _kinds(reporters: list[Reporter]) -> list[type]:
+    return [type(r) for r in reporters]
+
+
+def test_log_ranks_decide_who_logs_and_shows_its_own_bar() -> None:
+    assert _kinds(_quiet(rank=1, progress=True)) == []
+    assert _kinds(_quiet(rank=0, progress=True)) == [LogReporter, TqdmReporter]
+    assert _kinds(_quiet(rank=1, progress=True, log_ranks=(1, 2))) == [LogReporter, TqdmReporter]
+    assert _kinds(_quiet(rank=0, progress=True, log_ranks=[2])) == []
+    for rank in (0, 5):
+        assert _kinds(_quiet(rank=rank, progress=True, log_ranks=None)) == [
+            LogReporter,
+            TqdmReporter,
+        ]
+
+
+def test_a_users_bar_is_annotated_on_every_rank() -> None:
+    class Bar:
+        def set_postfix_str(self, text: str, refresh: bool = True) -> None:
+            pass
+
+    assert _kinds(_quiet(rank=1, progress=Bar())) == [TqdmReporter]
+
+
+def test_the_launchers_rank_is_used_when_none_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _kinds(_quiet(environ={"RANK": "1"})) == []
+    assert _kinds(_quiet(environ={"SLURM_PROCID": "0"})) == [LogReporter]
+    monkeypatch.setenv("RANK", "1")  # environ=None reads os.environ
+    assert _kinds(_quiet(environ=None, deadline=False)) == []
+
+
+@pytest.mark.parametrize("log_ranks", [1, "0", [True], [-1], (0, 1.0)])
+def test_log_ranks_are_checked(log_ranks: Any) -> None:
+    with pytest.raises(ValueError, match="log_ranks"):
+        _quiet(rank=0, log_ranks=log_ranks)
+
+
+@pytest.mark.parametrize("world_size", [0, -1, True, 2.0, "2"])
+def test_world_size_is_checked(world_size: Any) -> None:
+    with pytest.raises(ValueError, match="world_size"):
+        _quiet(rank=0, world_size=world_size)

@@ -71,3 +71,38 @@ def test_log_line_format() -> None:
     assert PREDICTION_LINE.match(text)
     unknown = prediction(total_steps=None, total_s=None, eta_s=None)
     assert format_prediction(unknown) == "step 30 · 0.412 s/step ±1.1%"
+
+
+def test_job_suffix_names_the_rank_the_job_waits_for() -> None:
+    local = format_prediction(prediction(rank=2, world_size=8))
+    text = format_prediction(prediction(rank=2, world_size=8, slowest_rank=3, job_view_step=30))
+    suffix = " · job of 8 ranks, waits for rank 3"
+    assert text == local + suffix
+    assert PREDICTION_LINE.match(text[: -len(suffix)])
+
+
+def test_job_suffix_comes_after_the_early_stop_range() -> None:
+    text = format_prediction(
+        prediction(
+            world_size=2,
+            slowest_rank=0,
+            expected_stop_step=1200,
+            total_range_s=(500.0, 825.0),
+        )
+    )
+    assert text.index("early stop") < text.index("job of 2 ranks")
+    assert text.endswith("waits for rank 0")
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"world_size": 1, "slowest_rank": 0},  # a single process never shows it
+        {"world_size": 4, "slowest_rank": None},  # before the first exchange
+        {"world_size": 4},
+    ],
+)
+def test_no_job_suffix(fields: dict[str, Any]) -> None:
+    text = format_prediction(prediction(**fields))
+    assert "job of" not in text and "waits for" not in text
+    assert PREDICTION_LINE.match(text)

@@ -21,11 +21,14 @@ from support import run_job
 from ets_hook.forecast.forecaster import Forecaster
 from ets_hook.forecast.job import JobModel
 from ets_hook.forecast.prediction import Prediction
+from ets_hook.forecast.ranks import RankForecast, aggregate_ranks
 from ets_hook.reporters.base import ReportDispatcher
 from ets_hook.reporters.status_file import (
+    STATUS_SCOPES,
     STATUS_STATES,
     STATUS_VERSION,
     StatusFileReporter,
+    status_paths,
     status_schema_path,
 )
 from ets_hook.trace.atomic import _temp_prefix, atomic_write_bytes, remove_orphan_temp_files
@@ -214,3 +217,116 @@ def _dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     return proc.pid
+
+
+# ---------------------------------------------------------------------------------------------
+# Multi-process jobs: which files a rank writes, and scope/rank/world_size in the document
+
+
+@pytest.mark.parametrize("rank", [0, 1, 7])
+def test_status_paths_multi_process_without_a_rank_placeholder(tmp_path: Path, rank: int) -> None:
+    given = tmp_path / "eta.json"
+    own = (tmp_path / f"eta.rank{rank}.json", "rank")
+    expected = [(given, "job"), own] if rank == 0 else [own]
+    assert status_paths(given, rank, 8) == expected
+    assert status_paths(str(given), rank, 8) == expected  # a str works alike
+
+
+def test_status_paths_single_process(tmp_path: Path) -> None:
+    assert status_paths(tmp_path / "eta.json", 0, 1) == [(tmp_path / "eta.json", "job")]
+    assert status_paths("eta.{rank}.json", 0, 1) == [(Path("eta.0.json"), "job")]
+
+
+@pytest.mark.parametrize("rank", [0, 3])
+def test_status_paths_with_a_rank_placeholder_give_one_rank_file(rank: int) -> None:
+    assert status_paths("out/{rank}/eta-{rank}.json", rank, 4) == [
+        (Path(f"out/{rank}/eta-{rank}.json"), "rank")
+    ]
+
+
+def test_status_paths_rank_suffix_without_an_extension(tmp_path: Path) -> None:
+    assert status_paths(tmp_path / "status", 2, 3) == [(tmp_path / "status.rank2", "rank")]
+    [(job, _), (own, _)] = status_paths(tmp_path / "a.b.json", 0, 2)
+    assert (job.name, own.name) == ("a.b.json", "a.b.rank0.json")
+    scopes = {
+        scope
+        for path in ("x.json", "x.{rank}.json")
+        for world_size in (1, 2)
+        for _, scope in status_paths(path, 0, world_size)
+    }
+    assert scopes == set(STATUS_SCOPES)
+
+
+def _two_rank_forecaster(reporter: StatusFileReporter, rank: int) -> Forecaster:
+    f = Forecaster(
+        JobModel(total_steps=100),
+        start_s=0.0,
+        wall_start_s=1_700_000_000.0,
+        reports=ReportDispatcher([reporter]),
+        rank=rank,
+        world_size=2,
+    )
+    run_job(f, 20, 0.1)
+    own = f.prediction
+    assert own is not None and own.total_s is not None
+    end = f.wall_start_s + own.total_s
+    forecasts = [
+        RankForecast(r, 20, f.wall_start_s, end + 30.0 * (r != rank), 0.5, 0.1, busy_s=0.1 + r)
+        for r in (0, 1)
+    ]
+    f.set_job_view(aggregate_ranks(forecasts, exchange=0, world_size=2))
+    return f
+
+
+@pytest.mark.parametrize(("rank", "scope"), [(1, "rank"), (0, "job"), (0, "rank")])
+def test_rank_documents_carry_scope_rank_and_world_size(
+    tmp_path: Path, rank: int, scope: str
+) -> None:
+    validator = _schema_validator()
+    path = tmp_path / f"eta.{scope}{rank}.json"
+    reporter = StatusFileReporter(path, interval_s=0.001, scope=scope, rank=rank, world_size=2)
+    f = _two_rank_forecaster(reporter, rank)
+    run_job(f, 1, 0.1, seed=1)  # one more step: a document with the job view
+    f.close()
+    doc = json.loads(path.read_text())
+    validator.validate(doc)
+    assert doc["version"] == STATUS_VERSION == 4
+    assert (doc["scope"], doc["rank"], doc["world_size"]) == (scope, rank, 2)
+    p = doc["prediction"]
+    assert (p["rank"], p["world_size"]) == (rank, 2)
+    assert p["slowest_rank"] == 1 - rank and p["straggler_rank"] == 1
+    assert p["job_view_step"] == 20
+    assert p["total_s"] == pytest.approx(p["local_total_s"] + 30.0)
+    for bad in ({"scope": "node"}, {"rank": -1}, {"world_size": 0}, {"rank": "1"}):
+        assert not validator.is_valid({**doc, **bad}), bad
+    assert not validator.is_valid({**doc, "prediction": {**p, "slowest_rank": -1}})
+
+
+def test_single_process_document_is_the_jobs(tmp_path: Path) -> None:
+    path = tmp_path / "eta.json"
+    reporter = StatusFileReporter(path)
+    reporter.write("running", None)
+    doc = json.loads(path.read_text())
+    _schema_validator().validate(doc)
+    assert (doc["scope"], doc["rank"], doc["world_size"]) == ("job", 0, 1)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"scope": "node"},
+        {"scope": "Job"},
+        {"rank": 2, "world_size": 2},
+        {"rank": -1, "world_size": 2},
+        {"rank": 0, "world_size": 0},
+    ],
+)
+def test_scope_and_rank_are_checked(tmp_path: Path, kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match=r"scope|rank"):
+        StatusFileReporter(tmp_path / "s.json", **kwargs)
+
+
+@pytest.mark.parametrize("key", ["scope", "rank", "world_size"])
+def test_extra_may_not_replace_the_rank_keys(tmp_path: Path, key: str) -> None:
+    with pytest.raises(ValueError, match="standard key"):
+        StatusFileReporter(tmp_path / "s.json", extra={key: 1})
