@@ -32,6 +32,7 @@ import torch
 
 from . import __version__, exits
 from .capture import native_ops
+from .capture.compile_events import CompileWatcher
 from .capture.device_timer import CudaStepTimer
 from .capture.ops import NativeOpCapture, ProfilerOpCapture
 from .capture.steps import NoSteps, StepDetector, optimizer_list
@@ -64,7 +65,7 @@ from .errors import DeadlineExceededError
 from .ets.blas import single_threaded_blas
 from .forecast.early_stop import EarlyStoppingRule
 from .forecast.forecaster import Forecaster
-from .forecast.job import JobModel
+from .forecast.job import COMPILE_PHASE, JobModel
 from .forecast.prediction import Prediction
 from .forecast.ranks import JobView
 from .forecast.stats import StepTimePrior, TraceEstimate
@@ -84,6 +85,11 @@ TraceEstimator = Callable[[Trace], "TraceEstimate | None"]
 # hook.step_times_s keeps the first this-many raw step times (8 bytes each); the forecaster keeps
 # its own bounded summary for any job length.
 MAX_KEPT_STEP_TIMES = 1 << 20
+
+#: Steps during which the hook looks for ``torch.compile`` having been imported after it.
+COMPILE_REGISTER_STEPS = 64
+#: With ``skip_steps=None``, the latest step at which the capture window starts.
+MAX_AUTO_SKIP_STEPS = 32
 
 #: Seconds ``close`` waits for a running decode when the interpreter is exiting.
 EXIT_DECODE_WAIT_S = 10.0
@@ -116,7 +122,7 @@ class ETSHook:
         optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
         total_steps: int | None = None,
         capture_steps: int = 5,
-        skip_steps: int = 1,
+        skip_steps: int | None = None,
         trace_path: str | os.PathLike[str] | None = None,
         *,
         epochs: float | None = None,
@@ -170,7 +176,9 @@ class ETSHook:
             capture_steps: steps in the capture window (int >= 0); 0 turns capture off (a pure
                 step timer).
             skip_steps: steps timed before the window starts (int >= 0); the window is steps
-                ``[skip_steps, skip_steps + capture_steps)`` of this process.
+                ``[skip_steps, skip_steps + capture_steps)`` of this process. None (default): 1,
+                postponed while steps still compile (``torch.compile``): the window starts
+                after two compile-free steps in a row, at most ``MAX_AUTO_SKIP_STEPS`` steps in.
             trace_path: where to write the captured trace (atomically; its folder must exist, a
                 failed write is logged); ``{rank}`` is filled in and under DDP ``.rank<N>`` is
                 added (``rank_trace_path``). None: not written.
@@ -254,6 +262,8 @@ class ETSHook:
         """
         if not isinstance(model, torch.nn.Module):
             raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        auto_skip = skip_steps is None
+        skip_steps = 1 if skip_steps is None else skip_steps
         check_window_settings(capture_steps, skip_steps, op_capture, record_shapes)
         optimizers = optimizer_list(optimizer)
         rank, world_size = distributed_rank()
@@ -302,6 +312,7 @@ class ETSHook:
         self.total_steps = job.total_steps
         self.capture_steps = capture_steps
         self.skip_steps = skip_steps
+        self._auto_skip = auto_skip
         self.record_shapes = record_shapes
         self._decode_in_background = decode_in_background
         self._device = torch.device(device if device is not None else model_device(model))
@@ -313,6 +324,14 @@ class ETSHook:
         self._epoch_offset_ns = time.time_ns() - time.perf_counter_ns()
         self._step_start_ns = self._created_ns
         self._phase_ns_in_step = 0
+        # torch.compile: compile time is a phase "compile", not step time (capture.compile_events)
+        self._compiles: CompileWatcher | None = None if disabled else CompileWatcher()
+        if self._compiles is not None:
+            self._compiles.ensure_registered()
+        self._compiles_seen = 0
+        self._compile_ns_in_phases = 0  # compile time already taken out with a phase this step
+        self._last_compile_step = -1
+        self._compile_warmup_end = 0
         self._phase_stack: list[tuple[str, int]] = []
         self.steps_completed = 0
         self._step_times_s = array("d")
@@ -465,9 +484,15 @@ class ETSHook:
         if self._phase_stack:
             return
         self._detector.in_phase = False
-        duration_ns = time.perf_counter_ns() - started_ns
+        ended_ns = time.perf_counter_ns()
+        duration_ns = ended_ns - started_ns
         self._phase_ns_in_step += duration_ns
-        self._guarded(self._on_phase_end)(name, duration_ns)
+        compile_ns = 0
+        compiles = self._compiles
+        if compiles is not None and (compiles.count != self._compiles_seen or compiles.in_progress):
+            compile_ns = min(compiles.compile_ns_in(started_ns, ended_ns), duration_ns)
+            self._compile_ns_in_phases += compile_ns
+        self._guarded(self._on_phase_end)(name, duration_ns - compile_ns, compile_ns)
 
     def report_metric(self, name: str, value: float) -> None:
         """One evaluation of the metric that early stopping monitors (``early_stopping=``).
@@ -595,6 +620,8 @@ class ETSHook:
         exits.unregister(self)
         if self._ranks is not None:
             self._ranks.close()
+        if self._compiles is not None:
+            self._compiles.close()
         try:
             if self._state == WindowState.CAPTURING:
                 self._finish_capture(truncated=True)
@@ -633,6 +660,8 @@ class ETSHook:
         return call
 
     def _on_first_activity(self) -> None:
+        if self._compiles is not None:
+            self._compiles.ensure_registered()
         # Step 0 starts at the first training forward when nothing was timed before it.
         if self.steps_completed == 0 and self._state != WindowState.CAPTURING:
             self._step_start_ns = time.perf_counter_ns()
@@ -644,7 +673,14 @@ class ETSHook:
         # Timing first, with nothing that can fail: the step count must survive any error below.
         now_ns = time.perf_counter_ns()
         start_ns = self._step_start_ns
-        duration_ns = now_ns - start_ns - self._phase_ns_in_step
+        compile_ns = 0
+        compiles = self._compiles
+        if compiles is not None:
+            if self.steps_completed < COMPILE_REGISTER_STEPS:
+                compiles.ensure_registered()  # torch.compile called after the hook was created
+            if compiles.count != self._compiles_seen or compiles.in_progress:
+                compile_ns = self._take_compile_ns(compiles, start_ns, now_ns)
+        duration_ns = now_ns - start_ns - self._phase_ns_in_step - compile_ns
         step_index = self.steps_completed
         if step_index < MAX_KEPT_STEP_TIMES:
             self._step_times_s.append(duration_ns / 1e9)
@@ -652,6 +688,8 @@ class ETSHook:
         self._step_start_ns = now_ns
         self._phase_ns_in_step = 0
         try:
+            if compile_ns:
+                self._on_compile_step(step_index, compile_ns, now_ns)
             if self._state == WindowState.CAPTURING or self._state == WindowState.WAITING:
                 self._advance_window(step_index, start_ns, now_ns)
             if self._cuda_timer is not None:
@@ -665,17 +703,50 @@ class ETSHook:
         # Last: with on_deadline="raise" this may raise DeadlineExceededError on purpose.
         self._forecaster.on_step_end(step_index, duration_ns / 1e9, now_ns / 1e9)
 
+    def _take_compile_ns(self, compiles: CompileWatcher, start_ns: int, end_ns: int) -> int:
+        """Compile time in this step outside its phases (those took theirs out). Never raises."""
+        try:
+            self._compiles_seen = compiles.count
+            inside = compiles.compile_ns_in(start_ns, end_ns) - self._compile_ns_in_phases
+            self._compile_ns_in_phases = 0
+            return min(max(inside, 0), max(end_ns - start_ns - self._phase_ns_in_step, 0))
+        except Exception:
+            return 0
+
+    def _on_compile_step(self, step_index: int, compile_ns: int, end_ns: int) -> None:
+        """Step ``step_index`` compiled: its compile time is a one-off phase; while the job has
+        compiled since its start, that step and the next are warm-up (a recompile later in the
+        job is only a phase)."""
+        self._last_compile_step = step_index
+        self._forecaster.on_phase_end(COMPILE_PHASE, compile_ns / 1e9, end_ns / 1e9)
+        if step_index <= self._compile_warmup_end + 1:
+            self._compile_warmup_end = step_index + 2
+            self._forecaster.set_warmup_steps(self._compile_warmup_end)
+
     def _advance_window(self, step_index: int, start_ns: int, end_ns: int) -> None:
         if self._user_profiler_took_over():
             return
-        if self._state == WindowState.CAPTURING and self._ops is not None and self._ops.active:
+        compiled_now = self._last_compile_step == step_index
+        if (
+            self._state == WindowState.CAPTURING
+            and self._ops is not None
+            and self._ops.active
+            and not compiled_now  # its ops are mostly the compiler's: left out of the trace
+        ):
             offset = self._epoch_offset_ns
             self._window_bounds.append(StepBounds(step_index, start_ns + offset, end_ns + offset))
             if isinstance(self._ops, NativeOpCapture) and self._device.type == "cpu":
                 self._measure_window_step()
         completed = step_index + 1
         if self._state == WindowState.WAITING and completed == self.skip_steps:
-            self._start_capture()
+            if (
+                self._auto_skip
+                and self._last_compile_step >= step_index - 1
+                and self.skip_steps < MAX_AUTO_SKIP_STEPS
+            ):
+                self.skip_steps += 1  # still compiling: the window waits for steady steps
+            else:
+                self._start_capture()
         elif self._state == WindowState.CAPTURING:
             if completed == self.skip_steps + self.capture_steps:
                 self._finish_capture(truncated=False)
@@ -752,8 +823,11 @@ class ETSHook:
         self._capture_note = note
         self._trace_ready.set()
 
-    def _on_phase_end(self, name: str, duration_ns: int) -> None:
-        self._forecaster.on_phase_end(name, duration_ns / 1e9, time.perf_counter_ns() / 1e9)
+    def _on_phase_end(self, name: str, duration_ns: int, compile_ns: int = 0) -> None:
+        now_s = time.perf_counter_ns() / 1e9
+        if compile_ns:  # e.g. the first eval() forward recompiles
+            self._forecaster.on_phase_end(COMPILE_PHASE, compile_ns / 1e9, now_s)
+        self._forecaster.on_phase_end(name, duration_ns / 1e9, now_s)
 
     # ------------------------------------------------------------------------------------------
     # Capture window

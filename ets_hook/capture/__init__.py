@@ -1,6 +1,7 @@
 """What runs inside the training process during the capture window.
 
-``steps`` finds step boundaries, ``ops`` records operator events, ``cupti`` (the only importer of
-the native ``_C``) collects GPU activity that ``gpu_records`` decodes, ``device_timer`` times steps
-on the GPU, ``sysinfo`` describes the host and device.
+``steps`` finds step boundaries, ``compile_events`` hears ``torch.compile``'s compiles, ``ops``
+records operator events, ``cupti`` (the only importer of the native ``_C``) collects GPU activity
+that ``gpu_records`` decodes, ``device_timer`` times steps on the GPU, ``sysinfo`` describes the
+host and device.
 """

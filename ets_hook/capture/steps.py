@@ -16,6 +16,26 @@ One authority decides at a time, so a boundary is never counted twice:
 
 Forwards in eval mode, under ``no_grad``, inside a marked phase or inside an optimizer step
 (LBFGS closures) never end a step. Optimizer steps inside a marked phase are ignored too.
+
+``torch.compile`` (checked with fullgraph=True, see ``tests/capture/test_compile_events.py``):
+
+- Called as frames of their own (``Module.__call__`` calls a compiled module's hooks outside
+  dynamo's trace), the hooks and everything they call run as plain Python: their code is marked
+  for dynamo to skip (``_run_outside_dynamo``), so it never tries to compile them. This covers
+  hooks on the ``OptimizedModule`` (``ETSHook(torch.compile(model))``, recommended), on a
+  user-defined module compiled afterwards, and ``model.compile()``.
+- Traced into a graph, the hooks return at once (``torch.compiler.is_compiling()``), reading none
+  of the detector's state: no graph break, and no guards on that state (which would recompile the
+  model at the first forward, around phases and at the window's end). This happens to the module
+  hook when dynamo traces the hooked module's ``__call__``: a built-in module (``nn.Sequential``,
+  ...) passed to ``torch.compile`` and hooked itself rather than its ``OptimizedModule``, or any
+  model called inside a compiled function (a compiled train step). Its forwards are then invisible:
+  step 0 starts at the hook's creation, ``FORWARD`` authority marks no steps (optimizer steps and
+  ``hook.step()`` still do), ``saw_training_forward`` stays False, and ``remove_capture_hooks``
+  leaves the hook in place (removing it would recompile). Inside a compiled optimizer step, the
+  optimizer hooks of the given optimizers still run, eagerly, when every one's ``step`` breaks the
+  graph anyway (torch.optim's built-ins but LBFGS: ``step_always_breaks_graph``); otherwise (LBFGS,
+  custom optimizers, no ``optimizer`` given) such steps are not seen.
 """
 
 from __future__ import annotations
@@ -30,6 +50,87 @@ from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
 )
+
+#: True while dynamo traces (``torch.compile``/``torch.export``), a constant False eagerly;
+#: ``torch.compiler`` comes with ``import torch`` (``torch._dynamo`` does not, nor is it needed).
+_is_compiling = torch.compiler.is_compiling
+
+
+def _run_outside_dynamo(*functions: Callable[..., Any]) -> bool:
+    """Have dynamo run ``functions``, and everything they call, as plain Python whenever they
+    are called as frames of their own (e.g. from ``Module.__call__`` inside a compiled module's
+    dynamo context), instead of tracing them; the frame-level half of ``torch.compiler.disable``
+    (which would import ``torch._dynamo``, ~1.4 s). Calls that dynamo inlines into a graph it
+    is tracing are not frames: see ``_is_compiling`` and ``_call_eagerly``.
+
+    Args:
+        functions: plain functions; their code objects are marked.
+
+    Returns:
+        Whether the marks were set (False: this torch lacks the private hook; nothing done).
+    """
+    try:
+        from torch._C._dynamo import eval_frame
+
+        skip = eval_frame._FrameAction.SKIP
+        strategy = eval_frame._FrameExecStrategy(skip, skip)  # this frame, and frames it calls
+        for function in functions:
+            eval_frame.set_code_exec_strategy(function.__code__, strategy)
+    except Exception:  # another torch: hooks may then be traced as frames (still no-ops)
+        return False
+    return True
+
+
+def _call_eagerly(function: Callable[..., None], *args: Any) -> None:
+    """``function(*args)``; called from code dynamo traces, it makes dynamo break the graph
+    and run the call as plain Python (``_torchdynamo_disable``, as ``torch.compiler.disable``
+    sets it). Only used where the graph breaks there anyway."""
+    function(*args)
+
+
+_call_eagerly._torchdynamo_disable = True  # type: ignore[attr-defined]
+
+
+def _graph_breaking_step_code() -> Any:
+    """The code of the wrapper torch.optim puts around built-in optimizers' ``step``
+    (``_use_grad_for_differentiable``), which calls ``torch._dynamo.graph_break()`` twice: their
+    compiled steps never make one graph. None when this torch has no such wrapper."""
+    try:
+        from torch.optim.optimizer import _use_grad_for_differentiable
+
+        return _use_grad_for_differentiable(lambda self: None).__code__
+    except Exception:
+        return None
+
+
+_GRAPH_BREAKING_STEP_CODE = _graph_breaking_step_code()
+
+
+def step_always_breaks_graph(optimizer: Any, depth: int = 8) -> bool:
+    """Whether dynamo always breaks the graph inside ``optimizer.step()``.
+
+    True for torch.optim's built-in optimizers whose ``step`` goes through
+    ``_use_grad_for_differentiable`` (SGD, Adam, AdamW, ...; not LBFGS): a compiled step of
+    theirs is never one graph (``fullgraph=True`` fails without us), so running the step hooks
+    eagerly there adds no graph break that matters and cannot make a compile fail.
+
+    Args:
+        optimizer: a ``torch.optim.Optimizer``.
+        depth: ``__wrapped__`` links followed at most.
+
+    Returns:
+        Whether the graph-breaking wrapper is on ``type(optimizer).step``'s wrapper chain.
+    """
+    if _GRAPH_BREAKING_STEP_CODE is None:
+        return False
+    function = getattr(type(optimizer), "step", None)
+    for _ in range(depth):
+        if function is None:
+            return False
+        if getattr(function, "__code__", None) is _GRAPH_BREAKING_STEP_CODE:
+            return True
+        function = getattr(function, "__wrapped__", None)
+    return False
 
 
 class Authority(str, enum.Enum):
@@ -178,6 +279,11 @@ class StepDetector:
         self._explicit_absorbed = 0
         self._forward_started = False
         self._active = True
+        # Inside a compiled optimizer step, run the optimizer hooks eagerly (a graph break)
+        # only where the step breaks the graph anyway; elsewhere they are no-ops there.
+        self._eager_in_compiled_steps = bool(self._optimizers) and all(
+            step_always_breaks_graph(optimizer) for optimizer in self._optimizers
+        )
 
         if grad_scaler is not None:
             self.authority = Authority.SCALER
@@ -203,17 +309,34 @@ class StepDetector:
 
         def update(*args: Any, **kwargs: Any) -> Any:
             result = original(*args, **kwargs)
-            if self._active and not self.in_phase:
+            if not _is_compiling() and self._active and not self.in_phase:
                 self._on_boundary(Authority.SCALER.value)
             return result
 
         scaler.update = update
         self._scaler_wrapper = update
 
+    # The registered hooks (marked by _run_outside_dynamo below) do nothing while dynamo traces
+    # them (see the module docstring): they read no state, so no guards and no graph breaks.
+
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._in_optimizer_step += 1
+        if _is_compiling():
+            if self._eager_in_compiled_steps:
+                _call_eagerly(self._enter_optimizer_step)
+            return
+        self._enter_optimizer_step()
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if _is_compiling():
+            if self._eager_in_compiled_steps:
+                _call_eagerly(self._optimizer_stepped, optimizer)
+            return
+        self._optimizer_stepped(optimizer)
+
+    def _enter_optimizer_step(self) -> None:
+        self._in_optimizer_step += 1
+
+    def _optimizer_stepped(self, optimizer: Any) -> None:
         self._in_optimizer_step = max(0, self._in_optimizer_step - 1)
         if not self._active or self.in_phase:
             return
@@ -234,6 +357,8 @@ class StepDetector:
             self._on_boundary(self.authority.value)
 
     def _forward_pre(self, module: Any, args: Any) -> None:
+        if _is_compiling():
+            return
         if (
             not self._active
             or self.in_phase
@@ -297,6 +422,13 @@ class StepDetector:
     # -- lifecycle -------------------------------------------------------------------------
 
     @property
+    def saw_training_forward(self) -> bool:
+        """Whether the module hook has seen a training forward. False after optimizer steps
+        means forwards are invisible: the hook was compiled into the model's graph (see the
+        module docstring) or the loop never calls the hooked module."""
+        return self._forward_started
+
+    @property
     def needs_forward_hook(self) -> bool:
         """Whether forwards still matter after the window: they mark the steps (authority
         ``FORWARD``), or tell a skipped optimizer step from a repeated ``hook.step()``."""
@@ -317,8 +449,15 @@ class StepDetector:
 
         Without the module hook the optimizer pre-hooks go too (they only served to ignore
         forwards inside optimizer steps); ``on_first_activity``/``on_forward`` stop being called.
+        A module hook that never saw a training forward stays (until ``close()``): it may have
+        been compiled into the model's graph, where removing it would make dynamo recompile the
+        model; where it runs at all it returns at once.
         """
-        if self._forward_handle is not None and not self.needs_forward_hook:
+        if (
+            self._forward_handle is not None
+            and not self.needs_forward_hook
+            and self._forward_started
+        ):
             self._forward_handle.remove()
             self._forward_handle = None
         if self._forward_handle is None:
@@ -353,6 +492,14 @@ class StepDetector:
                 else:
                     del self._scaler.update  # the class method shows through again
         self._scaler_original_update = None
+
+
+_run_outside_dynamo(
+    StepDetector._forward_pre,
+    StepDetector._optimizer_pre,
+    StepDetector._optimizer_post,
+    _call_eagerly,
+)
 
 
 class NoSteps:

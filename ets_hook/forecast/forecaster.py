@@ -230,6 +230,7 @@ class Forecaster:
         self._capture: tuple[int, int] | None = None
         self.rank, self.world_size = rank, world_size
         self._job_view: JobView | None = None
+        self._warmup_end = 0  # steps [0, _warmup_end) are known warm-up (compiles)
 
         self._lock = threading.RLock()
         self._measured: Estimate | None = None
@@ -348,6 +349,22 @@ class Forecaster:
             self._trace = estimate
             self._version += 1
 
+    def set_warmup_steps(self, end_step: int) -> None:
+        """Steps before ``end_step`` (0-based index) are known warm-up (they compiled, or ran
+        right after a compile): never part of the steady state. Until a later step exists,
+        predictions rest on the last step with the prior's wide first-step interval and say
+        ``warming_up``. Any thread; only ever raises the bound.
+
+        Raises:
+            ValueError: ``end_step`` is not an int >= 0 (bools rejected).
+        """
+        if isinstance(end_step, bool) or not isinstance(end_step, int) or end_step < 0:
+            raise ValueError(f"end_step must be an int >= 0, got {end_step!r}")
+        with self._lock:
+            if end_step > self._warmup_end:
+                self._warmup_end = end_step
+                self._version += 1
+
     def set_job_view(self, view: JobView | None) -> None:
         """Apply the job-level view of the last rank exchange (None: back to this rank's own).
 
@@ -455,7 +472,7 @@ class Forecaster:
         series = device if device.count >= 2 else self._series
         series.flush()
         count = series.count
-        min_warmup = self.min_warmup_steps
+        min_warmup = max(self.min_warmup_steps, self._warmup_end)
         clean = series.stride == 1 and count - self._perturbed_end >= CLEAN_STEPS_NEEDED
         if clean:
             min_warmup = max(min_warmup, self._perturbed_end)
@@ -468,7 +485,11 @@ class Forecaster:
             or key[2:] != self._measured_key[2:]
         ):
             values, capture = series.values(), None
-            if series.stride == 1 and not clean and self._capture is not None:
+            if series.stride == 1 and count <= self._warmup_end:
+                # Every step so far compiled (or followed a compile): no steady step yet. The
+                # last one with the prior's wide first-step interval, flagged ``warming_up``.
+                values = values[-1:]
+            elif series.stride == 1 and not clean and self._capture is not None:
                 # Not enough clean steps yet: use the window's steps, corrected for the capture,
                 # but not the disturbed ones after it (a profiler disable can take 30 steps' time).
                 start, end = self._capture
@@ -597,6 +618,7 @@ class Forecaster:
             ),
             start_time=utc_from_timestamp(self.wall_start_s),
             as_of=utc_from_timestamp(self.wall_start_s + elapsed_s),
+            warming_up=self._steps_done <= self._warmup_end,
             rank=self.rank,
             world_size=self.world_size,
             local_total_s=local_total_s,

@@ -250,6 +250,13 @@ class _PhaseStats:
             self.later_m2 += delta * (self.current_s - self.later_mean)
 
 
+#: The phase ``ETSHook`` records ``torch.compile``'s compile time under: one-off unless a
+#: period is given for it (a recompile is not expected to recur on a schedule).
+COMPILE_PHASE = "compile"
+#: Phases that never recur on a schedule unless ``phase_every`` says so.
+ONE_OFF_PHASES = frozenset({COMPILE_PHASE})
+
+
 class PhaseTracker:
     """Measures named non-training phases and projects them over the remaining schedule.
 
@@ -319,6 +326,8 @@ class PhaseTracker:
         hint = self.job.phase_periods.get(name)
         if hint is not None:
             return (None, "one-off") if hint == 0 else (hint, "hint")
+        if name in ONE_OFF_PHASES:
+            return None, "one-off"
         if stats is None or stats.occurrences == 0:
             return None, "unknown"
         gaps = [b - a for a, b in zip(stats.steps, stats.steps[1:], strict=False) if b > a]

@@ -66,6 +66,9 @@ class Prediction:
             and ``eta_s`` stay those of the full run. None alike.
         start_time: UTC time of hook creation.
         as_of: UTC time of the last step or phase end reported.
+        warming_up: every step so far is known warm-up (``torch.compile`` compiled in it or
+            in the step before): ``iteration_s`` is the last step's time, compile excluded,
+            with the prior's wide first-step interval, not a steady-state estimate.
         rank: this process's rank in a multi-process job (0 otherwise).
         world_size: processes in the job (1: a single process).
         local_total_s: this rank's own ``total_s``, before the job-level view is applied (the
@@ -107,6 +110,7 @@ class Prediction:
     total_range_s: tuple[float, float] | None = None
     start_time: datetime | None = None
     as_of: datetime | None = None
+    warming_up: bool = False
     rank: int = 0
     world_size: int = 1
     local_total_s: float | None = None

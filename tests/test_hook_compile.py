@@ -1,0 +1,104 @@
+"""ETSHook on ``torch.compile``d models: compile time is a one-off phase, compile steps are
+warm-up and outside the capture window, and no prediction extrapolates a compile step.
+
+One run per hook order (hook on the compiled module; hook on the module, compiled afterwards),
+shared by the tests. ``backend="aot_eager"`` goes through dynamo and AOTAutograd (the same
+compile events as inductor) in about a second instead of inductor's C++ build.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+
+from ets_hook import ETSHook, Prediction
+
+STEPS = 24
+
+
+@dataclass
+class CompiledRun:
+    hook: ETSHook
+    predictions: list[Prediction]
+    frames: int
+    graph_breaks: int
+    wall_s: list[float]
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+
+
+def _train(order: str) -> CompiledRun:
+    import time
+
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    if order == "hook on the compiled module":
+        compiled = torch.compile(model, backend="aot_eager")
+        hook = ETSHook(compiled, optimizer, total_steps=STEPS, capture_steps=3, log_every=None)
+    else:
+        hook = ETSHook(model, optimizer, total_steps=STEPS, capture_steps=3, log_every=None)
+        compiled = torch.compile(model, backend="aot_eager")
+    x, y = torch.randn(8, 32), torch.randint(0, 4, (8,))
+    predictions, wall_s = [], []
+    for _ in range(STEPS):
+        started = time.perf_counter()
+        loss = torch.nn.functional.cross_entropy(compiled(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        wall_s.append(time.perf_counter() - started)
+        predictions.append(hook.prediction)
+    hook.close()
+    frames = counters["stats"]["unique_graphs"]
+    breaks = sum(counters["graph_break"].values())
+    return CompiledRun(hook, predictions, frames, breaks, wall_s)
+
+
+@pytest.fixture(scope="module", params=["hook on the compiled module", "compiled afterwards"])
+def run(request: Any) -> CompiledRun:
+    return _train(request.param)
+
+
+def test_every_step_counted_without_graph_breaks_or_recompiles(run: CompiledRun) -> None:
+    assert run.hook.steps_completed == STEPS
+    assert run.graph_breaks == 0 and run.frames == 1
+
+
+def test_compile_time_is_a_one_off_phase_not_step_time(run: CompiledRun) -> None:
+    phases = {p.name: p for p in run.predictions[-1].phases}
+    compile_phase = phases["compile"]
+    assert compile_phase.occurrences == 1 and compile_phase.remaining == 0
+    assert compile_phase.remaining_s == 0.0
+    # The first step's wall time was mostly compile; the hook's step time leaves it out.
+    assert compile_phase.spent_s > 0.5 * run.wall_s[0]
+    assert run.hook.step_times_s[0] < run.wall_s[0] - 0.5 * compile_phase.spent_s
+
+
+def test_the_window_starts_after_two_compile_free_steps(run: CompiledRun) -> None:
+    hook = run.hook
+    assert hook.skip_steps == 3  # step 0 compiled; steps 1 and 2 were clean
+    trace = hook.wait_for_trace(30)
+    assert trace is not None
+    assert [it.step for it in trace.iterations] == [3, 4, 5]
+    assert trace.capture.skip_steps == 3
+
+
+def test_no_prediction_extrapolates_the_compile_step(run: CompiledRun) -> None:
+    first, second, later = run.predictions[0], run.predictions[1], run.predictions[5]
+    assert first.warming_up and second.warming_up and not later.warming_up
+    assert first.source == "prior" and first.iteration_rel_ci > 0.2  # the prior's wide interval
+    # Never the compile step's wall time extrapolated: the first step's time left it out.
+    assert first.iteration_s < 0.5 * run.wall_s[0]
+    assert first.total_s is not None and first.total_s < first.elapsed_s + STEPS * run.wall_s[0]
+    assert later.warmup_steps >= 2  # the compile step and the one after it
