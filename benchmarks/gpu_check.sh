@@ -4,7 +4,7 @@
 #
 #     bash benchmarks/gpu_check.sh            # results in $OUT if set, else ./gpu_check_out
 #
-# Every step runs under `timeout`; the budgets add up to about 9 minutes (most steps take far
+# Every step runs under `timeout`; the budgets add up to about 11 minutes (most steps take far
 # less). A failing step is
 # recorded and the script goes on, so one run yields as much as it can. Output:
 #   <out>/summary.json     per-step status, duration and results (the file to read first)
@@ -96,11 +96,11 @@ json.dump(result, open("$OUT_DIR/cupti_status.json", "w"), indent=2, default=str
 raise SystemExit(0 if status.available else 1)
 EOF
 
-run_step gpu_tests 200 "$PYTHON" -m pytest -m requires_cuda tests/gpu -v -rs \
+run_step gpu_tests 320 "$PYTHON" -m pytest -m requires_cuda tests/gpu -v -rs \
   -p no:cacheprovider --junitxml="$OUT_DIR/gpu_tests.xml"
 
 # Native ops on CUDA: external correlation ids pushed per op, kernels linked through them.
-run_step native_ops_gpu 120 "$PYTHON" -m pytest tests/capture/test_native_ops.py tests/gpu -v -rs \
+run_step native_ops_gpu 120 "$PYTHON" -m pytest tests/capture/test_native_ops.py tests/gpu/test_hook_gpu.py tests/gpu/test_cupti_gpu.py -v -rs \
   -p no:cacheprovider --junitxml="$OUT_DIR/native_ops_gpu.xml"
 
 run_step ring_throughput 90 "$PYTHON" benchmarks/ring_throughput.py --runs 5 \
