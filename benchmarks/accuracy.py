@@ -96,10 +96,11 @@ JOBS = (
     JobSpec("gpt-medium+eval", "gpt-d128-l3-b8-t128", eval_every=60),
     JobSpec("recsys-small", "recsys-t4-r10000-b256"),
     JobSpec("mlp-dataloading", "mlp-w512-d3-b64", heavy_data=True),
-    # Issue 15: compiled, mixed-precision and distributed jobs (fp32/eager twins: resnet-small,
-    # mlp-large+eval's workload).
+    # Compiled, mixed-precision and distributed jobs, with their fp32 / eager / one-process
+    # twins (resnet-small above, mlp-medium).
     JobSpec("resnet-small+compile", "resnet-w8-x1-b16-s32", compiled=True),
     JobSpec("resnet-small+bf16", "resnet-w8-x1-b16-s32", autocast="bf16"),
+    JobSpec("mlp-medium", "mlp-w512-d3-b64"),
     JobSpec("mlp-medium+ddp2-uneven", "mlp-w512-d3-b64", ranks=2, slow_rank_delay=0.3),
 )
 

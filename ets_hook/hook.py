@@ -662,6 +662,13 @@ class ETSHook:
     def _on_first_activity(self) -> None:
         if self._compiles is not None:
             self._compiles.ensure_registered()
+        # Inside the user's forward: autocast, if used, is on now.
+        if (
+            self._device.type == "cpu"
+            and torch.is_autocast_enabled("cpu")
+            and torch.get_autocast_dtype("cpu") in (torch.bfloat16, torch.float16)
+        ):
+            self._forecaster.set_low_precision()
         # Step 0 starts at the first training forward when nothing was timed before it.
         if self.steps_completed == 0 and self._state != WindowState.CAPTURING:
             self._step_start_ns = time.perf_counter_ns()

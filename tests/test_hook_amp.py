@@ -61,3 +61,42 @@ def test_autocast_job_counts_every_step_and_keeps_dtypes(
     assert dtype_name in linear_dtypes  # the matrix products ran in low precision
     prediction = hook.prediction
     assert prediction is not None and prediction.total_s is not None and prediction.total_s > 0
+
+
+def _centre_of_inverse(ratio: tuple[float, float]) -> float:
+    return 0.5 * (1 / ratio[0] + 1 / ratio[1])
+
+
+@pytest.mark.parametrize("autocast", [True, False])
+def test_autocast_seen_at_the_first_forward_selects_the_low_precision_prior(autocast: bool) -> None:
+    from ets_hook.forecast.stats import LOW_PRECISION_FIRST_STEP_RATIO, StepTimePrior
+
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    hook = ETSHook(model, optimizer, total_steps=10, capture_steps=0, log_every=None)
+    x, y = torch.randn(8, 32), torch.randint(0, 4, (8,))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    optimizer.step()
+    first = hook.prediction
+    hook.close()
+    assert first is not None and first.source == "prior"
+    ratio = LOW_PRECISION_FIRST_STEP_RATIO if autocast else StepTimePrior().first_step_ratio
+    expected = hook.step_times_s[0] * _centre_of_inverse(ratio)
+    assert first.iteration_s == pytest.approx(expected, rel=1e-9)
+
+
+def test_low_precision_window_steps_carry_the_early_bias_too() -> None:
+    from ets_hook.forecast.forecaster import Forecaster
+    from ets_hook.forecast.stats import LOW_PRECISION_EARLY_RATIO
+
+    plain, low = Forecaster(start_s=0.0), Forecaster(start_s=0.0)
+    low.set_low_precision()
+    low.set_low_precision()  # idempotent
+    for forecaster in (plain, low):
+        forecaster.set_capture_window(1, 6, capture_ratio=(1.05, 1.07))
+    assert plain.prior.capture_ratio == (1.05, 1.07)
+    lo, hi = LOW_PRECISION_EARLY_RATIO
+    assert low.prior.capture_ratio == pytest.approx((1.05 * lo, 1.07 * hi))
+    assert low.prior.early_ratio == LOW_PRECISION_EARLY_RATIO and low.prior.early_steps >= 6

@@ -231,6 +231,7 @@ class Forecaster:
         self.rank, self.world_size = rank, world_size
         self._job_view: JobView | None = None
         self._warmup_end = 0  # steps [0, _warmup_end) are known warm-up (compiles)
+        self._low_precision = False
 
         self._lock = threading.RLock()
         self._measured: Estimate | None = None
@@ -349,6 +350,16 @@ class Forecaster:
             self._trace = estimate
             self._version += 1
 
+    def set_low_precision(self) -> None:
+        """The job's forward runs under low-precision autocast: from now on the prior is
+        ``StepTimePrior.for_low_precision()`` (slower first and early steps). Any thread;
+        idempotent."""
+        with self._lock:
+            if not self._low_precision:
+                self._low_precision = True
+                self.prior = self.prior.for_low_precision()
+                self._version += 1
+
     def set_warmup_steps(self, end_step: int) -> None:
         """Steps before ``end_step`` (0-based index) are known warm-up (they compiled, or ran
         right after a compile): never part of the steady state. Until a later step exists,
@@ -407,6 +418,11 @@ class Forecaster:
         """
         if not 0 <= start_step <= end_step:
             raise ValueError(f"need 0 <= start_step <= end_step, got {start_step}, {end_step}")
+        if capture_ratio is not None and self._low_precision:
+            # The window's steps are early steps too: under autocast they still carry the
+            # low-precision warm-up on top of the capture's own cost.
+            early_lo, early_hi = self.prior.early_ratio
+            capture_ratio = (capture_ratio[0] * early_lo, capture_ratio[1] * early_hi)
         prior = dataclasses.replace(
             self.prior,
             capture_ratio=capture_ratio or self.prior.capture_ratio,

@@ -24,6 +24,7 @@ Contracts:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -50,6 +51,11 @@ def _check_range(name: str, value: tuple[float, float]) -> None:
     lo, hi = value
     if not (0.0 < lo <= hi and math.isfinite(hi)):
         raise ValueError(f"{name} must be (lo, hi) with 0 < lo <= hi < inf, got {value}")
+
+
+#: CPU autocast (bf16/fp16): range of the first step / steady state, and of early steps.
+LOW_PRECISION_FIRST_STEP_RATIO = (2.0, 9.5)
+LOW_PRECISION_EARLY_RATIO = (0.95, 1.35)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +115,28 @@ class StepTimePrior:
             raise ValueError(f"cv_scale must be in (0, 10), got {self.cv_scale}")
         if not self.cv_weight > 0.0:
             raise ValueError(f"cv_weight must be > 0, got {self.cv_weight}")
+
+    def for_low_precision(self) -> StepTimePrior:
+        """This prior for a job whose forward runs under bf16/fp16 autocast on the CPU.
+
+        Measured with ``benchmarks/bf16_warmup.py`` (fresh processes, no hook, 3 small zoo
+        jobs): the first step is 3.6-9x the steady state (fp32: 1.8-3.9x; oneDNN creates and
+        JIT-compiles its low-precision primitives and reorders weights on first use), steps
+        3-6 still 1.04-1.2x (fp32: 0.94-1.08x), step 2 up to 1.8x. So: a wider first-step
+        range, and early steps (the capture window among them) believed slower.
+
+        Returns:
+            A copy with ``first_step_ratio`` (2.0, 9.5), ``early_ratio`` (0.95, 1.35) and
+            ``early_steps`` at least 6; a CUDA prior is returned unchanged (not measured).
+        """
+        if self.first_step_ratio[1] > 10.0:  # the CUDA prior: already wide, not measured
+            return self
+        return dataclasses.replace(
+            self,
+            first_step_ratio=LOW_PRECISION_FIRST_STEP_RATIO,
+            early_ratio=LOW_PRECISION_EARLY_RATIO,
+            early_steps=max(self.early_steps, 6),
+        )
 
     @classmethod
     def for_device(cls, device: str) -> StepTimePrior:
