@@ -744,6 +744,8 @@ class ETSHook:
             self._window_bounds.append(StepBounds(step_index, start_ns + offset, end_ns + offset))
             if isinstance(self._ops, NativeOpCapture) and self._device.type == "cpu":
                 self._measure_window_step()
+        elif compiled_now and isinstance(self._ops, NativeOpCapture) and self._ops.active:
+            self._window_records = self._ops.records()  # the compile's ops count for no step
         completed = step_index + 1
         if self._state == WindowState.WAITING and completed == self.skip_steps:
             if (
