@@ -3,7 +3,9 @@
 Each run is a fresh Python process (oneDNN's primitive cache, its JIT-generated kernels and the
 allocator's pools are per process, so a warm-up is only seen once per process) that trains one
 small zoo job for ``--steps`` steps in fp32 or under ``torch.autocast("cpu",
-dtype=torch.bfloat16)`` and records every step's wall time. Modes:
+dtype=torch.bfloat16)`` and records every step's wall time. Workloads: ``cnn``
+(resnet-w8-x1-b16-s32), ``mlp`` (mlp-w512-d3-b64), ``transformer`` (transformer-d64-l2-b16-t32),
+the ``ets-hook demo`` models, or any zoo workload by name. Modes (``--modes``):
 
 - ``none``:  no hook at all: the job's own warm-up (oneDNN primitive creation and JIT, weight
              reorders, optimizer state, allocator growth);
@@ -13,7 +15,10 @@ dtype=torch.bfloat16)`` and records every step's wall time. Modes:
 - ``profiler``: the same with ``op_capture="profiler"`` (the torch profiler path: a few us per
              op, so the ops autocast adds cost far more there).
 
-Settings (mode ``none`` only, ``--settings``; each also for the fp32 twin where it means
+``timer``/``hook``/``profiler`` runs read ``hook.prediction`` after steps 1, 2, 3, 5, 10 and 20
+(as the console reporter does early on); the read's cost lands in the next step.
+
+Settings (``--settings``; mode ``none`` unless said, each also for the fp32 twin where it means
 anything):
 
 - ``no_mkldnn``:  ``torch.backends.mkldnn.enabled = False`` before the model is built;
@@ -22,7 +27,12 @@ anything):
              weight-cast cache lives for one autocast region, i.e. one forward, either way);
 - ``second_job``: the same job is first run for ``--first-job-steps`` steps in the same process
              with another model instance (same shapes), then timed: what is left of the warm-up
-             once the process-level caches are warm.
+             once the process-level caches are warm;
+- ``numpy_ma`` (modes ``timer`` and ``hook``): ``numpy.ma`` imported before the hook is created,
+             as an ``import numpy.ma`` in ``ets_hook.forecast.stats`` would: ``np.median``
+             imports it lazily on its first call, inside the first prediction read with two
+             steps, and that cost lands in the training step after it (ets-hook now imports it
+             itself, so on a current checkout this equals the default: an A/B for older ones).
 
 Every round runs every variant once, in an order rotated from round to round, so drift and the
 load of other work on the machine hit every variant alike. Per run, the machine's CPU time not
@@ -35,27 +45,36 @@ Outputs (medians over rounds with [min, max]):
 1. Step-time phases: the steady step (median of the second half, ms) and, as ratios to it, step 1,
    step 2, steps 3-6 (the hook's window is steps 2-6), 7-10, 11-20, 21-50; the excess time of
    steps 1-50 over the steady state in steady steps; MSER-1's cut on the first 50 steps.
+   Step 1 of ``timer``/``hook`` starts at hook creation, so it includes the hook's own set-up.
 2. Ops per step (native observer, fp32 vs bf16) and the cast ops autocast adds
    (``aten::to``/``_to_copy``/``copy_``/``empty_strided``); the hook's realised window cost
-   (window steps 3-6 of ``hook`` minus those of ``timer``, per op) against the observer's
-   per-op cost range.
+   (window steps 3-6 of ``hook`` minus those of ``timer`` of the same round, per op) against
+   the observer's per-op cost range, the capture ratio the hook used, and the step by which the
+   window's trace was decoded.
 3. Prediction error of the total (wall time from hook creation to the last step's end) at steps
-   1, 2, 3, 5, 10, 20, for ``timer`` and ``hook``, split into a *rate* part (remaining steps x
-   (predicted step time + loop overhead - true steady step)) and a *one-off* part (predicted
-   remaining capture cost - the true time still to come beyond remaining x steady); plus the
-   prediction's fields (``measured_iteration_s``/steady, ``iteration_s``/steady, warm-up steps,
-   source).
+   1, 2, 3, 5, 10, 20, for ``timer``, ``hook`` and ``profiler``, split into a *rate* part
+   (remaining steps x (predicted step time + loop overhead - true steady step)) and a *one-off*
+   part (predicted remaining capture cost - the true time still to come beyond remaining x
+   steady); plus the prediction's fields (``iteration_s``, ``measured_iteration_s`` and
+   ``trace_iteration_s`` over the true steady step, warm-up steps, source).
+4. The cost of each ``hook.prediction`` read.
+5. Replay (``--no-replay`` skips it): every recorded ``timer``/``hook`` run fed again through
+   ets-hook's ``Forecaster`` (steps 1, 2, 3, 5: before any trace estimate) with the plain CPU
+   prior, with the prior the hook picks (``StepTimePrior.for_low_precision`` for bf16), and
+   with that prior's early-step part for the fp32 twin too: is the early warm-up bf16's own?
 
 Usage::
 
     python benchmarks/bf16_warmup.py [--steps 150] [--rounds 3] [--workloads cnn,mlp,transformer]
-        [--settings no_mkldnn,prim_cache0,no_cast_cache,second_job] [--json out.json]
+        [--modes none,timer,hook,profiler] [--threads 0]
+        [--settings no_mkldnn,prim_cache0,no_cast_cache,second_job,numpy_ma] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import gc
 import itertools
 import json
@@ -86,6 +105,9 @@ PHASES = (("1", 0, 1), ("2", 1, 2), ("3-6", 2, 6), ("7-10", 6, 10), ("11-20", 10
 PHASES += (("21-50", 20, 50),)
 CAST_OPS = ("aten::to", "aten::_to_copy", "aten::copy_", "aten::empty_strided")
 RESULT_MARK = "BF16_WARMUP_RESULT "
+REPLAY_STEPS = (1, 2, 3, 5)
+# How the replay sets the forecaster's prior up (see _replay).
+REPLAY_PRIORS = ("plain", "as is", "early for all")
 BATCHES = 8
 
 
@@ -326,6 +348,47 @@ def _analyse(run: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _replay(run: dict[str, Any], k: int, prior: str) -> float:
+    """Total error (%) of what ets-hook's forecaster predicts after step ``k`` from the run's
+    recorded hook step times (no trace estimate: steps <= 6 have none yet).
+
+    ``prior``: ``"plain"``: the CPU prior; ``"as is"``: what the hook does (the low-precision
+    prior for a bf16 job: ``Forecaster.set_low_precision``); ``"early for all"``: its early-step
+    part (early steps, window steps included, slower) for fp32 jobs too, the first-step range
+    staying the CPU one there.
+    """
+    from ets_hook.capture.ops import NativeOpCapture, ProfilerOpCapture
+    from ets_hook.capture.window import measured_capture_ratio
+    from ets_hook.forecast.forecaster import Forecaster
+    from ets_hook.forecast.job import JobModel
+
+    steps, ends = run["hook_step_s"], run["ends_s"]
+    _, precision, mode, _ = run["variant"]
+    forecaster = Forecaster(JobModel(total_steps=len(ends)), start_s=0.0, wall_start_s=0.0)
+    cpu_first_step = forecaster.prior.first_step_ratio
+    if prior == "early for all" or (prior == "as is" and precision == "bf16"):
+        forecaster.set_low_precision()
+        if precision != "bf16":
+            forecaster.prior = dataclasses.replace(
+                forecaster.prior, first_step_ratio=cpu_first_step
+            )
+    start, end = 1, 6  # the hook's default window (skip_steps=1, capture_steps=5)
+    if mode in ("hook", "profiler"):
+        costs = (NativeOpCapture if mode == "hook" else ProfilerOpCapture).cpu_costs
+        forecaster.set_capture_window(start, end, **costs)
+        forecaster.set_perturbed_steps(end + 1)
+    ops = run.get("window_ops") or []
+    for i in range(k):
+        forecaster.on_step_end(i, steps[i], ends[i])
+        if mode == "hook" and ops and start <= i < end:
+            done = steps[start : i + 1]
+            ratio = measured_capture_ratio(done, ops[: len(done)], NativeOpCapture.us_per_op[True])
+            if ratio is not None:
+                forecaster.set_capture_window(start, end, capture_ratio=ratio)
+    prediction = forecaster.prediction
+    return 100 * (prediction.total_s - ends[-1]) / ends[-1]
+
+
 def _ok(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in runs if "step_s" in r]
 
@@ -505,6 +568,48 @@ def _report(
     return "\n".join(parts)
 
 
+def _replay_report(raw: Sequence[dict[str, Any]]) -> str:
+    """|total error| at steps 1, 2, 3, 5 of the recorded timer/hook runs replayed through the
+    forecaster with each of ``REPLAY_PRIORS``, per precision and setting."""
+    from ets_hook.forecast.forecaster import Forecaster
+
+    if not hasattr(Forecaster, "set_low_precision"):
+        return "\n## Replay: skipped (this ets-hook has no Forecaster.set_low_precision)"
+    errors: dict[tuple[str, ...], list[float]] = collections.defaultdict(list)
+    for run in raw:
+        _, precision, mode, setting = run["variant"]
+        if mode not in ("timer", "hook") or not run.get("hook_step_s"):
+            continue
+        for prior in REPLAY_PRIORS:
+            for k in REPLAY_STEPS:
+                errors[(precision, setting, prior, str(k))].append(_replay(run, k, prior))
+    rows = []
+    for precision in PRECISIONS:
+        for setting in ("default", *PREDICTION_SETTINGS):
+            for prior in REPLAY_PRIORS:
+                cells = [errors.get((precision, setting, prior, str(k)), []) for k in REPLAY_STEPS]
+                if not any(cells):
+                    continue
+                rows.append(
+                    [precision, setting, prior, str(len(cells[0]))] + [_abs_stat(c) for c in cells]
+                )
+    return (
+        "\n## Replay: the recorded timer and hook runs through ets-hook's forecaster (no trace "
+        "estimate) with the CPU prior (plain), as the hook sets it (as is: the low-precision "
+        "prior for bf16), and with the early-step part of the low-precision prior for fp32 too "
+        "(early for all); |total error| % median / P90 (signed median)\n\n"
+        + _table(["prec", "setting", "prior", "runs"] + [f"step {k}" for k in REPLAY_STEPS], rows)
+    )
+
+
+def _abs_stat(values: Sequence[float]) -> str:
+    if not values:
+        return "-"
+    ordered = sorted(abs(v) for v in values)
+    p90 = ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]
+    return f"{statistics.median(ordered):.1f} / {p90:.1f} ({statistics.median(values):+.1f})"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=150, help="training steps per run")
@@ -544,7 +649,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--retries", type=int, default=3, help="reruns of a disturbed run")
     parser.add_argument("--retry-pause", type=float, default=5.0, help="seconds before a rerun")
-    parser.add_argument("--json", help="write every run's data here")
+    parser.add_argument(
+        "--no-replay",
+        dest="replay",
+        action="store_false",
+        help="skip the replay of the timer/hook runs with other warm-up priors",
+    )
+    parser.add_argument("--json", help="write every run's data here (after every round)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -614,10 +725,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             results[variant].append(analysed)
             raw.append({"variant": variant, "round": round_index, **run})
         print(f"# round {round_index + 1}/{args.rounds} done; load {os.getloadavg()}", flush=True)
+        if args.json:  # after every round: a killed run keeps what it measured
+            with open(args.json, "w") as f:
+                document = {"opcounts": {"/".join(k): v for k, v in opcounts.items()}, "runs": raw}
+                json.dump(document, f)
     print(_report(results, opcounts))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"opcounts": {"/".join(k): v for k, v in opcounts.items()}, "runs": raw}, f)
+    if args.replay:
+        print(_replay_report(raw))
     return 0
 
 

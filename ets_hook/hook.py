@@ -784,7 +784,9 @@ class ETSHook:
         ratio = measured_capture_ratio(recent_s, self._window_ops, us_per_op)
         if ratio is not None:
             end = self.skip_steps + self.capture_steps
-            self._forecaster.set_capture_window(self.skip_steps, end, capture_ratio=ratio)
+            self._forecaster.set_capture_window(
+                self.skip_steps, end, capture_ratio=ratio, measured=True
+            )
 
     def _on_forward(self) -> None:
         if self._restart_pending and self._state == WindowState.CAPTURING:

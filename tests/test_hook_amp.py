@@ -95,8 +95,11 @@ def test_low_precision_window_steps_carry_the_early_bias_too() -> None:
     low.set_low_precision()
     low.set_low_precision()  # idempotent
     for forecaster in (plain, low):
-        forecaster.set_capture_window(1, 6, capture_ratio=(1.05, 1.07))
+        forecaster.set_capture_window(1, 6, capture_ratio=(1.05, 1.07), measured=True)
     assert plain.prior.capture_ratio == (1.05, 1.07)
     lo, hi = LOW_PRECISION_EARLY_RATIO
     assert low.prior.capture_ratio == pytest.approx((1.05 * lo, 1.07 * hi))
     assert low.prior.early_ratio == LOW_PRECISION_EARLY_RATIO and low.prior.early_steps >= 6
+    # A prior's range (the profiler path's) already includes the warm-up: not widened again.
+    low.set_capture_window(1, 6, capture_ratio=(1.0, 1.5))
+    assert low.prior.capture_ratio == (1.0, 1.5)

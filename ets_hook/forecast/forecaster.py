@@ -399,6 +399,7 @@ class Forecaster:
         *,
         capture_ratio: tuple[float, float] | None = None,
         capture_spike_steps: tuple[float, float] | None = None,
+        measured: bool = False,
     ) -> None:
         """Steps ``[start_step, end_step)`` ran inside the capture window: slower by the prior's
         ``capture_ratio``. Steps from ``end_step`` up to ``set_perturbed_steps`` are left out of
@@ -412,13 +413,16 @@ class Forecaster:
             capture_ratio: replaces the prior's ``capture_ratio`` (the op capture that runs
                 decides it); None: keep it.
             capture_spike_steps: replaces the prior's ``capture_spike_steps``; None: keep it.
+            measured: ``capture_ratio`` was measured on this job's window (the capture's own
+                cost only); under low-precision autocast it is then widened by the prior's
+                early range. A prior's range (the profiler path's) already includes warm-up.
 
         Raises:
             ValueError: not ``0 <= start_step <= end_step``, or a range the prior refuses.
         """
         if not 0 <= start_step <= end_step:
             raise ValueError(f"need 0 <= start_step <= end_step, got {start_step}, {end_step}")
-        if capture_ratio is not None and self._low_precision:
+        if capture_ratio is not None and measured and self._low_precision:
             # The window's steps are early steps too: under autocast they still carry the
             # low-precision warm-up on top of the capture's own cost.
             early_lo, early_hi = self.prior.early_ratio
