@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 
 #: (rank variable, world-size variable) of each launcher, in order of precedence.
 LAUNCHER_VARIABLES = (
@@ -57,3 +58,22 @@ def restart_count(environ: Mapping[str, str] | None = None) -> int:
     0 when unset or invalid. Never raises."""
     env = os.environ if environ is None else environ
     return _int_or_none(env.get("TORCHELASTIC_RESTART_COUNT")) or 0
+
+
+def fill_rank(path: str | os.PathLike[str], rank: int) -> str:
+    """``path`` as a string with ``{rank}`` replaced by ``rank`` (nothing else is formatted)."""
+    return os.fspath(path).replace("{rank}", str(rank))
+
+
+def rank_suffixed(path: str | os.PathLike[str], rank: int) -> Path:
+    """One rank's file beside ``path``: ``run.ets`` -> ``run.rank1.ets`` (traces, status files).
+
+    Args:
+        path: the path the user gave.
+        rank: the rank.
+
+    Returns:
+        ``path`` with ``.rank<rank>`` before its suffix.
+    """
+    target = Path(path)
+    return target.with_name(f"{target.stem}.rank{rank}{target.suffix}")

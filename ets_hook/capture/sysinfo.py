@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..launcher import launcher_rank_and_size
+from ..launcher import launcher_rank_and_size, rank_suffixed
 from ..trace.events import DeviceInfo, HostInfo
 
 logger = logging.getLogger("ets_hook")
@@ -194,8 +194,7 @@ def rank_trace_path(path: str | os.PathLike[str], rank: int, world_size: int) ->
     if "{rank}" in text:
         return Path(text.format(rank=rank))
     if world_size > 1:
-        target = Path(text)
-        return target.with_name(f"{target.stem}.rank{rank}{target.suffix}")
+        return rank_suffixed(text, rank)
     return Path(text)
 
 

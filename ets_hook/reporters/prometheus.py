@@ -37,9 +37,10 @@ from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..launcher import fill_rank
 from ..trace.atomic import atomic_write_bytes
 from .base import JOB_OUTCOMES, Reporter
-from .tensorboard import _has, dashboard_rank, fill_rank
+from .tensorboard import _has, dashboard_rank
 
 if TYPE_CHECKING:
     from ..forecast.prediction import Prediction

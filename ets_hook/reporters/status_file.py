@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..launcher import fill_rank, rank_suffixed
 from ..trace.atomic import atomic_write_bytes
 from .base import JOB_OUTCOMES, Reporter, ReportSchedule
 
@@ -70,12 +71,11 @@ def status_paths(
     """
     text = os.fspath(path)
     if "{rank}" in text:
-        return [(Path(text.replace("{rank}", str(rank))), "job" if world_size == 1 else "rank")]
+        return [(Path(fill_rank(text, rank)), "job" if world_size == 1 else "rank")]
     if world_size <= 1:
         return [(Path(text), "job")]
-    target = Path(text)
-    own = target.with_name(f"{target.stem}.rank{rank}{target.suffix}")
-    return [(target, "job"), (own, "rank")] if rank == 0 else [(own, "rank")]
+    own = rank_suffixed(text, rank)
+    return [(Path(text), "job"), (own, "rank")] if rank == 0 else [(own, "rank")]
 
 
 def status_schema_path() -> Path:

@@ -15,7 +15,7 @@ import os
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..launcher import launcher_rank_and_size
+from ..launcher import fill_rank, launcher_rank_and_size
 from .base import EARLY_STEPS, Reporter, ReportSchedule
 
 if TYPE_CHECKING:
@@ -68,11 +68,6 @@ def check_ranks(ranks: Collection[int] | None, name: str = "ranks") -> frozenset
     if any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in ranks):
         raise ValueError(f"{name} must hold ints >= 0, got {ranks!r}")
     return frozenset(ranks)
-
-
-def fill_rank(path: str | os.PathLike[str], rank: int) -> str:
-    """``path`` as a string with ``{rank}`` replaced by ``rank`` (nothing else is formatted)."""
-    return os.fspath(path).replace("{rank}", str(rank))
 
 
 def dashboard_rank(
