@@ -107,7 +107,7 @@ CAST_OPS = ("aten::to", "aten::_to_copy", "aten::copy_", "aten::empty_strided")
 RESULT_MARK = "BF16_WARMUP_RESULT "
 REPLAY_STEPS = (1, 2, 3, 5)
 # How the replay sets the forecaster's prior up (see _replay).
-REPLAY_PRIORS = ("plain", "as is", "early for all")
+REPLAY_PRIORS = ("before", "as is")
 BATCHES = 8
 
 
@@ -352,10 +352,10 @@ def _replay(run: dict[str, Any], k: int, prior: str) -> float:
     """Total error (%) of what ets-hook's forecaster predicts after step ``k`` from the run's
     recorded hook step times (no trace estimate: steps <= 6 have none yet).
 
-    ``prior``: ``"plain"``: the CPU prior; ``"as is"``: what the hook does (the low-precision
-    prior for a bf16 job: ``Forecaster.set_low_precision``); ``"early for all"``: its early-step
-    part (early steps, window steps included, slower) for fp32 jobs too, the first-step range
-    staying the CPU one there.
+    ``prior``: ``"as is"``: what the hook does (for a bf16 job the low-precision first-step
+    range: ``Forecaster.set_low_precision``); ``"before"``: the same with the early-step part
+    of the CPU prior as it was before 2026-12-02 (steps 2-5 at 0.82-1.09x, the window's
+    measured slowdown not widened by it).
     """
     from ets_hook.capture.ops import NativeOpCapture, ProfilerOpCapture
     from ets_hook.capture.window import measured_capture_ratio
@@ -365,13 +365,12 @@ def _replay(run: dict[str, Any], k: int, prior: str) -> float:
     steps, ends = run["hook_step_s"], run["ends_s"]
     _, precision, mode, _ = run["variant"]
     forecaster = Forecaster(JobModel(total_steps=len(ends)), start_s=0.0, wall_start_s=0.0)
-    cpu_first_step = forecaster.prior.first_step_ratio
-    if prior == "early for all" or (prior == "as is" and precision == "bf16"):
+    if precision == "bf16":
         forecaster.set_low_precision()
-        if precision != "bf16":
-            forecaster.prior = dataclasses.replace(
-                forecaster.prior, first_step_ratio=cpu_first_step
-            )
+    if prior == "before":
+        forecaster.prior = dataclasses.replace(
+            forecaster.prior, early_ratio=(0.82, 1.09), early_steps=5, early_in_window=False
+        )
     start, end = 1, 6  # the hook's default window (skip_steps=1, capture_steps=5)
     if mode in ("hook", "profiler"):
         costs = (NativeOpCapture if mode == "hook" else ProfilerOpCapture).cpu_costs
@@ -384,7 +383,7 @@ def _replay(run: dict[str, Any], k: int, prior: str) -> float:
             done = steps[start : i + 1]
             ratio = measured_capture_ratio(done, ops[: len(done)], NativeOpCapture.us_per_op[True])
             if ratio is not None:
-                forecaster.set_capture_window(start, end, capture_ratio=ratio)
+                forecaster.set_capture_window(start, end, capture_ratio=ratio, measured=True)
     prediction = forecaster.prediction
     return 100 * (prediction.total_s - ends[-1]) / ends[-1]
 
@@ -595,9 +594,8 @@ def _replay_report(raw: Sequence[dict[str, Any]]) -> str:
                 )
     return (
         "\n## Replay: the recorded timer and hook runs through ets-hook's forecaster (no trace "
-        "estimate) with the CPU prior (plain), as the hook sets it (as is: the low-precision "
-        "prior for bf16), and with the early-step part of the low-precision prior for fp32 too "
-        "(early for all); |total error| % median / P90 (signed median)\n\n"
+        "estimate) as the hook sets it up (as is) and with the early-step prior of before "
+        "2026-12-02 (before); |total error| % median / P90 (signed median)\n\n"
         + _table(["prec", "setting", "prior", "runs"] + [f"step {k}" for k in REPLAY_STEPS], rows)
     )
 

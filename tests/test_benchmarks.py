@@ -57,3 +57,21 @@ def test_framework_accuracy_quick_run_reports_both_frameworks(tmp_path: Path) ->
     for method in ("ets-hook", "framework", "last_step"):
         assert set(document["summary"][method]) == {"3", "5", "10"}
     assert "| ets-hook (median / max over runs) |" in out_md.read_text()
+
+
+def test_accuracy_rounds_run_each_job_in_fresh_processes_and_report_per_job(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "acc"
+    result = run(
+        "accuracy.py", "--jobs", "mlp-small", "--steps", "60", "--rounds", "2", "--out", str(out),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    runs = json.loads(out.with_suffix(".rounds.json").read_text())["mlp-small"]
+    assert len(runs) == 2
+    # two processes: two independent runs, each scored at the report steps
+    assert runs[0]["step_ends_s"] != runs[1]["step_ends_s"]
+    for job in runs:
+        assert set(job["errors"]["ets-hook"]) == {"1", "2", "3", "5", "10", "20", "50"}
+    table = out.with_suffix(".rounds.md").read_text()
+    assert "| mlp-small | 2 |" in table and "target met at step 5" in table

@@ -3,6 +3,8 @@ the low-precision dtypes kept in the trace."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -87,19 +89,33 @@ def test_autocast_seen_at_the_first_forward_selects_the_low_precision_prior(auto
     assert first.iteration_s == pytest.approx(expected, rel=1e-9)
 
 
-def test_low_precision_window_steps_carry_the_early_bias_too() -> None:
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_measured_window_ratio_carries_the_early_bias_where_the_prior_says_so(device: str) -> None:
     from ets_hook.forecast.forecaster import Forecaster
-    from ets_hook.forecast.stats import LOW_PRECISION_EARLY_RATIO
+    from ets_hook.forecast.stats import StepTimePrior
 
-    plain, low = Forecaster(start_s=0.0), Forecaster(start_s=0.0)
+    prior = StepTimePrior.for_device(device)
+    plain, low = Forecaster(start_s=0.0, prior=prior), Forecaster(start_s=0.0, prior=prior)
     low.set_low_precision()
     low.set_low_precision()  # idempotent
     for forecaster in (plain, low):
         forecaster.set_capture_window(1, 6, capture_ratio=(1.05, 1.07), measured=True)
-    assert plain.prior.capture_ratio == (1.05, 1.07)
-    lo, hi = LOW_PRECISION_EARLY_RATIO
-    assert low.prior.capture_ratio == pytest.approx((1.05 * lo, 1.07 * hi))
-    assert low.prior.early_ratio == LOW_PRECISION_EARLY_RATIO and low.prior.early_steps >= 6
+        # Window steps are early steps, whatever the precision: widened by the early range on
+        # the CPU (measured there); the CUDA prior says nothing of the kind.
+        lo, hi = prior.early_ratio if device == "cpu" else (1.0, 1.0)
+        assert forecaster.prior.capture_ratio == pytest.approx((1.05 * lo, 1.07 * hi))
+        assert forecaster.prior.early_ratio == prior.early_ratio
     # A prior's range (the profiler path's) already includes the warm-up: not widened again.
     low.set_capture_window(1, 6, capture_ratio=(1.0, 1.5))
     assert low.prior.capture_ratio == (1.0, 1.5)
+
+
+def test_low_precision_prior_changes_only_the_first_step_range() -> None:
+    from ets_hook.forecast.stats import LOW_PRECISION_FIRST_STEP_RATIO, StepTimePrior
+
+    cpu = StepTimePrior.for_device("cpu")
+    low = cpu.for_low_precision()
+    assert low.first_step_ratio == LOW_PRECISION_FIRST_STEP_RATIO != cpu.first_step_ratio
+    assert dataclasses.replace(low, first_step_ratio=cpu.first_step_ratio) == cpu
+    cuda = StepTimePrior.for_device("cuda")
+    assert cuda.for_low_precision() == cuda  # not measured on GPUs: unchanged

@@ -101,7 +101,9 @@ def _t_quantile_cached(p: float, df: float) -> float:
 def student_t_quantile(p: float, df: float) -> float:
     """Quantile of Student's t for real ``df`` > 0 (df above 1e6 uses the normal).
 
-    ``df`` is rounded (to 0.05 below 100, to an integer above) to key a cache.
+    ``df`` is rounded (to 0.05 below 10, to 0.5 below 100, to an integer above) to key a
+    cache: the effective sample size behind ``df`` moves a little with every step, and an
+    uncached quantile costs ~0.1 ms (a prediction read is otherwise ~0.1 ms).
 
     Args:
         p: probability, in (0, 1).
@@ -119,8 +121,14 @@ def student_t_quantile(p: float, df: float) -> float:
         raise ValueError(f"df must be > 0, got {df}")
     if p == 0.5:
         return 0.0
-    # Quantise df for the cache: a 0.05-df change moves a 95% quantile by < 0.1% for df >= 1.
-    key = round(df * 20.0) / 20.0 if df < 100.0 else float(round(df))
+    # Quantise df for the cache: a 0.05-df change moves a 95% quantile by < 0.1% for df >= 1,
+    # rounding to 0.5 moves it by < 0.4% for df >= 10 (the interval widths do not need more).
+    if df < 10.0:
+        key = round(df * 20.0) / 20.0
+    elif df < 100.0:
+        key = round(df * 2.0) / 2.0
+    else:
+        key = float(round(df))
     key = max(key, 0.05)
     if key > 1e6:
         q = normal_quantile(max(p, 1.0 - p))

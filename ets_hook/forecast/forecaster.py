@@ -65,8 +65,11 @@ logger = logging.getLogger("ets_hook")
 # series is short, afterwards only when it grew by REFRESH_GROWTH or REFRESH_INTERVAL_S of job
 # time passed (the callers' clock, so tests stay deterministic). O(n) work every 10% of n keeps the
 # amortised per-step cost O(1); between refreshes predictions reuse the cached step-time estimate
-# with the current step count and elapsed time.
-DENSE_REFRESH_STEPS = 256
+# with the current step count and elapsed time. A refresh costs 0.1-0.5 ms on the training thread
+# (numpy on short arrays), a cached read ~25 µs: dense only for the first 32 steps, where the
+# early answer moves most (at 256, a loop reading every prediction paid ~0.45 ms a step for its
+# first 256 steps: 4-12% of a 4-11 ms step).
+DENSE_REFRESH_STEPS = 32
 # Clean steps needed after the capture-perturbed ones before those are dropped as warm-up.
 CLEAN_STEPS_NEEDED = 3
 REFRESH_GROWTH = 0.10
@@ -216,6 +219,7 @@ class Forecaster:
         self._steps_done = 0
         self._last_step_end_s = start_s
         self._first_step_end_s = math.nan
+        self._own_s = 0.0  # on_step_end's own_s after the first step end
         self._phases = PhaseTracker(self._job)
         self._last_phase_end_s = -math.inf
         # Per phase event: its end time and the cumulative phase seconds up to it (overhead).
@@ -251,7 +255,9 @@ class Forecaster:
     # ------------------------------------------------------------------------------------------
     # Events
 
-    def on_step_end(self, step_index: int, duration_s: float, now_s: float) -> None:
+    def on_step_end(
+        self, step_index: int, duration_s: float, now_s: float, own_s: float = 0.0
+    ) -> None:
         """Training step ``step_index`` (0-based) ended at ``now_s``; O(1) except when a report
         is due.
 
@@ -259,6 +265,10 @@ class Forecaster:
             step_index: 0-based local index of the step, consecutive from 0.
             duration_s: the step's duration, seconds (non-finite values are dropped later).
             now_s: the step's end time, seconds on the ``start_s`` clock.
+            own_s: ets-hook's own time since the previous step's end that ``duration_s``
+                leaves out (its boundary work, prediction reads): neither step time nor the
+                loop's per-step overhead. It is dearest in the first steps (prediction
+                rebuilds), so projecting it would overstate the remaining time.
 
         Raises:
             DeadlineExceededError: on purpose, from a deadline guard with
@@ -268,6 +278,8 @@ class Forecaster:
         self._append(duration_s)
         self._last_step_end_s = now_s
         self._steps_done = step_index + 1
+        if step_index:
+            self._own_s += own_s
         if step_index >= self._next_index or now_s >= self._next_s:
             self._slow_path(step_index, now_s)
 
@@ -352,7 +364,7 @@ class Forecaster:
 
     def set_low_precision(self) -> None:
         """The job's forward runs under low-precision autocast: from now on the prior is
-        ``StepTimePrior.for_low_precision()`` (slower first and early steps). Any thread;
+        ``StepTimePrior.for_low_precision()`` (a slower first step). Any thread;
         idempotent."""
         with self._lock:
             if not self._low_precision:
@@ -414,17 +426,18 @@ class Forecaster:
                 decides it); None: keep it.
             capture_spike_steps: replaces the prior's ``capture_spike_steps``; None: keep it.
             measured: ``capture_ratio`` was measured on this job's window (the capture's own
-                cost only); under low-precision autocast it is then widened by the prior's
-                early range. A prior's range (the profiler path's) already includes warm-up.
+                cost only); where the prior says window steps are early steps
+                (``early_in_window``: on the CPU) it is then widened by the prior's early
+                range. A prior's range (the profiler path's) already includes warm-up.
 
         Raises:
             ValueError: not ``0 <= start_step <= end_step``, or a range the prior refuses.
         """
         if not 0 <= start_step <= end_step:
             raise ValueError(f"need 0 <= start_step <= end_step, got {start_step}, {end_step}")
-        if capture_ratio is not None and measured and self._low_precision:
-            # The window's steps are early steps too: under autocast they still carry the
-            # low-precision warm-up on top of the capture's own cost.
+        if capture_ratio is not None and measured and self.prior.early_in_window:
+            # The window's steps are early steps too: they still carry the job's own warm-up
+            # on top of the capture's cost.
             early_lo, early_hi = self.prior.early_ratio
             capture_ratio = (capture_ratio[0] * early_lo, capture_ratio[1] * early_hi)
         prior = dataclasses.replace(
@@ -547,8 +560,8 @@ class Forecaster:
         return iteration_s * centre_steps, iteration_s * half_steps * scale
 
     def _overhead_per_step(self) -> float:
-        # Wall time between the first and the last step end that neither step durations nor
-        # phases cover, per step. ~0 when the hook follows the contract.
+        # Wall time between the first and the last step end that neither step durations,
+        # phases nor ets-hook's own work cover, per step. ~0 when the hook follows the contract.
         series = self._series
         n = series.count
         if n < 2 or math.isnan(self._first_step_end_s):
@@ -558,7 +571,7 @@ class Forecaster:
         phases = self._phase_s_until(self._last_step_end_s) - self._phase_s_until(
             self._first_step_end_s
         )
-        return (span - durations - phases) / (n - 1)
+        return (span - durations - phases - self._own_s) / (n - 1)
 
     def _phase_s_until(self, t_s: float) -> float:
         # Phase seconds that ended at or before t_s.

@@ -33,12 +33,13 @@ def ar1_noise(rng: np.random.Generator, trials: int, n: int, rho: float, cv: flo
 
 
 def with_warmup(rng: np.random.Generator, noise: np.ndarray) -> np.ndarray:
-    """Step times whose warm-up follows the default CPU prior: step 1 at 1.3-2.3x, steps 2-5 at a
-    common 0.82-1.09x."""
+    """Step times whose warm-up follows the default CPU prior: step 1 at a uniform draw from its
+    first-step range, steps 2..early_steps at a common draw from its early range."""
+    prior = StepTimePrior()
     trials, n = noise.shape
     factor = np.ones((trials, n))
-    factor[:, 0] = rng.uniform(1.3, 2.3, trials)
-    factor[:, 1:5] = rng.uniform(0.82, 1.09, (trials, 1))
+    factor[:, 0] = rng.uniform(*prior.first_step_ratio, trials)
+    factor[:, 1 : prior.early_steps] = rng.uniform(*prior.early_ratio, (trials, 1))
     return MU * factor * (1.0 + noise)
 
 
@@ -162,7 +163,8 @@ def test_95_interval_covers_the_true_mean_about_95_percent(rho: float) -> None:
 
 def test_interval_is_honest_for_tiny_samples() -> None:
     # Data drawn from the prior's own model: a per-job CV from the CV prior, a first step at
-    # 1.3-2.3x (its range already includes its noise), steps 2-5 at a common 0.82-1.09x. The wide
+    # its range (which already includes its noise), steps 2..early_steps at a common early
+    # ratio from its range. The wide
     # early intervals cover ~90% here (the ~95% nominal needs a few more steps; see issue notes).
     prior = StepTimePrior()
     rng = np.random.default_rng(5)
@@ -271,7 +273,8 @@ def test_fuse_edge_cases() -> None:
 def test_a_lone_spike_among_a_handful_of_steps_is_capped() -> None:
     """3-6 kept steps: one at 5x (a collector pause, the profiler growing its buffer) is capped
     at 1.5x their median; from 7 kept steps on the plain mean applies."""
-    prior = StepTimePrior(early_ratio=(1.0, 1.0))  # no early-step correction: plain means
+    # No early-step correction and, with 5 kept steps, no first-step fusion: plain means.
+    prior = StepTimePrior(early_ratio=(1.0, 1.0), early_steps=5)
     few = np.array([0.5, 0.2, 0.2, 1.0, 0.2, 0.2])  # first step dropped as warm-up, 5 kept
     est = estimate_measured(few, prior)
     assert est is not None and est.samples == 5
