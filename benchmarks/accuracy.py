@@ -656,7 +656,7 @@ def run_rounds(args: argparse.Namespace, argv: list[str], out: Path) -> int:
     for round_index in range(args.rounds):
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
-            run_out = out.parent / f"{out.name}.r{round_index + 1}.{name}"
+            run_out = out.parent / f"{out.name}_r{round_index + 1}_{name}"  # no dot: a suffix
             command = [sys.executable, __file__, "--jobs", name, "--out", str(run_out)]
             done = subprocess.run(command + passthrough, capture_output=True, text=True)
             if done.returncode != 0:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import statistics
 import threading
 import time
 import weakref
@@ -53,6 +54,7 @@ from .capture.window import (
     check_window_settings,
     choose_op_capture,
     measured_capture_ratio,
+    measured_spike_steps,
     start_kernel_collector,
 )
 from .distributed.coordinator import (
@@ -721,6 +723,11 @@ class ETSHook:
                 self._on_compile_step(step_index, compile_ns, now_ns)
             if self._state == WindowState.CAPTURING or self._state == WindowState.WAITING:
                 self._advance_window(step_index, start_ns, now_ns)
+            elif self._state == WindowState.DECODING:
+                # The decode still runs on its thread, sharing the cores and the GIL: this
+                # step and the next stay out of the measured estimate until it is done (the
+                # decode thread then sets the end it saw).
+                self._forecaster.set_perturbed_steps(step_index + 2)
             if self._cuda_timer is not None:
                 self._cuda_timer.record(step_index + 1)
                 for index, device_s in self._cuda_timer.poll():
@@ -803,8 +810,8 @@ class ETSHook:
                     self._restart_pending = True
 
     def _measure_window_step(self) -> None:
-        """Ops this window step recorded -> the job's own window slowdown, for the forecaster
-        (instead of the prior's median over other jobs)."""
+        """Ops this window step recorded -> the job's own window slowdown and the one-off cost
+        of its decode, for the forecaster (instead of the priors' medians over other jobs)."""
         count = self._ops.records()
         self._window_ops.append((count - self._window_records) // 2)
         self._window_records = count
@@ -813,8 +820,16 @@ class ETSHook:
         ratio = measured_capture_ratio(recent_s, self._window_ops, us_per_op)
         if ratio is not None:
             end = self.skip_steps + self.capture_steps
+            spike = measured_spike_steps(
+                recent_s, self._window_ops, self.capture_steps, ratio, self._ops.decode_us_per_op
+            )
             self._forecaster.set_capture_window(
-                self.skip_steps, end, capture_ratio=ratio, measured=True
+                self.skip_steps,
+                end,
+                capture_ratio=ratio,
+                capture_spike_steps=spike,
+                measured=True,
+                window_step_s=statistics.median(recent_s),
             )
 
     def _on_forward(self) -> None:

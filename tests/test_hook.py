@@ -663,3 +663,47 @@ def test_the_hooks_own_work_on_the_training_thread_is_not_step_time(monkeypatch)
     assert last is not None and last.step == 6
     # Nor is it the loop's per-step overhead, which would be projected over the remaining steps.
     assert last.overhead_per_step_s == pytest.approx(0.0, abs=1e-9)
+
+
+def test_steps_run_while_the_window_is_decoded_stay_out_of_the_measured_estimate(
+    monkeypatch,
+) -> None:
+    """The decode shares the cores and the GIL with training: until it is done, every step is
+    perturbed (a 3-5x step must not become "the steady state" three steps after the window),
+    however long the decode takes."""
+    import threading
+
+    import ets_hook.hook as hook_module
+
+    release = threading.Event()
+    real_build = hook_module.build_window_trace
+
+    def slow_build(*args, **kwargs):
+        release.wait(60)
+        return real_build(*args, **kwargs)
+
+    monkeypatch.setattr(hook_module, "build_window_trace", slow_build)
+    model = nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    hook = ETSHook(
+        model, optimizer, total_steps=40, skip_steps=1, capture_steps=2, log_every=None,
+        deadline=False,
+    )  # fmt: skip
+
+    def step() -> None:
+        optimizer.zero_grad()
+        model(torch.randn(4, 8)).sum().backward()
+        optimizer.step()
+
+    for _ in range(3):  # step 1 skipped, steps 2-3 captured: the decode starts
+        step()
+    assert hook.capture_status.startswith("decoding")
+    for done in range(4, 12):
+        step()
+        assert hook._forecaster._perturbed_end == done + 1  # this step and the next
+    release.set()
+    assert hook.wait_for_trace(60) is not None
+    step()
+    hook.close()
+    # the decode thread set the end it saw (>= the window's end + 1); later steps count again
+    assert 4 <= hook._forecaster._perturbed_end <= 13

@@ -105,6 +105,12 @@ def test_measured_window_ratio_carries_the_early_bias_where_the_prior_says_so(de
         lo, hi = prior.early_ratio if device == "cpu" else (1.0, 1.0)
         assert forecaster.prior.capture_ratio == pytest.approx((1.05 * lo, 1.07 * hi))
         assert forecaster.prior.early_ratio == prior.early_ratio
+        # With the window's step time known, the early excess (seconds per step) joins in.
+        forecaster.set_capture_window(
+            1, 6, capture_ratio=(1.05, 1.07), measured=True, window_step_s=0.004
+        )
+        lo, hi = prior.early_ratio_at(0.004) if device == "cpu" else (1.0, 1.0)
+        assert forecaster.prior.capture_ratio == pytest.approx((1.05 * lo, 1.07 * hi))
     # A prior's range (the profiler path's) already includes the warm-up: not widened again.
     low.set_capture_window(1, 6, capture_ratio=(1.0, 1.5))
     assert low.prior.capture_ratio == (1.0, 1.5)

@@ -83,6 +83,14 @@ class NativeOpCapture:
         False: (0.3, 0.7),
         True: (0.4, 0.9),
     }
+    #: Training-thread time the decode after the window costs per op it recorded, µs (low,
+    #: high): the decode and the trace model run on a background thread but share the GIL and
+    #: the cores with the training loop. The 14 jobs of benchmarks/accuracy.py (one run, steps
+    #: 7-20 against the steady step): 7-39 µs per op, median 10; with the window's op count
+    #: this gives the job's own post-window cost (``capture.window.measured_spike_steps``)
+    #: instead of a fixed number of steady steps (transformer-small: 23 steps; 92 ms steps of
+    #: transformer-medium: 1.8).
+    decode_us_per_op: ClassVar[tuple[float, float]] = (4.0, 25.0)
 
     def __init__(self, module: Any, thread_budget_bytes: int = NATIVE_THREAD_BUDGET_BYTES) -> None:
         self._ops = module

@@ -98,6 +98,37 @@ def measured_capture_ratio(
     return 1.0 / (1.0 - share_lo), 1.0 / (1.0 - share_hi)
 
 
+def measured_spike_steps(
+    step_s: Sequence[float],
+    ops_per_step: Sequence[int],
+    capture_steps: int,
+    capture_ratio: tuple[float, float],
+    us_per_op: tuple[float, float],
+) -> tuple[float, float] | None:
+    """The one-off cost after this job's window (its decode), in steady steps, from what the
+    window measured: the ops the whole window will have recorded (the median window step's
+    count x ``capture_steps``) at the decode's per-op cost range, over the steady step (the
+    median window step over the midpoint of ``capture_ratio``).
+
+    Args:
+        step_s: the window's step times so far, seconds.
+        ops_per_step: ops recorded in each of those steps.
+        capture_steps: steps in the whole window, >= 1.
+        capture_ratio: the window's slowdown range (``measured_capture_ratio``).
+        us_per_op: (low, high) training-thread time the decode costs per op, µs.
+
+    Returns:
+        ``(low, high)`` steady steps, or None without a step, an op or a positive step time.
+    """
+    if not step_s or not ops_per_step or capture_steps < 1:
+        return None
+    ops = statistics.median(ops_per_step) * capture_steps
+    steady_s = statistics.median(step_s) / (0.5 * (capture_ratio[0] + capture_ratio[1]))
+    if not (ops > 0 and steady_s > 0):
+        return None
+    return ops * us_per_op[0] * 1e-6 / steady_s, ops * us_per_op[1] * 1e-6 / steady_s
+
+
 def choose_op_capture(mode: str) -> OpCaptureChoice:
     """The op capture for this window (logs the fallback or the back-off once).
 

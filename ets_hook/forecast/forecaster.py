@@ -412,6 +412,7 @@ class Forecaster:
         capture_ratio: tuple[float, float] | None = None,
         capture_spike_steps: tuple[float, float] | None = None,
         measured: bool = False,
+        window_step_s: float | None = None,
     ) -> None:
         """Steps ``[start_step, end_step)`` ran inside the capture window: slower by the prior's
         ``capture_ratio``. Steps from ``end_step`` up to ``set_perturbed_steps`` are left out of
@@ -428,7 +429,10 @@ class Forecaster:
             measured: ``capture_ratio`` was measured on this job's window (the capture's own
                 cost only); where the prior says window steps are early steps
                 (``early_in_window``: on the CPU) it is then widened by the prior's early
-                range. A prior's range (the profiler path's) already includes warm-up.
+                range for steps of ``window_step_s`` (``StepTimePrior.early_ratio_at``). A
+                prior's range (the profiler path's) already includes warm-up.
+            window_step_s: the window's typical step time so far, seconds (None: unknown,
+                the early range without its excess).
 
         Raises:
             ValueError: not ``0 <= start_step <= end_step``, or a range the prior refuses.
@@ -438,7 +442,9 @@ class Forecaster:
         if capture_ratio is not None and measured and self.prior.early_in_window:
             # The window's steps are early steps too: they still carry the job's own warm-up
             # on top of the capture's cost.
-            early_lo, early_hi = self.prior.early_ratio
+            early_lo, early_hi = self.prior.early_ratio_at(
+                window_step_s if window_step_s is not None else math.nan
+            )
             capture_ratio = (capture_ratio[0] * early_lo, capture_ratio[1] * early_hi)
         prior = dataclasses.replace(
             self.prior,

@@ -356,4 +356,22 @@ def test_the_window_measures_its_own_slowdown_from_the_ops_it_records() -> None:
     assert len(hook._window_ops) == 3 and all(n > 20 for n in hook._window_ops)
     ratio = hook._forecaster.prior.capture_ratio
     assert ratio != NativeOpCapture.cpu_costs["capture_ratio"] and 1.0 < ratio[0] <= ratio[1]
+    # ... and the decode's one-off cost after it, from the same op counts
+    spike = hook._forecaster.prior.capture_spike_steps
+    assert spike != NativeOpCapture.cpu_costs["capture_spike_steps"] and 0.0 < spike[0] < spike[1]
     hook.close()
+
+
+def test_the_decode_cost_after_the_window_scales_with_its_ops_over_the_step() -> None:
+    from ets_hook.capture.window import measured_spike_steps
+
+    # 2000 ops per step x 5 steps at 4-25 µs per op, steady step 4 ms / 1.25 = 3.2 ms
+    lo, hi = measured_spike_steps([0.004] * 3, [2000] * 3, 5, (1.0, 1.5), (4.0, 25.0))
+    assert lo == pytest.approx(10_000 * 4e-6 / 0.0032)
+    assert hi == pytest.approx(10_000 * 25e-6 / 0.0032)
+    # the same ops on a 25x longer step: 25x fewer steps
+    long_lo, _ = measured_spike_steps([0.1] * 3, [2000] * 3, 5, (1.0, 1.5), (4.0, 25.0))
+    assert long_lo == pytest.approx(lo / 25)
+    assert measured_spike_steps([], [], 5, (1.0, 1.5), (4.0, 25.0)) is None
+    assert measured_spike_steps([0.0], [10], 5, (1.0, 1.5), (4.0, 25.0)) is None
+    assert measured_spike_steps([0.01], [10], 0, (1.0, 1.5), (4.0, 25.0)) is None

@@ -296,3 +296,20 @@ def test_trace_estimate_validation_and_level_conversion() -> None:
     e = t.as_estimate(0.95)
     assert e.ci_s == pytest.approx(0.1 * normal_quantile(0.975) / normal_quantile(0.84))
     assert e.source == "trace"
+
+
+def test_early_ratio_is_a_share_plus_a_fixed_excess_per_step() -> None:
+    prior = StepTimePrior(early_ratio=(0.95, 1.05), early_excess_s=(0.0005, 0.002))
+    assert prior.early_ratio_at(0.004) == pytest.approx((0.95 + 0.125, 1.05 + 0.5))
+    assert prior.early_ratio_at(0.1) == pytest.approx((0.955, 1.07))
+    for unknown in (math.nan, 0.0, -1.0, math.inf):
+        assert prior.early_ratio_at(unknown) == (0.95, 1.05)
+    # short steps are corrected more than long ones, relative to their length
+    short, long = (estimate_measured(np.array([s * 2] + [s] * 7), prior) for s in (0.004, 0.1))
+    assert short is not None and long is not None
+    assert short.iteration_s / 0.004 < 0.9 < 0.97 < long.iteration_s / 0.1
+    with pytest.raises(ValueError, match="early_excess_s"):
+        StepTimePrior(early_excess_s=(0.002, 0.001))
+    with pytest.raises(ValueError, match="early_excess_s"):
+        StepTimePrior(early_excess_s=(-0.001, 0.001))
+    assert StepTimePrior.for_device("cuda").early_excess_s == (0.0, 0.0)
