@@ -1,4 +1,7 @@
-"""ETSHook: the one object a training script creates. Lifecycle, capture window, fallbacks.
+"""ETSHook: the one object a training script creates. It wires capture -> forecast -> reporters
+into the user's loop: it times steps (phases and ``torch.compile`` time taken out), hands each
+step boundary to the capture window (``capture.window_runner.WindowRunner``) and the forecaster,
+and owns the lifecycle and the fallbacks.
 
 Lifecycle::
 
@@ -20,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import statistics
 import threading
 import time
 import weakref
@@ -32,31 +34,18 @@ from typing import Any, Literal
 import torch
 
 from . import __version__, exits
-from .capture import native_ops
 from .capture.compile_events import CompileWatcher
 from .capture.device_timer import CudaStepTimer
-from .capture.ops import NativeOpCapture, ProfilerOpCapture
 from .capture.steps import NoSteps, StepDetector, optimizer_list
 from .capture.sysinfo import (
     DISABLE_ENV,
     checked_trace_path,
-    device_info,
     distributed_rank,
     hooks_disabled,
-    host_info,
-    machine_facts,
     model_device,
 )
-from .capture.window import (
-    WindowFacts,
-    WindowState,
-    build_window_trace,
-    check_window_settings,
-    choose_op_capture,
-    measured_capture_ratio,
-    measured_spike_steps,
-    start_kernel_collector,
-)
+from .capture.window import WindowState, check_window_settings
+from .capture.window_runner import WindowRunner
 from .distributed.coordinator import (
     DEFAULT_EXCHANGE_TIMEOUT_S,
     RankCoordinator,
@@ -75,10 +64,7 @@ from .launcher import restart_count
 from .reporters.base import ReportDispatcher
 from .reporters.builder import build_reporters
 from .reporters.deadline import DeadlineMiss
-from .trace.breakdown import rank_breakdown
-from .trace.decode import StepBounds
 from .trace.events import Trace
-from .trace.io import save_trace
 
 logger = logging.getLogger("ets_hook")
 
@@ -90,9 +76,6 @@ MAX_KEPT_STEP_TIMES = 1 << 20
 
 #: Steps during which the hook looks for ``torch.compile`` having been imported after it.
 COMPILE_REGISTER_STEPS = 64
-#: With ``skip_steps=None``, the latest step at which the capture window starts.
-MAX_AUTO_SKIP_STEPS = 32
-
 #: Seconds ``close`` waits for a running decode when the interpreter is exiting.
 EXIT_DECODE_WAIT_S = 10.0
 
@@ -313,12 +296,8 @@ class ETSHook:
         self.model = model
         self.total_steps = job.total_steps
         self.capture_steps = capture_steps
-        self.skip_steps = skip_steps
-        self._auto_skip = auto_skip
         self.record_shapes = record_shapes
-        self._decode_in_background = decode_in_background
         self._device = torch.device(device if device is not None else model_device(model))
-        self._rank, self._world_size = rank, world_size
         self.trace_path = rank_trace
 
         # Steps are timed with perf_counter_ns; the trace's clock is Unix time: one offset.
@@ -341,50 +320,19 @@ class ETSHook:
         self._phase_stack: list[tuple[str, int]] = []
         self.steps_completed = 0
         self._step_times_s = array("d")
-        self._window_bounds: list[StepBounds] = []
-        # Steps of the window whose op capture began after the step started (see _on_forward).
-        self._partial_steps: list[int] = []
-        self._restart_pending = False
-
-        self._state = WindowState.WAITING if capture_steps > 0 else WindowState.OFF
-        self._capture_note = (
-            f"disabled by {DISABLE_ENV}"
-            if disabled
-            else ("" if capture_steps > 0 else "capture disabled (capture_steps=0)")
-        )
-        self._ops_note = ""  # which op capture path ran (set at the window's start)
         self._failed_once = False
-        self._op_capture_mode = op_capture
-        self._ops: NativeOpCapture | ProfilerOpCapture | None = None  # chosen at window start
-        if capture_steps > 0 and op_capture != "profiler":
-            # Unbuilt: "auto" builds it on a nice'd thread (profiler meanwhile), "native" now.
-            if op_capture == "native":
-                native_ops.load(build_if_missing=True)
-            else:
-                native_ops.load_in_background()
-        self._collector: Any = None
-        self._kernel_status = "not requested"
-        self._want_kernels = (
-            capture_kernels if capture_kernels is not None else self._device.type == "cuda"
-        )
-        # Resolved before training starts: on the decode thread, loading the model (~0.1 s),
-        # psutil and NVML would hold the GIL against the training loop.
-        facts = machine_facts(self._device) if capture_steps > 0 else (None, None)
-        self._device_info, self._host_info = facts
-        self._trace_estimator: TraceEstimator | None = None
+        # Resolved before training starts: on the decode thread, loading the model (~0.1 s)
+        # would hold the GIL against the training loop.
+        estimator: TraceEstimator | None = None
         if capture_steps > 0:  # the trace model's module (~50 ms to import) only when capturing
             from .forecast.trace_estimators import resolve_trace_estimator
 
-            self._trace_estimator = resolve_trace_estimator(trace_estimator, self._device.type)
-        self._trace: Trace | None = None
-        self._decode_thread: threading.Thread | None = None
-        self._trace_ready = threading.Event()
+            estimator = resolve_trace_estimator(trace_estimator, self._device.type)
         self._closed = False
         self._close_lock = threading.RLock()  # a SIGTERM handler may close inside close()
         # A close() from another thread while the profiler path captures: the training thread
         # (the only one that can end that session) finishes closing at its next hook call.
         self._close_pending: tuple[str, str | None] | None = None
-        self._capture_thread = 0  # thread ident that started op capture
 
         self._forecaster = Forecaster(
             job,
@@ -409,6 +357,32 @@ class ETSHook:
                 log_here=log_ranks is None or rank in log_ranks,
                 start_wall_s=self._forecaster.wall_start_s,
             )
+        # The capture window: native op observer loading and machine facts gathered now.
+        self._window = WindowRunner(
+            self._forecaster,
+            capture_steps=capture_steps,
+            skip_steps=skip_steps,
+            auto_skip=auto_skip,
+            record_shapes=record_shapes,
+            op_capture=op_capture,
+            off_note=f"disabled by {DISABLE_ENV}" if disabled else "",
+            capture_kernels=capture_kernels,
+            device=self._device,
+            epoch_offset_ns=self._epoch_offset_ns,
+            step_times_s=self._step_times_s,
+            steps_completed=lambda: self.steps_completed,
+            remove_capture_hooks=lambda: self._detector.remove_capture_hooks(),
+            on_failure=self._fail,
+            trace_estimator=estimator,
+            trace_path=rank_trace,
+            decode_in_background=decode_in_background,
+            decode_context=single_threaded_blas,
+            on_breakdown=self._ranks.set_breakdown if self._ranks is not None else None,
+            model_name=type(model).__name__,
+            rank=rank,
+            world_size=world_size,
+            ets_hook_version=__version__,
+        )
         self._monitor: str | None = None
         self._cuda_timer: CudaStepTimer | None = None
         if self._device.type == "cuda" and torch.cuda.is_available():
@@ -424,14 +398,14 @@ class ETSHook:
                 self._guarded(self._on_boundary),
                 grad_scaler=grad_scaler,
                 on_first_activity=self._guarded(self._on_first_activity),
-                on_forward=self._guarded(self._on_forward),
+                on_forward=self._guarded(self._window.on_forward),
             )
         )
         if not disabled:
             _hook_of_model[model] = weakref.ref(self)
             exits.register(self)
-        if self._state == WindowState.WAITING and skip_steps == 0:
-            self._guarded(self._start_capture)()
+        if self._window.state == WindowState.WAITING and skip_steps == 0:
+            self._guarded(self._window.start)()
 
     # ------------------------------------------------------------------------------------------
     # Public API
@@ -537,6 +511,12 @@ class ETSHook:
         return self._step_times_s.tolist()
 
     @property
+    def skip_steps(self) -> int:
+        """Steps timed before the capture window; with ``skip_steps=None``, raised while the
+        first steps still compile."""
+        return self._window.skip_steps
+
+    @property
     def job_view(self) -> JobView | None:
         """The job-level view of the last rank exchange (the same object on every rank), or
         None: a single process, no exchange yet, or the last one was skipped."""
@@ -545,7 +525,7 @@ class ETSHook:
     @property
     def trace(self) -> Trace | None:
         """The captured trace once decoding has finished, else None (see ``wait_for_trace``)."""
-        return self._trace
+        return self._window.trace
 
     def wait_for_trace(self, timeout_s: float | None = None) -> Trace | None:
         """Wait for the decoded trace.
@@ -560,10 +540,7 @@ class ETSHook:
         Returns:
             The trace, or None (capture not over, failed, off, or the timeout passed).
         """
-        if self._state in (WindowState.WAITING, WindowState.CAPTURING, WindowState.OFF):
-            return self._trace
-        self._trace_ready.wait(timeout_s)
-        return self._trace
+        return self._window.wait(timeout_s)
 
     @property
     def capture_status(self) -> str:
@@ -572,8 +549,7 @@ class ETSHook:
         A note follows after ``": "`` when there is one: why it is off or failed, or that the
         window was cut short by ``close()``.
         """
-        notes = "; ".join(note for note in (self._ops_note, self._capture_note) if note)
-        return f"{self._state}: {notes}" if notes else self._state
+        return self._window.status
 
     @property
     def created_ns(self) -> int:
@@ -586,7 +562,7 @@ class ETSHook:
 
         After decoding with kernels, the share of kernels linked to an op is appended.
         """
-        return self._kernel_status
+        return self._window.kernel_status
 
     def close(self, timeout_s: float = 60.0) -> None:
         """Stop capture, remove every hook, wait for decoding, hand out the final prediction.
@@ -615,8 +591,8 @@ class ETSHook:
             error: the exception's type name for ``"failed"``, else None.
         """
         try:
-            if self._state == WindowState.CAPTURING:
-                self._abandon_capture("window cut short: the process exited")
+            if self._window.state == WindowState.CAPTURING:
+                self._window.abandon("window cut short: the process exited")
         except Exception as exc:
             self._fail(exc)
         self._close(EXIT_DECODE_WAIT_S, outcome, error)
@@ -625,11 +601,7 @@ class ETSHook:
         with self._close_lock:
             if self._closed:
                 return
-            if (
-                self._state == WindowState.CAPTURING
-                and isinstance(self._ops, ProfilerOpCapture)
-                and threading.get_ident() != self._capture_thread
-            ):
+            if self._window.needs_capture_thread():
                 self._close_pending = (outcome, error)  # _guarded finishes on the right thread
                 return
             self._closed = True
@@ -639,11 +611,10 @@ class ETSHook:
         if self._compiles is not None:
             self._compiles.close()
         try:
-            if self._state == WindowState.CAPTURING:
-                self._finish_capture(truncated=True)
+            if self._window.state == WindowState.CAPTURING:
+                self._window.finish(truncated=True)
             self._detector.close()
-            if self._decode_thread is not None:
-                self._decode_thread.join(timeout_s)
+            self._window.join(timeout_s)
         except Exception as exc:
             self._fail(exc)
         finally:
@@ -686,7 +657,7 @@ class ETSHook:
         ):
             self._forecaster.set_low_precision()
         # Step 0 starts at the first training forward when nothing was timed before it.
-        if self.steps_completed == 0 and self._state != WindowState.CAPTURING:
+        if self.steps_completed == 0 and self._window.state != WindowState.CAPTURING:
             self._step_start_ns = time.perf_counter_ns()
             self._own_ns_in_step = 0
             if self._cuda_timer is not None:
@@ -721,13 +692,7 @@ class ETSHook:
         try:
             if compile_ns:
                 self._on_compile_step(step_index, compile_ns, now_ns)
-            if self._state == WindowState.CAPTURING or self._state == WindowState.WAITING:
-                self._advance_window(step_index, start_ns, now_ns)
-            elif self._state == WindowState.DECODING:
-                # The decode still runs on its thread, sharing the cores and the GIL: this
-                # step and the next stay out of the measured estimate until it is done (the
-                # decode thread then sets the end it saw).
-                self._forecaster.set_perturbed_steps(step_index + 2)
+            self._window.on_step(step_index, start_ns, now_ns, self._last_compile_step)
             if self._cuda_timer is not None:
                 self._cuda_timer.record(step_index + 1)
                 for index, device_s in self._cuda_timer.poll():
@@ -766,238 +731,16 @@ class ETSHook:
             self._compile_warmup_end = step_index + 2
             self._forecaster.set_warmup_steps(self._compile_warmup_end)
 
-    def _advance_window(self, step_index: int, start_ns: int, end_ns: int) -> None:
-        if self._user_profiler_took_over():
-            return
-        compiled_now = self._last_compile_step == step_index
-        if (
-            self._state == WindowState.CAPTURING
-            and self._ops is not None
-            and self._ops.active
-            and not compiled_now  # its ops are mostly the compiler's: left out of the trace
-        ):
-            offset = self._epoch_offset_ns
-            self._window_bounds.append(StepBounds(step_index, start_ns + offset, end_ns + offset))
-            if isinstance(self._ops, NativeOpCapture) and self._device.type == "cpu":
-                self._measure_window_step()
-        elif compiled_now and isinstance(self._ops, NativeOpCapture) and self._ops.active:
-            self._window_records = self._ops.records()  # the compile's ops count for no step
-        completed = step_index + 1
-        if self._state == WindowState.WAITING and completed == self.skip_steps:
-            if (
-                self._auto_skip
-                and self._last_compile_step >= step_index - 1
-                and self.skip_steps < MAX_AUTO_SKIP_STEPS
-            ):
-                self.skip_steps += 1  # still compiling: the window waits for steady steps
-            else:
-                self._start_capture()
-        elif self._state == WindowState.CAPTURING:
-            if completed == self.skip_steps + self.capture_steps:
-                self._finish_capture(truncated=False)
-            elif self._restart_pending:
-                # No forward hook fired in the last step: restart here (a start is safe inside
-                # an open scope; only a stop+start pair is not). That step has no ops.
-                self._restart_ops()
-            elif completed == self.skip_steps + 1 and self.record_shapes == "first":
-                if isinstance(self._ops, NativeOpCapture):
-                    self._ops.set_record_shapes(False)  # swapping the callback is safe anywhere
-                elif self._ops is not None:
-                    # The profiler recorded shapes for one step; stop now (safe inside
-                    # Optimizer.step) and restart without shapes at the next forward, outside
-                    # any scope of this session.
-                    self._ops.stop()
-                    self._restart_pending = True
-
-    def _measure_window_step(self) -> None:
-        """Ops this window step recorded -> the job's own window slowdown and the one-off cost
-        of its decode, for the forecaster (instead of the priors' medians over other jobs)."""
-        count = self._ops.records()
-        self._window_ops.append((count - self._window_records) // 2)
-        self._window_records = count
-        us_per_op = self._ops.us_per_op[self.record_shapes != "none"]
-        recent_s = self._step_times_s[-len(self._window_ops) :]
-        ratio = measured_capture_ratio(recent_s, self._window_ops, us_per_op)
-        if ratio is not None:
-            end = self.skip_steps + self.capture_steps
-            spike = measured_spike_steps(
-                recent_s, self._window_ops, self.capture_steps, ratio, self._ops.decode_us_per_op
-            )
-            self._forecaster.set_capture_window(
-                self.skip_steps,
-                end,
-                capture_ratio=ratio,
-                capture_spike_steps=spike,
-                measured=True,
-                window_step_s=statistics.median(recent_s),
-            )
-
-    def _on_forward(self) -> None:
-        if self._restart_pending and self._state == WindowState.CAPTURING:
-            self._partial_steps.append(self.steps_completed)
-            self._restart_ops()
-
-    def _restart_ops(self) -> None:
-        self._restart_pending = False
-        if self._ops is not None and not self._user_profiler_took_over():
-            self._ops.start(record_shapes=False)
-
-    # ------------------------------------------------------------------------------------------
-    # Sharing the torch profiler with the user's own sessions (profiler path only)
-
-    def _user_profiler_took_over(self) -> bool:
-        """On the profiler path, a user's ``torch.profiler`` session opened inside the window
-        takes the thread's Kineto session over (torch keeps one), and its end ends ours: never
-        disable it (that would end the user's). Back off to timing steps, once."""
-        if not (
-            self._state == WindowState.CAPTURING
-            and isinstance(self._ops, ProfilerOpCapture)
-            and ProfilerOpCapture.user_session_active()
-        ):
-            return False
-        self._ops.forget()
-        self._restart_pending = False
-        self._abandon_capture(
-            "op capture backed off: a torch.profiler session was opened inside the capture "
-            "window (left alone; ets-hook times steps only)"
-        )
-        logger.warning("ets-hook: %s", self._capture_note)
-        return True
-
-    def _abandon_capture(self, note: str) -> None:
-        """Stop capturing without decoding; the hook goes on timing steps. Never raises."""
-        if self._ops is not None and self._ops.active:
-            with contextlib.suppress(Exception):
-                self._ops.stop()
-        if self._collector is not None:
-            with contextlib.suppress(Exception):
-                self._collector.close()
-        with contextlib.suppress(Exception):
-            self._detector.remove_capture_hooks()
-        self._state = WindowState.OFF
-        self._capture_note = note
-        self._trace_ready.set()
-
     def _on_phase_end(self, name: str, duration_ns: int, compile_ns: int = 0) -> None:
         now_s = time.perf_counter_ns() / 1e9
         if compile_ns:  # e.g. the first eval() forward recompiles
             self._forecaster.on_phase_end(COMPILE_PHASE, compile_ns / 1e9, now_s)
         self._forecaster.on_phase_end(name, duration_ns / 1e9, now_s)
 
-    # ------------------------------------------------------------------------------------------
-    # Capture window
-
-    def _start_capture(self) -> None:
-        choice = choose_op_capture(self._op_capture_mode)
-        if choice.ops is None:
-            self._state = WindowState.OFF
-            self._capture_note = choice.note
-            self._kernel_status = "off: another profiler is active"
-            return
-        self._ops, self._ops_note = choice.ops, choice.note
-        if self._want_kernels:
-            self._collector, self._kernel_status = start_kernel_collector()
-        correlation = None
-        if self._collector is not None and isinstance(self._ops, NativeOpCapture):
-            from .capture.cupti import correlation_api  # the collector imported _C
-
-            correlation = correlation_api()
-        self._ops.start(record_shapes=self.record_shapes != "none", correlation=correlation)
-        self._capture_thread = threading.get_ident()
-        self._window_ops: list[int] = []  # ops recorded per window step (native path)
-        self._window_records = self._ops.records() if isinstance(self._ops, NativeOpCapture) else 0
-        self._state = WindowState.CAPTURING
-        # The window's steps carry the capture's cost, and the steps after it the decode's.
-        window_end = self.skip_steps + self.capture_steps
-        costs = self._ops.cpu_costs if self._device.type == "cpu" else {}
-        self._forecaster.set_capture_window(self.skip_steps, window_end, **costs)
-        self._forecaster.set_perturbed_steps(window_end + 1)
-        # Step `skip_steps` starts now (its boundary just passed, or the hook was just created).
-
-    def _finish_capture(self, *, truncated: bool) -> None:
-        """Window end (training thread): stop collectors, drop observers, hand off decoding."""
-        if self._ops is not None:
-            self._ops.stop()
-        window_end_event = None
-        if self._collector is not None:
-            # Disable the activity kinds now (cheap); the blocking flush runs in _decode, after
-            # the device has reached this point in the stream.
-            self._collector.stop(flush=False)
-            if torch.cuda.is_available():
-                window_end_event = torch.cuda.Event()
-                window_end_event.record()
-        self._detector.remove_capture_hooks()
-        self._state = WindowState.DECODING
-        if truncated:
-            self._capture_note = f"window cut short after {len(self._window_bounds)} steps"
-        snapshot = (self._ops, list(self._window_bounds), window_end_event)
-        if self._decode_in_background:
-            self._decode_thread = threading.Thread(
-                target=self._decode, args=snapshot, name="ets-hook-decode", daemon=True
-            )
-            self._decode_thread.start()
-        else:
-            self._decode(*snapshot)
-
-    # ------------------------------------------------------------------------------------------
-    # Decoding (background thread)
-
-    def _decode(self, ops: Any, bounds: list[StepBounds], window_end_event: Any = None) -> None:
-        # One BLAS thread: numpy's OpenBLAS workers would otherwise spin on the training
-        # loop's cores for ~0.1 s after the trace model's products (ets_hook.ets.blas). The
-        # interpreter's switch interval is left alone: shortening it (0.2 ms) made the training
-        # thread pay a GIL hand-off per op and the decode cost it 1.5-2x more in total.
-        try:
-            facts = WindowFacts(
-                skip_steps=self.skip_steps,
-                capture_steps=self.capture_steps,
-                record_shapes=self.record_shapes,
-                device=self._device_info or device_info(self._device),
-                host=self._host_info or host_info(),
-                torch_version=torch.__version__,
-                ets_hook_version=__version__,
-                step_times_s=self.step_times_s,
-                rank=self._rank,
-                world_size=self._world_size,
-                metadata={
-                    "model": type(self.model).__name__,
-                    "partial_steps": list(self._partial_steps),
-                },
-            )
-            with single_threaded_blas():
-                trace = build_window_trace(
-                    ops,
-                    bounds,
-                    facts,
-                    collector=self._collector,
-                    kernel_status=self._kernel_status,
-                    window_end_event=window_end_event,
-                )
-                self._kernel_status = trace.capture.kernel_capture
-                self._trace = trace
-                self._publish_trace_estimate(trace)
-                if self._ranks is not None:
-                    self._ranks.set_breakdown(rank_breakdown(trace))
-            if self.trace_path is not None:
-                save_trace(trace, self.trace_path)
-            self._state = WindowState.DONE
-        except Exception as exc:
-            self._fail(exc)
-        finally:
-            self._trace_ready.set()
-        # Steps that ran while this thread decoded competed with it for the CPU and the GIL.
-        self._forecaster.set_perturbed_steps(
-            max(self.skip_steps + self.capture_steps + 1, self.steps_completed + 1)
-        )
-
-    def _publish_trace_estimate(self, trace: Trace) -> None:
-        try:
-            estimate = self._trace_estimator(trace) if self._trace_estimator else None
-        except Exception as exc:  # the trace estimate is optional: log, keep the measured one
-            logger.info("ets-hook: trace-based estimate unavailable: %r", exc)
-            return
-        if estimate is not None:
-            self._forecaster.set_trace_estimate(estimate)
+    @property
+    def _window_ops(self) -> list[int]:
+        """Ops recorded in each window step so far (native path on CPU; tests read it)."""
+        return self._window.window_ops
 
     # ------------------------------------------------------------------------------------------
     # Failure handling
@@ -1012,6 +755,6 @@ class ETSHook:
                     exc,
                     exc_info=logger.isEnabledFor(logging.DEBUG),
                 )
-            self._abandon_capture(f"failed: {exc!r}")
+            self._window.abandon(f"failed: {exc!r}")
         except Exception:
             pass

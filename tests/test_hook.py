@@ -341,7 +341,7 @@ def test_bad_arguments_name_the_value():
 @pytest.mark.parametrize("where", ["build_iterations", "start", "boundary"])
 def test_internal_failure_never_reaches_the_training_loop(where, monkeypatch, caplog):
     import ets_hook.capture.window as window_module
-    import ets_hook.hook as hook_module
+    import ets_hook.capture.window_runner as runner_module
 
     def boom(*args, **kwargs):
         raise RuntimeError("injected failure")
@@ -349,10 +349,10 @@ def test_internal_failure_never_reaches_the_training_loop(where, monkeypatch, ca
     if where == "build_iterations":
         monkeypatch.setattr(window_module, "build_iterations", boom)
     elif where == "start":
-        monkeypatch.setattr(hook_module.NativeOpCapture, "start", boom)
-        monkeypatch.setattr(hook_module.ProfilerOpCapture, "start", boom)
+        monkeypatch.setattr(runner_module.NativeOpCapture, "start", boom)
+        monkeypatch.setattr(runner_module.ProfilerOpCapture, "start", boom)
     else:
-        monkeypatch.setattr(hook_module.StepBounds, "__init__", boom)
+        monkeypatch.setattr(runner_module.StepBounds, "__init__", boom)
     model = tiny_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with caplog.at_level(logging.WARNING, logger="ets_hook"):
@@ -371,10 +371,10 @@ def test_setup_failures_at_creation_never_raise(monkeypatch):
     """Machine facts and the trace model are gathered when the hook is created; if that fails
     the hook is still created, decodes the window (retrying the facts) and keeps its measured
     estimate."""
-    import ets_hook.hook as hook_module
+    import ets_hook.capture.window_runner as runner_module
 
     calls = {"host": 0}
-    real_host_info = hook_module.host_info
+    real_host_info = runner_module.host_info
 
     def flaky_host_info():
         calls["host"] += 1
@@ -385,7 +385,7 @@ def test_setup_failures_at_creation_never_raise(monkeypatch):
     def broken_model(device_type):
         raise RuntimeError("model file unreadable")
 
-    monkeypatch.setattr(hook_module, "host_info", flaky_host_info)  # the decode's retry
+    monkeypatch.setattr(runner_module, "host_info", flaky_host_info)  # the decode's retry
     monkeypatch.setattr("ets_hook.capture.sysinfo.host_info", flaky_host_info)  # at creation
     monkeypatch.setattr("ets_hook.forecast.trace_estimators.default_trace_estimator", broken_model)
     model = tiny_mlp()
@@ -673,16 +673,16 @@ def test_steps_run_while_the_window_is_decoded_stay_out_of_the_measured_estimate
     however long the decode takes."""
     import threading
 
-    import ets_hook.hook as hook_module
+    import ets_hook.capture.window_runner as runner_module
 
     release = threading.Event()
-    real_build = hook_module.build_window_trace
+    real_build = runner_module.build_window_trace
 
     def slow_build(*args, **kwargs):
         release.wait(60)
         return real_build(*args, **kwargs)
 
-    monkeypatch.setattr(hook_module, "build_window_trace", slow_build)
+    monkeypatch.setattr(runner_module, "build_window_trace", slow_build)
     model = nn.Linear(8, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     hook = ETSHook(

@@ -1,5 +1,6 @@
 """The capture window's mechanics: which op capture runs, the kernel collector, and turning what
-the window recorded into a ``Trace``. ``ETSHook`` decides *when*; this module does the *how*.
+the window recorded into a ``Trace``. ``WindowRunner`` (``capture.window_runner``) decides
+*when*; this module does the *how*.
 
 - ``choose_op_capture``: the native observer when it is loaded (``op_capture`` "auto" or
   "native"), else the torch profiler, unless another profiler owns the session (back off).

@@ -1,0 +1,523 @@
+"""The capture window's state machine: when op (and kernel) capture starts, how it follows the
+steps, when it ends, and the hand-off of its decoding to a background thread.
+
+``ETSHook`` times the steps and hands each boundary to ``WindowRunner``; ``capture.window`` does
+the mechanics (which op capture runs, the kernel collector, building the trace). What the window
+measures goes to a ``WindowSink`` (the forecaster, which this module does not import)::
+
+    waiting ──► capturing ──► decoding ──► done
+       └────────────┴─────────────┴──────► off   (capture_steps=0, backed off, failed, exit)
+
+Threads: the training thread drives the window (``start``, ``on_step``, ``on_forward``,
+``finish``); ``close`` may ``finish`` or ``abandon`` it from another thread. The decode runs on
+its own daemon thread, which sets ``trace``, ``kernel_status`` and ``state`` and calls the sink.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import statistics
+import threading
+from array import array
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from ..trace.breakdown import RankBreakdown, rank_breakdown
+from ..trace.decode import StepBounds
+from ..trace.events import Trace
+from ..trace.io import save_trace
+from . import native_ops
+from .ops import NativeOpCapture, ProfilerOpCapture
+from .sysinfo import device_info, host_info, machine_facts
+from .window import (
+    WindowFacts,
+    WindowState,
+    build_window_trace,
+    choose_op_capture,
+    measured_capture_ratio,
+    measured_spike_steps,
+    start_kernel_collector,
+)
+
+if TYPE_CHECKING:
+    from ..forecast.stats import TraceEstimate
+
+logger = logging.getLogger("ets_hook")
+
+#: With ``auto_skip`` (``ETSHook(skip_steps=None)``), the latest step at which the window starts.
+MAX_AUTO_SKIP_STEPS = 32
+
+
+class WindowSink(Protocol):
+    """Where the window's measurements go; ``Forecaster`` is one. Called from any thread."""
+
+    def set_capture_window(
+        self,
+        start_step: int,
+        end_step: int,
+        *,
+        capture_ratio: tuple[float, float] | None = ...,
+        capture_spike_steps: tuple[float, float] | None = ...,
+        measured: bool = ...,
+        window_step_s: float | None = ...,
+    ) -> None:
+        """Steps ``[start_step, end_step)`` ran inside the capture window, at these costs."""
+
+    def set_perturbed_steps(self, end_step: int) -> None:
+        """Steps before ``end_step`` ran with capture cost in them (capture, decode thread)."""
+
+    def set_trace_estimate(self, estimate: TraceEstimate | None) -> None:
+        """The step-time estimate made from the decoded trace."""
+
+
+class WindowRunner:
+    """One hook's capture window: steps ``[skip_steps, skip_steps + capture_steps)``.
+
+    Op capture (+ the CUPTI collector on GPU) starts once at the window's start and stops at its
+    end; the window's ops are then decoded into a ``Trace`` (on a background thread unless told
+    otherwise), saved, and turned into a trace estimate for the sink. Failures inside the decode
+    go to ``on_failure``; those of the other methods reach their caller (the hook's guard).
+
+    Attributes:
+        state: where the window stands (a ``WindowState`` value).
+        skip_steps: steps before the window; with ``auto_skip``, raised while steps compile.
+        capture_steps, record_shapes: as given.
+        trace: the decoded trace once decoding has finished, else None.
+        kernel_status: kernel capture: ``not requested``, ``on: ...`` or ``off: <reason>``; after
+            a decode with kernels, the share of kernels linked to an op is appended.
+        window_ops: ops recorded in each window step so far (native path on CPU).
+    """
+
+    def __init__(
+        self,
+        sink: WindowSink,
+        *,
+        capture_steps: int,
+        skip_steps: int,
+        auto_skip: bool,
+        record_shapes: str,
+        op_capture: str,
+        capture_kernels: bool | None,
+        device: torch.device,
+        epoch_offset_ns: int,
+        step_times_s: array[float],
+        steps_completed: Callable[[], int],
+        remove_capture_hooks: Callable[[], None],
+        on_failure: Callable[[BaseException], None],
+        trace_estimator: Callable[[Trace], TraceEstimate | None] | None,
+        trace_path: str | os.PathLike[str] | None,
+        decode_in_background: bool,
+        decode_context: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+        on_breakdown: Callable[[RankBreakdown | None], None] | None = None,
+        model_name: str = "",
+        rank: int = 0,
+        world_size: int = 1,
+        ets_hook_version: str = "",
+        off_note: str = "",
+    ) -> None:
+        """Set the window up; with ``capture_steps > 0``, get the native op observer loading (or
+        building) and gather the machine facts the trace records, before training starts.
+
+        Args:
+            sink: receives the window's costs, the perturbed steps and the trace estimate.
+            capture_steps: steps in the window (>= 0; 0: no window, ``state`` is off).
+            skip_steps: steps timed before the window (>= 0).
+            auto_skip: postpone the window while steps still compile, by one step at a time, to
+                ``MAX_AUTO_SKIP_STEPS`` at most.
+            record_shapes: ``"all"``, ``"first"`` or ``"none"`` (``ETSHook(record_shapes=)``).
+            op_capture: ``"auto"``, ``"native"`` or ``"profiler"`` (``ETSHook(op_capture=)``).
+            capture_kernels: start the CUPTI kernel collector with the op capture; None: when
+                ``device`` is CUDA.
+            device: the training device.
+            epoch_offset_ns: Unix time minus ``time.perf_counter_ns()``: the step bounds given
+                in perf-counter time plus this are the trace's clock.
+            step_times_s: the hook's step times (appended to as steps end; read, never written).
+            steps_completed: returns the hook's count of completed steps.
+            remove_capture_hooks: removes the step detector's capture-only hooks (the forward
+                hook that restarts op capture).
+            on_failure: called with an exception raised by the decode; never raises.
+            trace_estimator: turns the decoded trace into a step-time estimate; None: none.
+            trace_path: where to save the decoded trace; None: not saved.
+            decode_in_background: decode on a background thread; False: at the window's end,
+                on the thread that ends it.
+            decode_context: entered around building the trace and its estimate (the hook
+                passes ``ets.blas.single_threaded_blas``).
+            on_breakdown: receives the trace's ``rank_breakdown`` (distributed jobs); None: not
+                computed.
+            model_name, rank, world_size, ets_hook_version: recorded in the trace.
+            off_note: why capture is off from the start (e.g. disabled by the environment);
+                empty: the note of ``capture_steps=0``, if it is 0.
+        """
+        self._sink = sink
+        # The window's settings, and where it stands (``status``).
+        self.capture_steps, self.skip_steps = capture_steps, skip_steps
+        self._auto_skip = auto_skip
+        self.record_shapes = record_shapes
+        self.state = WindowState.WAITING if capture_steps > 0 else WindowState.OFF
+        self._capture_note = off_note or (
+            "" if capture_steps > 0 else "capture disabled (capture_steps=0)"
+        )
+        # Op capture, chosen at the window's start.
+        self._op_capture_mode = op_capture
+        self._ops_note = ""  # which op capture path ran (set at the window's start)
+        self._ops: NativeOpCapture | ProfilerOpCapture | None = None
+        if capture_steps > 0 and op_capture != "profiler":
+            # Unbuilt: "auto" builds it on a nice'd thread (profiler meanwhile), "native" now.
+            if op_capture == "native":
+                native_ops.load(build_if_missing=True)
+            else:
+                native_ops.load_in_background()
+        self._capture_thread = 0  # thread ident that started op capture
+        # Kernel capture (CUPTI), started with the op capture.
+        self._want_kernels = (
+            capture_kernels if capture_kernels is not None else device.type == "cuda"
+        )
+        self._collector: Any = None
+        self.kernel_status = "not requested"
+        # The window's steps, as the hook times them.
+        self._device = device
+        self._epoch_offset_ns = epoch_offset_ns
+        self._step_times_s = step_times_s
+        self._steps_completed = steps_completed
+        self._window_bounds: list[StepBounds] = []
+        # Steps of the window whose op capture began after the step started (see on_forward).
+        self._partial_steps: list[int] = []
+        self._restart_pending = False
+        self.window_ops: list[int] = []  # ops recorded per window step (native path)
+        self._window_records = 0
+        self._remove_capture_hooks = remove_capture_hooks
+        self._on_failure = on_failure
+        # The decode, and what the trace records. Machine facts are resolved before training
+        # starts: on the decode thread, psutil and NVML would hold the GIL against the loop.
+        facts = machine_facts(device) if capture_steps > 0 else (None, None)
+        self._device_info, self._host_info = facts
+        self._model_name = model_name
+        self._ets_hook_version = ets_hook_version
+        self._rank, self._world_size = rank, world_size
+        self._trace_estimator = trace_estimator
+        self._trace_path = trace_path
+        self._decode_in_background = decode_in_background
+        self._decode_context = decode_context
+        self._on_breakdown = on_breakdown
+        self.trace: Trace | None = None
+        self._decode_thread: threading.Thread | None = None
+        self._trace_ready = threading.Event()
+
+    # ------------------------------------------------------------------------------------------
+    # What the hook reads
+
+    @property
+    def status(self) -> str:
+        """``ETSHook.capture_status``: the state, then after ``": "`` the notes, if any."""
+        notes = "; ".join(note for note in (self._ops_note, self._capture_note) if note)
+        return f"{self.state}: {notes}" if notes else self.state
+
+    def wait(self, timeout_s: float | None = None) -> Trace | None:
+        """Wait for the decoded trace (``ETSHook.wait_for_trace``).
+
+        Args:
+            timeout_s: seconds to wait at most; None: no limit.
+
+        Returns:
+            The trace, or None: at once while the window has not ended (waiting, capturing) or
+            capture is off; after waiting, when decoding failed or the timeout passed.
+        """
+        if self.state in (WindowState.WAITING, WindowState.CAPTURING, WindowState.OFF):
+            return self.trace
+        self._trace_ready.wait(timeout_s)
+        return self.trace
+
+    def needs_capture_thread(self) -> bool:
+        """Whether stopping the window now needs the thread that started it: the profiler path
+        is capturing (only the thread that opened a torch profiler session can end it) and the
+        caller is another thread."""
+        return (
+            self.state == WindowState.CAPTURING
+            and isinstance(self._ops, ProfilerOpCapture)
+            and threading.get_ident() != self._capture_thread
+        )
+
+    def join(self, timeout_s: float | None) -> None:
+        """Wait for the decode thread, if one was started.
+
+        Args:
+            timeout_s: seconds to wait at most; None: no limit.
+        """
+        if self._decode_thread is not None:
+            self._decode_thread.join(timeout_s)
+
+    # ------------------------------------------------------------------------------------------
+    # Driving the window (training thread)
+
+    def on_step(self, step_index: int, start_ns: int, end_ns: int, last_compile_step: int) -> None:
+        """Step ``step_index`` ended: record its bounds in the window, start, advance or end the
+        window, or, while the decode runs, mark the step perturbed.
+
+        Args:
+            step_index: the step that ended (local, 0-based).
+            start_ns, end_ns: its bounds, ``time.perf_counter_ns()``.
+            last_compile_step: the latest step that compiled (``torch.compile``), or -1.
+
+        Raises:
+            Exception: whatever starting or stopping the capture raises (the hook's guard
+                degrades the hook to a step timer).
+        """
+        if self.state == WindowState.CAPTURING or self.state == WindowState.WAITING:
+            self._advance(step_index, start_ns, end_ns, last_compile_step)
+        elif self.state == WindowState.DECODING:
+            # The decode still runs on its thread, sharing the cores and the GIL: this step
+            # and the next stay out of the measured estimate until it is done (the decode
+            # thread then sets the end it saw).
+            self._sink.set_perturbed_steps(step_index + 2)
+
+    def on_forward(self) -> None:
+        """A training forward started: restart op capture if a stop left it pending.
+
+        Raises:
+            Exception: whatever starting the capture raises.
+        """
+        if self._restart_pending and self.state == WindowState.CAPTURING:
+            self._partial_steps.append(self._steps_completed())
+            self._restart_ops()
+
+    def start(self) -> None:
+        """Start the window now: op capture (and the kernel collector), then tell the sink which
+        steps carry the capture's cost. Off instead when another profiler owns the session.
+
+        Raises:
+            Exception: whatever starting the capture raises.
+        """
+        choice = choose_op_capture(self._op_capture_mode)
+        if choice.ops is None:
+            self.state = WindowState.OFF
+            self._capture_note = choice.note
+            self.kernel_status = "off: another profiler is active"
+            return
+        self._ops, self._ops_note = choice.ops, choice.note
+        if self._want_kernels:
+            self._collector, self.kernel_status = start_kernel_collector()
+        correlation = None
+        if self._collector is not None and isinstance(self._ops, NativeOpCapture):
+            from .cupti import correlation_api  # the collector imported _C
+
+            correlation = correlation_api()
+        self._ops.start(record_shapes=self.record_shapes != "none", correlation=correlation)
+        self._capture_thread = threading.get_ident()
+        self.window_ops = []
+        self._window_records = self._ops.records() if isinstance(self._ops, NativeOpCapture) else 0
+        self.state = WindowState.CAPTURING
+        # The window's steps carry the capture's cost, and the steps after it the decode's.
+        window_end = self.skip_steps + self.capture_steps
+        costs = self._ops.cpu_costs if self._device.type == "cpu" else {}
+        self._sink.set_capture_window(self.skip_steps, window_end, **costs)
+        self._sink.set_perturbed_steps(window_end + 1)
+        # Step `skip_steps` starts now (its boundary just passed, or the hook was just created).
+
+    def finish(self, *, truncated: bool) -> None:
+        """Window end (training thread): stop collectors, drop observers, hand off decoding.
+
+        Args:
+            truncated: the window ends before its last step (``close``); noted in the status.
+
+        Raises:
+            Exception: whatever stopping the capture raises.
+        """
+        if self._ops is not None:
+            self._ops.stop()
+        window_end_event = None
+        if self._collector is not None:
+            # Disable the activity kinds now (cheap); the blocking flush runs in _decode, after
+            # the device has reached this point in the stream.
+            self._collector.stop(flush=False)
+            if torch.cuda.is_available():
+                window_end_event = torch.cuda.Event()
+                window_end_event.record()
+        self._remove_capture_hooks()
+        self.state = WindowState.DECODING
+        if truncated:
+            self._capture_note = f"window cut short after {len(self._window_bounds)} steps"
+        snapshot = (self._ops, list(self._window_bounds), window_end_event)
+        if self._decode_in_background:
+            self._decode_thread = threading.Thread(
+                target=self._decode, args=snapshot, name="ets-hook-decode", daemon=True
+            )
+            self._decode_thread.start()
+        else:
+            self._decode(*snapshot)
+
+    def abandon(self, note: str) -> None:
+        """Stop capturing without decoding; the hook goes on timing steps. Never raises.
+
+        Args:
+            note: why, for ``status``.
+        """
+        if self._ops is not None and self._ops.active:
+            with contextlib.suppress(Exception):
+                self._ops.stop()
+        if self._collector is not None:
+            with contextlib.suppress(Exception):
+                self._collector.close()
+        with contextlib.suppress(Exception):
+            self._remove_capture_hooks()
+        self.state = WindowState.OFF
+        self._capture_note = note
+        self._trace_ready.set()
+
+    def _advance(self, step_index: int, start_ns: int, end_ns: int, last_compile_step: int) -> None:
+        if self._user_profiler_took_over():
+            return
+        compiled_now = last_compile_step == step_index
+        if (
+            self.state == WindowState.CAPTURING
+            and self._ops is not None
+            and self._ops.active
+            and not compiled_now  # its ops are mostly the compiler's: left out of the trace
+        ):
+            offset = self._epoch_offset_ns
+            self._window_bounds.append(StepBounds(step_index, start_ns + offset, end_ns + offset))
+            if isinstance(self._ops, NativeOpCapture) and self._device.type == "cpu":
+                self._measure_window_step()
+        elif compiled_now and isinstance(self._ops, NativeOpCapture) and self._ops.active:
+            self._window_records = self._ops.records()  # the compile's ops count for no step
+        completed = step_index + 1
+        if self.state == WindowState.WAITING and completed == self.skip_steps:
+            if (
+                self._auto_skip
+                and last_compile_step >= step_index - 1
+                and self.skip_steps < MAX_AUTO_SKIP_STEPS
+            ):
+                self.skip_steps += 1  # still compiling: the window waits for steady steps
+            else:
+                self.start()
+        elif self.state == WindowState.CAPTURING:
+            if completed == self.skip_steps + self.capture_steps:
+                self.finish(truncated=False)
+            elif self._restart_pending:
+                # No forward hook fired in the last step: restart here (a start is safe inside
+                # an open scope; only a stop+start pair is not). That step has no ops.
+                self._restart_ops()
+            elif completed == self.skip_steps + 1 and self.record_shapes == "first":
+                if isinstance(self._ops, NativeOpCapture):
+                    self._ops.set_record_shapes(False)  # swapping the callback is safe anywhere
+                elif self._ops is not None:
+                    # The profiler recorded shapes for one step; stop now (safe inside
+                    # Optimizer.step) and restart without shapes at the next forward, outside
+                    # any scope of this session.
+                    self._ops.stop()
+                    self._restart_pending = True
+
+    def _measure_window_step(self) -> None:
+        """Ops this window step recorded -> the job's own window slowdown and the one-off cost
+        of its decode, for the sink (instead of the priors' medians over other jobs)."""
+        count = self._ops.records()
+        self.window_ops.append((count - self._window_records) // 2)
+        self._window_records = count
+        us_per_op = self._ops.us_per_op[self.record_shapes != "none"]
+        recent_s = self._step_times_s[-len(self.window_ops) :]
+        ratio = measured_capture_ratio(recent_s, self.window_ops, us_per_op)
+        if ratio is not None:
+            end = self.skip_steps + self.capture_steps
+            spike = measured_spike_steps(
+                recent_s, self.window_ops, self.capture_steps, ratio, self._ops.decode_us_per_op
+            )
+            self._sink.set_capture_window(
+                self.skip_steps,
+                end,
+                capture_ratio=ratio,
+                capture_spike_steps=spike,
+                measured=True,
+                window_step_s=statistics.median(recent_s),
+            )
+
+    def _restart_ops(self) -> None:
+        self._restart_pending = False
+        if self._ops is not None and not self._user_profiler_took_over():
+            self._ops.start(record_shapes=False)
+
+    # ------------------------------------------------------------------------------------------
+    # Sharing the torch profiler with the user's own sessions (profiler path only)
+
+    def _user_profiler_took_over(self) -> bool:
+        """On the profiler path, a user's ``torch.profiler`` session opened inside the window
+        takes the thread's Kineto session over (torch keeps one), and its end ends ours: never
+        disable it (that would end the user's). Back off to timing steps, once."""
+        if not (
+            self.state == WindowState.CAPTURING
+            and isinstance(self._ops, ProfilerOpCapture)
+            and ProfilerOpCapture.user_session_active()
+        ):
+            return False
+        self._ops.forget()
+        self._restart_pending = False
+        self.abandon(
+            "op capture backed off: a torch.profiler session was opened inside the capture "
+            "window (left alone; ets-hook times steps only)"
+        )
+        logger.warning("ets-hook: %s", self._capture_note)
+        return True
+
+    # ------------------------------------------------------------------------------------------
+    # Decoding (background thread)
+
+    def _decode(self, ops: Any, bounds: list[StepBounds], window_end_event: Any = None) -> None:
+        # One BLAS thread (the hook's decode_context): numpy's OpenBLAS workers would otherwise
+        # spin on the training loop's cores for ~0.1 s after the trace model's products
+        # (ets_hook.ets.blas). The interpreter's switch interval is left alone: shortening it
+        # (0.2 ms) made the training thread pay a GIL hand-off per op and the decode cost it
+        # 1.5-2x more in total.
+        try:
+            facts = WindowFacts(
+                skip_steps=self.skip_steps,
+                capture_steps=self.capture_steps,
+                record_shapes=self.record_shapes,
+                device=self._device_info or device_info(self._device),
+                host=self._host_info or host_info(),
+                torch_version=torch.__version__,
+                ets_hook_version=self._ets_hook_version,
+                step_times_s=self._step_times_s.tolist(),
+                rank=self._rank,
+                world_size=self._world_size,
+                metadata={
+                    "model": self._model_name,
+                    "partial_steps": list(self._partial_steps),
+                },
+            )
+            with self._decode_context():
+                trace = build_window_trace(
+                    ops,
+                    bounds,
+                    facts,
+                    collector=self._collector,
+                    kernel_status=self.kernel_status,
+                    window_end_event=window_end_event,
+                )
+                self.kernel_status = trace.capture.kernel_capture
+                self.trace = trace
+                self._publish_trace_estimate(trace)
+                if self._on_breakdown is not None:
+                    self._on_breakdown(rank_breakdown(trace))
+            if self._trace_path is not None:
+                save_trace(trace, self._trace_path)
+            self.state = WindowState.DONE
+        except Exception as exc:
+            self._on_failure(exc)
+        finally:
+            self._trace_ready.set()
+        # Steps that ran while this thread decoded competed with it for the CPU and the GIL.
+        self._sink.set_perturbed_steps(
+            max(self.skip_steps + self.capture_steps + 1, self._steps_completed() + 1)
+        )
+
+    def _publish_trace_estimate(self, trace: Trace) -> None:
+        try:
+            estimate = self._trace_estimator(trace) if self._trace_estimator else None
+        except Exception as exc:  # the trace estimate is optional: log, keep the measured one
+            logger.info("ets-hook: trace-based estimate unavailable: %r", exc)
+            return
+        if estimate is not None:
+            self._sink.set_trace_estimate(estimate)
