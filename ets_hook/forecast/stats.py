@@ -36,6 +36,7 @@ import numpy as np
 # step (the first measured estimate; benchmarks/bf16_warmup.py, setting "numpy_ma").
 import numpy.ma
 
+from .contention import MIN_BURST_SERIES, split_contention
 from .distributions import normal_quantile, student_t_quantile
 
 DEFAULT_LEVEL = 0.95
@@ -493,8 +494,11 @@ def estimate_measured(
     - 1 sample (the first step): the prior alone, the midpoint of
       ``[y[0] / first_step_ratio[1], y[0] / first_step_ratio[0]]``, source "prior".
     - more: drop the warm-up (``truncation_point``) and estimate the mean of the rest with an
-      autocorrelation-robust interval (``_mean_interval``); while only 3-6 steps are kept, each
-      is first capped at 1.5x their median (a lone spike among a handful of steps). From 10
+      autocorrelation-robust interval (``_mean_interval``). From 8 kept steps on, bursts (a few
+      steps far above the rest) are left out of the mean, their excess per step added to the
+      interval, and after a lasting shift of the level only the steps at the new level are
+      kept (``forecast.contention``). While only 3-6 steps are kept, each is first capped at
+      1.5x their median (a lone spike among a handful of steps). From 10
       kept steps on, if the kept part still drifts (its first 40% and last half differ by more
       than 3 long-run standard errors, or MSER's minimum sits at the edge of its search range),
       estimate from the recent half and add the drift as systematic uncertainty. Otherwise
@@ -534,6 +538,15 @@ def estimate_measured(
         return _first_step_estimate(float(y[0]), prior, level)
     d, warmup_ongoing = truncation_point(y, min_warmup if raw else 1)
     x = y[d:]
+    index = np.arange(d, n)  # raw step index of each element of x (stride 1)
+    burst_excess = 0.0
+    if raw and len(x) >= MIN_BURST_SERIES:
+        # A noisy host: bursts out of the mean (their excess widens the interval), and after a
+        # lasting shift of the level only the steps at the new level (forecast.contention).
+        split = split_contention(x)
+        if split.shift_index is not None:
+            warmup_ongoing = False  # the level moved and stayed: that is not warm-up
+        x, index, burst_excess = x[split.keep], index[split.keep], split.burst_excess_s
     if raw and _SMALL_SAMPLE_MIN <= len(x) <= _SMALL_SAMPLE_MAX:
         # A handful of steps: one far above the others is far more often a one-off (collector
         # pause, allocator growth, profiler buffer) than a share of the steady state; cap it.
@@ -557,7 +570,6 @@ def estimate_measured(
     # Systematic early-step bias: kept raw steps with 1-based number 2..early_steps (not in the
     # recent half that a drifting series is estimated from).
     if raw and not drifting:
-        index = np.arange(d, n)
         captured = np.zeros(len(x), dtype=bool)
         if capture is not None:
             captured = (index >= capture[0]) & (index < capture[1])
@@ -573,6 +585,8 @@ def estimate_measured(
             mean += part_mean * (inv_centre - 1.0) * share
             bias = share * part_mean * inv_centre * rel_half
             ci = math.hypot(ci, bias * normal_quantile(0.5 + level / 2) / normal_quantile(0.975))
+    # Bursts left out of the mean may come back: their excess per step widens the interval.
+    ci = math.hypot(ci, burst_excess)
     measured = Estimate(
         mean,
         ci,

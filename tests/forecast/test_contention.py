@@ -1,0 +1,103 @@
+"""A noisy host's bursts and lasting shifts, on deterministic synthetic step-time series."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ets_hook.forecast.contention import (
+    MAX_BURST_STEPS,
+    MIN_SHIFT_STEPS,
+    find_bursts,
+    find_level_shift,
+    split_contention,
+)
+from ets_hook.forecast.stats import estimate_measured
+
+MU = 0.010  # steady step, seconds
+
+
+def steady(seed: int, n: int, cv: float = 0.05, rho: float = 0.5) -> np.ndarray:
+    """AR(1) multiplicative noise around MU."""
+    rng = np.random.default_rng(seed)
+    e = rng.standard_normal(n) * cv * np.sqrt(1 - rho * rho)
+    z = np.empty(n)
+    z[0] = e[0] / np.sqrt(1 - rho * rho)
+    for i in range(1, n):
+        z[i] = rho * z[i - 1] + e[i]
+    return MU * np.exp(z)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_plain_noisy_series_has_neither(seed: int) -> None:
+    x = steady(seed, 300)
+    split = split_contention(x)
+    assert split.shift_index is None and split.burst_steps == 0 and split.keep.all()
+
+
+def test_false_shifts_are_rare_on_autocorrelated_noise() -> None:
+    found = sum(
+        find_level_shift(steady(100 + s, 200, cv=0.10, rho=0.6)) is not None for s in range(200)
+    )
+    assert found <= 4  # <= 2% of 200 series
+
+
+def test_a_burst_widens_the_interval_without_moving_the_estimate() -> None:
+    x = steady(7, 200)
+    clean = estimate_measured(x.copy())
+    x[120:123] *= 10.0  # another process takes the cores for three steps
+    mask = find_bursts(x)
+    assert np.flatnonzero(mask).tolist() == [120, 121, 122]
+    hit = estimate_measured(x)
+    assert clean is not None and hit is not None
+    assert hit.iteration_s == pytest.approx(clean.iteration_s, rel=0.02)
+    # the plain mean would have moved by ~13%; the interval reaches out to it instead
+    assert hit.ci_s > clean.ci_s
+    assert hit.ci_s >= split_contention(x[1:]).burst_excess_s > 0.1 * MU
+    assert hit.iteration_s + hit.ci_s >= 0.99 * float(np.mean(x[1:]))
+
+
+def test_a_lasting_shift_moves_the_estimate_to_the_new_level() -> None:
+    x = steady(8, 200)
+    x[160:] *= 1.5  # a neighbour keeps running: 40 steps at 1.5x so far
+    split = split_contention(x)
+    assert split.shift_index is not None and abs(split.shift_index - 160) <= 2
+    est = estimate_measured(x)
+    assert est is not None
+    assert est.iteration_s == pytest.approx(1.5 * MU, rel=0.04)
+
+
+def test_a_raised_level_too_short_to_be_lasting_is_a_burst_not_a_shift() -> None:
+    x = steady(9, 200)
+    x[-MAX_BURST_STEPS + 1 :] *= 1.6  # the last four steps
+    split = split_contention(x)
+    assert split.shift_index is None
+    assert split.burst_steps == MAX_BURST_STEPS - 1
+    est = estimate_measured(x)
+    base = estimate_measured(x[: -MAX_BURST_STEPS + 1])
+    assert est is not None and base is not None
+    assert est.iteration_s == pytest.approx(base.iteration_s, rel=0.02)
+
+
+def test_a_level_change_needs_enough_steps_after_it() -> None:
+    x = steady(10, 200)
+    x[-(MIN_SHIFT_STEPS - 5) :] *= 1.5  # 15 steps: more than a burst, fewer than a shift
+    assert find_level_shift(x) is None
+    x = steady(10, 200)
+    x[-(MIN_SHIFT_STEPS + 5) :] *= 1.5
+    assert find_level_shift(x) is not None
+
+
+def test_a_small_change_is_not_a_shift() -> None:
+    x = steady(11, 400, cv=0.01, rho=0.0)
+    x[200:] *= 1.05  # clearly significant, but under MIN_SHIFT_REL
+    assert find_level_shift(x) is None
+
+
+def test_zero_or_non_finite_step_times_leave_the_series_alone() -> None:
+    x = steady(12, 60)
+    x[30] = 0.0  # a step whose whole time was the hook's own work
+    split = split_contention(x)
+    assert split.keep.all() and split.shift_index is None and split.burst_excess_s == 0.0
+    x[30] = np.nan
+    assert split_contention(x).keep.all()
