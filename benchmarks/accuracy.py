@@ -20,7 +20,9 @@ bar would have said at that point (elapsed + rate x remaining steps, rate from):
                    checkpoint time taken out of the rate and mean phase cost x remaining phases
                    added back (Composer's RuntimeEstimator; it knows the eval interval).
 
-The machine's own noise floor is reported with them: how far the median step time of steps
+ets-hook's 95% interval of the total is scored too: in how many jobs it covers the real total,
+and its median half-width, at each report step. The machine's own noise floor is reported with
+them: how far the median step time of steps
 20..N/2 (long past warm-up, no prediction involved) lies from the second-half median. No early
 predictor can be expected to beat it by much.
 
@@ -407,6 +409,45 @@ def summarize(per_job: list[dict[str, dict[int, tuple[float, float]]]]) -> dict[
     return table
 
 
+def interval_calibration(runs: list[Run]) -> dict[int, dict[str, float]]:
+    """At each report step: the share of jobs whose real total lies inside ets-hook's 95%
+    interval of the total (``total_s +- total_ci_s``), and the median relative half-width of
+    that interval (``total_ci_s / true total``)."""
+    out: dict[int, dict[str, float]] = {}
+    for k in REPORT_STEPS:
+        hits, widths = [], []
+        for run in runs:
+            if k >= run.steps:
+                continue
+            prediction = run.predictions[k - 1]
+            if not prediction or prediction.get("total_ci_s") is None:
+                continue
+            true_total = run.step_ends_s[-1]
+            hits.append(abs(prediction["total_s"] - true_total) <= prediction["total_ci_s"])
+            widths.append(100.0 * prediction["total_ci_s"] / true_total)
+        if hits:
+            out[k] = {
+                "coverage_pct": 100.0 * sum(hits) / len(hits),
+                "half_width_median_pct": float(np.median(widths)),
+                "jobs": len(hits),
+            }
+    return out
+
+
+def calibration_markdown(calibration: dict[int, dict[str, float]]) -> str:
+    head = "| ets-hook's 95% interval of the total | " + " | ".join(
+        f"step {k}" for k in calibration
+    )
+    rule = "|---|" + "---|" * len(calibration)
+    cover = "| covers the real total (% of jobs) | " + " | ".join(
+        f"{c['coverage_pct']:.0f}" for c in calibration.values()
+    )
+    width = "| median half-width (% of the total) | " + " | ".join(
+        f"{c['half_width_median_pct']:.1f}" for c in calibration.values()
+    )
+    return "\n".join([head + " |", rule, cover + " |", width + " |"])
+
+
 NOISE_FLOOR_FROM_STEP = 20
 
 
@@ -567,10 +608,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
     table = summarize(per_job)
     floor = noise_floor(runs)
+    calibration = interval_calibration(runs)
     report = "\n\n".join(
         [
             markdown(table, "total", "Predicted total job time"),
             markdown(table, "step", "Predicted steady-state step time"),
+            calibration_markdown(calibration),
             (
                 f"Noise floor: the median step time of steps {NOISE_FLOOR_FROM_STEP}..N/2 misses "
                 f"the second-half median by {floor['median']:.1f}% (median) / "
@@ -588,6 +631,7 @@ def main(argv: list[str] | None = None) -> int:
         "trace_models": str(args.held_out_models) if args.held_out_models else "shipped",
         "summary": table,
         "noise_floor": floor,
+        "interval_calibration": calibration,
         "jobs": [
             {
                 "name": run.spec.name,
@@ -607,6 +651,7 @@ def main(argv: list[str] | None = None) -> int:
                             "step",
                             "iteration_s",
                             "iteration_ci_s",
+                            "total_ci_s",
                             "total_s",
                             "source",
                             "converged",

@@ -73,5 +73,7 @@ def test_accuracy_rounds_run_each_job_in_fresh_processes_and_report_per_job(
     assert runs[0]["step_ends_s"] != runs[1]["step_ends_s"]
     for job in runs:
         assert set(job["errors"]["ets-hook"]) == {"1", "2", "3", "5", "10", "20", "50"}
+        # the interval of the total is kept, to score its calibration
+        assert job["predictions"][4]["total_ci_s"] > 0
     table = out.with_suffix(".rounds.md").read_text()
     assert "| mlp-small | 2 |" in table and "target met at step 5" in table
