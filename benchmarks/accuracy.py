@@ -464,15 +464,7 @@ def job_noise_floor(run: Run) -> float | None:
 
 def noise_floor(runs: list[Run]) -> dict[str, float]:
     """|median step time of steps 20..N/2 / second-half median - 1| in %, median and P90."""
-    errors = []
-    for run in runs:
-        times = run.train_step_s
-        half = len(times) // 2
-        if half <= NOISE_FLOOR_FROM_STEP:
-            continue
-        first = statistics.median(times[NOISE_FLOOR_FROM_STEP:half])
-        second = statistics.median(times[half:])
-        errors.append(100.0 * abs(first / second - 1.0))
+    errors = [floor for floor in map(job_noise_floor, runs) if floor is not None]
     if not errors:
         return {}
     return {

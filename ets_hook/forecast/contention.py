@@ -38,6 +38,14 @@ SHIFT_Z = 6.0
 MIN_NOISE_REL = 0.02
 
 
+def lag1(z: np.ndarray) -> float:
+    """Lag-1 autocorrelation of ``z`` (0 for a constant series)."""
+    c = z - z.mean()
+    # einsum, not np.dot: a BLAS call can cost milliseconds when its threads compete for cores.
+    den = float(np.einsum("i,i->", c, c))
+    return float(np.einsum("i,i->", c[:-1], c[1:])) / den if den > 0 else 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class ContentionSplit:
     """What ``split_contention`` found in a series ``x``.
@@ -67,21 +75,22 @@ def find_bursts(x: np.ndarray) -> np.ndarray:
     Returns:
         A boolean mask over ``x`` (all False below ``MIN_BURST_SERIES`` steps).
     """
-    burst = np.zeros(len(x), dtype=bool)
-    if len(x) < MIN_BURST_SERIES:
+    return _bursts(np.log(x))
+
+
+def _bursts(logs: np.ndarray) -> np.ndarray:
+    burst = np.zeros(len(logs), dtype=bool)
+    if len(logs) < MIN_BURST_SERIES:
         return burst
-    logs = np.log(x)
     centre = float(np.median(logs))
     scale = max(1.4826 * float(np.median(np.abs(logs - centre))), MIN_NOISE_REL)
     high = (logs - centre) / scale > BURST_Z
-    start = None
-    for i, flag in enumerate([*high.tolist(), False]):
-        if flag and start is None:
-            start = i
-        elif not flag and start is not None:
-            if i - start <= MAX_BURST_STEPS:
-                burst[start:i] = True
-            start = None
+    # Runs of high steps, vectorised (a refresh may see 65,536 steps): starts and ends.
+    edges = np.diff(np.concatenate(([0], high.astype(np.int8), [0])))
+    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    short = ends - starts <= MAX_BURST_STEPS
+    for start, end in zip(starts[short], ends[short]):
+        burst[start:end] = True
     return burst
 
 
@@ -101,11 +110,14 @@ def find_level_shift(x: np.ndarray) -> int | None:
     Returns:
         The index of the first step at the new level, or None.
     """
-    m = len(x)
+    return _level_shift(np.log(x))
+
+
+def _level_shift(logs: np.ndarray) -> int | None:
+    m = len(logs)
     before, after = MIN_SHIFT_STEPS // 2, MIN_SHIFT_STEPS
     if m < before + after:
         return None
-    logs = np.log(x)
     total = np.cumsum(logs)
     k = np.arange(before, m - after + 1)
     left = total[k - 1] / k
@@ -120,10 +132,7 @@ def find_level_shift(x: np.ndarray) -> int | None:
         return None
     residual = np.concatenate([logs[:split] - left[best], logs[split:] - right[best]])
     sd = max(float(np.std(residual)), MIN_NOISE_REL)
-    centred = residual - residual.mean()
-    denom = float(np.dot(centred, centred))
-    rho = float(np.dot(centred[:-1], centred[1:]) / denom) if denom > 0 else 0.0
-    rho = min(max(rho, 0.0), 0.9)
+    rho = min(max(lag1(residual), 0.0), 0.9)
     se = sd * math.sqrt((1 + rho) / (1 - rho)) / float(weight[best])
     return split if abs(diff) / se >= SHIFT_Z else None
 
@@ -140,9 +149,10 @@ def split_contention(x: np.ndarray) -> ContentionSplit:
     """
     if not np.all(np.isfinite(x) & (x > 0)):
         return ContentionSplit(np.ones(len(x), dtype=bool), 0, 0.0, None)
-    burst = find_bursts(x)
+    logs = np.log(x)
+    burst = _bursts(logs)
     calm = np.flatnonzero(~burst)
-    shift = find_level_shift(x[calm]) if len(calm) else None
+    shift = _level_shift(logs[calm]) if len(calm) else None
     shift_index = int(calm[shift]) if shift is not None else None
     keep = ~burst
     if shift_index is not None:

@@ -61,14 +61,15 @@ from .stats import (
 
 logger = logging.getLogger("ets_hook")
 
-# The measured estimate (O(n), ~2 ms at the 65,536-element cap) is recomputed on access while the
-# series is short, afterwards only when it grew by REFRESH_GROWTH or REFRESH_INTERVAL_S of job
-# time passed (the callers' clock, so tests stay deterministic). O(n) work every 10% of n keeps the
-# amortised per-step cost O(1); between refreshes predictions reuse the cached step-time estimate
-# with the current step count and elapsed time. A refresh costs 0.1-0.5 ms on the training thread
-# (numpy on short arrays), a cached read ~25 µs: dense only for the first 32 steps, where the
-# early answer moves most (at 256, a loop reading every prediction paid ~0.45 ms a step for its
-# first 256 steps: 4-12% of a 4-11 ms step).
+# The measured estimate (O(n): ~10 ms at the 65,536-element cap on this 2-core machine, ~6 of
+# them the burst / shift split) is recomputed on access while the series is short, afterwards
+# only when it grew by REFRESH_GROWTH or REFRESH_INTERVAL_S of job time passed (the callers'
+# clock, so tests stay deterministic). O(n) work every 10% of n keeps the amortised per-step cost
+# O(1); between refreshes predictions reuse the cached step-time estimate with the current step
+# count and elapsed time. A refresh costs 0.1-0.5 ms on the training thread (numpy on short
+# arrays), a cached read ~25 µs: dense only for the first 32 steps, where the early answer moves
+# most (at 256, a loop reading every prediction paid ~0.45 ms a step for its first 256 steps:
+# 4-12% of a 4-11 ms step).
 DENSE_REFRESH_STEPS = 32
 # Clean steps needed after the capture-perturbed ones before those are dropped as warm-up.
 CLEAN_STEPS_NEEDED = 3

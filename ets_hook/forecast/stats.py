@@ -36,7 +36,7 @@ import numpy as np
 # step (the first measured estimate; benchmarks/bf16_warmup.py, setting "numpy_ma").
 import numpy.ma
 
-from .contention import MIN_BURST_SERIES, split_contention
+from .contention import MIN_BURST_SERIES, lag1, split_contention
 from .distributions import normal_quantile, student_t_quantile
 
 DEFAULT_LEVEL = 0.95
@@ -382,13 +382,6 @@ class _Interval:
     noise_sd: float
 
 
-def _lag1(z: np.ndarray) -> float:
-    c = z - z.mean()
-    # einsum, not np.dot: a BLAS call can cost milliseconds when its threads compete for cores.
-    den = float(np.einsum("i,i->", c, c))
-    return float(np.einsum("i,i->", c[:-1], c[1:])) / den if den > 0 else 0.0
-
-
 def _mean_interval(x: np.ndarray, level: float, prior: StepTimePrior, stride: int = 1) -> _Interval:
     """Interval for the mean of a (possibly autocorrelated) stationary series ``x``.
 
@@ -416,7 +409,7 @@ def _mean_interval(x: np.ndarray, level: float, prior: StepTimePrior, stride: in
     if m >= _AR_MIN_SAMPLES and s2 > 0:
         # AR(1) view: tau = (1 + rho) / (1 - rho), rho from the lag-1 autocorrelation with its
         # small-sample bias (about -(1 + 4 rho) / m for an estimated mean) added back.
-        r = _lag1(x)
+        r = lag1(x)
         rho = min(max(r + (1.0 + 4.0 * r) / m, 0.0), _RHO_MAX)
         tau = (1.0 + rho) / (1.0 - rho)
         df_tau = max(m / tau - 1.0, 1.0)
