@@ -3,11 +3,25 @@
 Each job of the zoo (different families and sizes; some with an evaluation phase every M steps
 and checkpoint saves, one with gradient accumulation, one whose data loading is a real share of
 the step) runs to completion with an ``ETSHook`` (default settings), and ``hook.prediction`` is
-read after the steps it is scored at (1, 2, 3, 5, 10, 20, 50, and the last). Ground truth,
-per job:
+read after the steps it is scored at (1, 2, 3, 5, 10, 20, 50, and the last). After the zoo's 14
+jobs and its compiled / bf16 / DDP twins come jobs unlike the zoo (issue 16):
 
-- total: wall time from hook creation to the end of the last training step;
-- steady-state step time: median training-step time over the second half of the steps.
+- ``mlp-loader-w0-epochs``, ``mlp-loader-w2-epochs``, ``mlp-loader-w2-persistent``: a finite
+  dataset with per-sample CPU work in ``__getitem__`` behind a ``DataLoader`` (60 steps an
+  epoch, 5 epochs), loaded in the training process (``num_workers=0``) or by 2 workers that
+  restart at every epoch boundary (non-persistent) or once (persistent, the control);
+- short jobs with their own length (``JobSpec.steps``, which wins over ``--steps``): 60 steps,
+  100 steps with an evaluation phase, 120 steps with gradient accumulation and checkpoints;
+- ``transformer-small-varlen``: steps of varying length, a token batch whose sequence length is
+  drawn per batch from a fixed-seed uniform 16..128.
+
+Ground truth, per job:
+
+- total: wall time from hook creation to the end of the last training step (phases, epoch
+  boundaries and DataLoader time included: they are real time in the step loop);
+- steady-state step time: median training-step time over the second half of the steps (the
+  mean for jobs whose steps vary in length by design, whose total sums the mean, not the
+  median: see ``steady_statistic``).
 
 At steps 1, 2, 3, 5, 10, 20, 50 we report the absolute percentage error of the predicted total
 and of the predicted step time, median and P90 over the jobs, for ets-hook and for what an ETA
@@ -19,24 +33,32 @@ bar would have said at that point (elapsed + rate x remaining steps, rate from):
 - ``composer``:    mean training time per step skipping the first step, with evaluation /
                    checkpoint time taken out of the rate and mean phase cost x remaining phases
                    added back (Composer's RuntimeEstimator; it knows the eval interval).
+- ``last_step``:   the last iteration's wall time (the plainest ETA: "last step x remaining").
 
 ets-hook's 95% interval of the total is scored too: in how many jobs it covers the real total,
 and its median half-width, at each report step. The machine's own noise floor is reported with
 them: how far the median step time of steps
-20..N/2 (long past warm-up, no prediction involved) lies from the second-half median. No early
-predictor can be expected to beat it by much.
+20..N/2 (long past warm-up, no prediction involved) lies from the second-half median (means for
+variable-length jobs). No early predictor can be expected to beat it by much. Per job, at steps
+3, 5 and 10, every method's error sits beside the job's own noise floor, and per report step the
+worst job is named (the largest ets-hook error, and the furthest above its own floor).
 
 Outputs JSON, a markdown table and a PNG plot (error vs step, one line per method)::
 
-    python benchmarks/accuracy.py [--jobs a,b] [--steps 300] [--device cpu] [--out results/accuracy]
+    python benchmarks/accuracy.py [--jobs a,b] [--steps 300] [--max-steps N] [--device cpu]
+        [--out results/accuracy]
+
+``--steps`` is the length of jobs without their own; ``--max-steps`` caps every job, their own
+lengths too (smoke runs only: a capped short job is not the job its spec describes).
 
 With ``--rounds N`` every job runs N times, each run a fresh Python process as a user's job is
 (process-level warm-up — oneDNN primitives, allocator pools, inductor's cache — is then seen
 every time), the jobs' order rotated from round to round so that drift in the machine's load
-hits every job alike; a per-job table gives the ets-hook error at steps 3, 5 and 10, the best
-baseline at step 5 and the job's noise floor (median [min-max] over the rounds), and in how
-many runs ets-hook was below every baseline at step 5 and met the target "error <= 5%, or
-within 2 points of the job's noise floor where that is higher, and below every baseline".
+hits every job alike; a per-job table gives the ets-hook error at steps 3, 5 and 10, every
+baseline's and the best baseline's at step 5 and the job's noise floor (median [min-max] over
+the rounds), and in how many runs ets-hook was below every baseline at step 5 and met the
+target "error <= 5%, or within 2 points of the job's noise floor where that is higher, and below
+every baseline".
 """
 
 from __future__ import annotations
@@ -54,6 +76,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,13 +90,56 @@ from ets_hook.ets.regressors import Predictor
 from ets_hook.forecast.trace_estimators import LearnedTraceEstimator
 
 REPORT_STEPS = (1, 2, 3, 5, 10, 20, 50)
-METHODS = ("ets-hook", "first_step", "mean_k", "tqdm_ema", "composer")
+PER_JOB_STEPS = (3, 5, 10)  # the per-job tables' report steps
+METHODS = ("ets-hook", "first_step", "mean_k", "tqdm_ema", "composer", "last_step")
+BASELINES = tuple(m for m in METHODS if m != "ets-hook")
 TQDM_SMOOTHING = 0.3
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+LOADER_FEATURES = 256  # a loader job's sample size (the zoo's MLPs take 256 features)
+
+
+@dataclass(frozen=True)
+class LoaderSpec:
+    """A finite dataset with per-sample CPU work (``_AugmentedVectors``) behind a DataLoader.
+
+    The job iterates it epoch after epoch (``shuffle=True``, ``drop_last=True``): an epoch is
+    ``samples // batch_size`` steps, and every epoch is a fresh ``iter(loader)``, so
+    non-persistent workers start again at each epoch boundary, inside the step loop.
+
+    Attributes:
+        samples: dataset size (>= the workload's batch size).
+        num_workers: DataLoader worker processes (0: loading in the training process).
+        persistent_workers: keep the workers across epochs (needs ``num_workers`` > 0).
+        pin_memory: the DataLoader's ``pin_memory`` (a no-op without an accelerator).
+        work: per-sample "decode" size (``_AugmentedVectors.work``): the loading cost's knob
+            (>= ``LOADER_FEATURES``, the features a sample keeps).
+    """
+
+    samples: int
+    num_workers: int = 0
+    persistent_workers: bool = False
+    pin_memory: bool = False
+    work: int = 10_000
+
+    def __post_init__(self) -> None:
+        if self.samples < 1 or self.num_workers < 0 or self.work < LOADER_FEATURES:
+            raise ValueError(f"bad loader spec {self}")
+        if self.persistent_workers and not self.num_workers:
+            raise ValueError("persistent_workers needs num_workers > 0")
 
 
 @dataclass(frozen=True)
 class JobSpec:
-    """A zoo workload plus how the training loop around it behaves."""
+    """A zoo workload plus how the training loop around it behaves.
+
+    ``steps`` (the job's own length) wins over ``--steps``; ``loader`` and ``heavy_data`` are
+    two input pipelines (an endless dataset for the zoo's ``mlp-dataloading``, a finite one
+    iterated in epochs) and exclusive; ``seq_lengths`` needs a token workload (batches of
+    shape (batch, time)) whose model takes any length up to the upper bound.
+    """
 
     name: str
     workload: str
@@ -86,6 +152,24 @@ class JobSpec:
     autocast: str | None = None  # "bf16": the forward under torch.autocast(bfloat16)
     ranks: int = 1  # > 1: DDP over gloo with that many processes (torch.multiprocessing)
     slow_rank_delay: float = 0.0  # the last rank sleeps this share of a step before each step
+    steps: int | None = None  # this job's own length (wins over --steps)
+    loader: LoaderSpec | None = None  # a finite dataset iterated in epochs by a DataLoader
+    seq_lengths: tuple[int, int] | None = None  # (lo, hi): each batch's length, uniform, seeded
+
+    def __post_init__(self) -> None:
+        if self.steps is not None and self.steps < 1:
+            raise ValueError(f"{self.name}: steps must be >= 1, got {self.steps}")
+        if self.loader is not None and self.heavy_data:
+            raise ValueError(f"{self.name}: loader and heavy_data are exclusive")
+        if self.seq_lengths is not None:
+            lo, hi = self.seq_lengths
+            if not 1 <= lo <= hi:
+                raise ValueError(f"{self.name}: seq_lengths must be 1 <= lo <= hi, got {lo, hi}")
+
+    @property
+    def varies_by_design(self) -> bool:
+        """Steps of different lengths by design (a per-batch sequence length)."""
+        return self.seq_lengths is not None
 
 
 JOBS = (
@@ -114,7 +198,35 @@ JOBS = (
     JobSpec("resnet-small+bf16", "resnet-w8-x1-b16-s32", autocast="bf16"),
     JobSpec("mlp-medium", "mlp-w512-d3-b64"),
     JobSpec("mlp-medium+ddp2-uneven", "mlp-w512-d3-b64", ranks=2, slow_rank_delay=0.3),
+    # Jobs unlike the zoo (issue 16). Input-bound steps over several epochs: per-sample work
+    # of about as much as the model's step, 60 steps an epoch (3,840 samples at batch 64).
+    JobSpec("mlp-loader-w0-epochs", "mlp-w512-d3-b64", loader=LoaderSpec(60 * 64)),
+    JobSpec("mlp-loader-w2-epochs", "mlp-w512-d3-b64", loader=LoaderSpec(60 * 64, num_workers=2)),
+    JobSpec(
+        "mlp-loader-w2-persistent",
+        "mlp-w512-d3-b64",
+        loader=LoaderSpec(60 * 64, num_workers=2, persistent_workers=True),
+    ),
+    # Short jobs: the capture's own cost is a real share of the total.
+    JobSpec("resnet-small-60steps", "resnet-w8-x1-b16-s32", steps=60),
+    JobSpec(
+        "mobilenet-small-100steps+eval",
+        "mobilenet-w8-b16-s32",
+        steps=100,
+        eval_every=30,
+        eval_batches=5,
+    ),
+    JobSpec(
+        "gpt-small-120steps+accum2+ckpt",
+        "gpt-d64-l2-b8-t64",
+        steps=120,
+        grad_accum=2,
+        checkpoint_every=40,
+    ),
+    # Steps of varying length: each batch's sequence length drawn from 16..128.
+    JobSpec("transformer-small-varlen", "transformer-d64-l2-b16-t32", seq_lengths=(16, 128)),
 )
+ZOO_JOBS = 14  # JOBS[:14] is "the zoo" of earlier runs: names and order kept
 
 
 class _AugmentedVectors(torch.utils.data.Dataset):
@@ -134,10 +246,96 @@ class _AugmentedVectors(torch.utils.data.Dataset):
         return (x - x.mean()) / (x.std() + 1e-6), torch.tensor(index % 10)
 
 
-def _batches(job: Job, spec: JobSpec):
-    if not spec.heavy_data:
-        yield from job.batches()
-        return
+class EpochBatches:
+    """Endless batches from a DataLoader, epoch after epoch, on ``device``.
+
+    Every epoch is a fresh ``iter(loader)`` (non-persistent workers start again there), begun
+    by the ``next`` that needs it, so its start-up is part of the step that asks.
+
+    Attributes:
+        epochs: epochs begun so far.
+        batches: batches handed out so far.
+    """
+
+    def __init__(self, loader: torch.utils.data.DataLoader, device: torch.device) -> None:
+        if len(loader) < 1:
+            raise ValueError("the loader has no batch: an epoch would never end")
+        self.loader, self.device = loader, device
+        self.epochs = 0
+        self.batches = 0
+        self._iterator: Iterator[Batch] | None = None
+
+    def __iter__(self) -> EpochBatches:
+        return self
+
+    def __next__(self) -> Batch:
+        while True:
+            if self._iterator is None:
+                self._iterator = iter(self.loader)
+                self.epochs += 1
+            try:
+                x, y = next(self._iterator)
+            except StopIteration:
+                self._iterator = None
+                continue
+            self.batches += 1
+            return x.to(self.device), y.to(self.device)
+
+    def close(self) -> None:
+        """Drop the current epoch's iterator (its workers, if any, shut down)."""
+        self._iterator = None
+
+
+def at_length(tokens: torch.Tensor, length: int) -> torch.Tensor:
+    """A (batch, time) tensor cut or tiled along time to ``length`` (the batch's own tokens,
+    repeated: the step's cost depends on the shape, not on the token values)."""
+    if tokens.dim() != 2:
+        raise ValueError(f"expected (batch, time) tokens, got shape {tuple(tokens.shape)}")
+    repeats = -(-length // tokens.shape[1])
+    return tokens.repeat(1, repeats)[:, :length]
+
+
+def varied_lengths(
+    batches: Iterator[Batch], lengths: tuple[int, int], seed: int = 0
+) -> Iterator[Batch]:
+    """``batches`` with each batch's sequence length drawn uniformly from ``lengths`` (both
+    ends included) by a generator seeded with ``seed``: the same lengths on every run.
+
+    Inputs are (batch, time) tokens; a (batch, time) target (next-token) gets the same length,
+    a (batch,) target is kept.
+    """
+    lo, hi = lengths
+    rng = np.random.default_rng([seed, lo, hi])
+    for x, y in batches:
+        length = int(rng.integers(lo, hi + 1))
+        yield at_length(x, length), at_length(y, length) if y.dim() == 2 else y
+
+
+def _batches(job: Job, spec: JobSpec, seed: int = 0) -> Iterator[Batch]:
+    """The job's batch stream: the workload's synthetic batches, or a DataLoader's."""
+    if spec.loader is not None:
+        loader_spec = spec.loader
+        if loader_spec.samples < job.workload.batch_size:
+            raise ValueError(f"{spec.name}: {loader_spec.samples} samples < one batch")
+        loader = torch.utils.data.DataLoader(
+            _AugmentedVectors(loader_spec.samples, LOADER_FEATURES, loader_spec.work),
+            batch_size=job.workload.batch_size,
+            shuffle=True,
+            drop_last=True,
+            num_workers=loader_spec.num_workers,
+            persistent_workers=loader_spec.persistent_workers,
+            pin_memory=loader_spec.pin_memory,
+            generator=torch.Generator().manual_seed(seed),
+        )
+        return EpochBatches(loader, job.device)
+    if spec.seq_lengths is not None:
+        return varied_lengths(job.batches(), spec.seq_lengths, seed)
+    if spec.heavy_data:
+        return _endless_heavy_batches(job)
+    return job.batches()
+
+
+def _endless_heavy_batches(job: Job) -> Iterator[Batch]:
     dataset = _AugmentedVectors(10**6, 256)
     loader = torch.utils.data.DataLoader(dataset, batch_size=job.workload.batch_size, shuffle=True)
     while True:
@@ -154,6 +352,7 @@ class Run:
     phase_s_before_step: list[float] = field(default_factory=list)  # phase time in iteration k
     predictions: list[dict[str, Any] | None] = field(default_factory=list)
     start_wall_s: float = 0.0  # time.time() at hook creation
+    epoch_start_steps: list[int] = field(default_factory=list)  # loader jobs: step of each epoch
 
 
 def held_out_estimator(models_dir: Path | None, family: str) -> Any:
@@ -176,6 +375,8 @@ def run_job(
     record_shapes: str = "all",
     op_capture: str = "auto",
 ) -> Run:
+    """Train ``spec`` for ``steps`` steps under an ``ETSHook``; the run's timings and the
+    hook's predictions at the report steps (and the last), times from hook creation."""
     if spec.ranks > 1:
         return run_ddp_job(spec, steps, device, seed, models_dir, record_shapes, op_capture)
     return _run_rank(spec, steps, device, seed, models_dir, record_shapes, op_capture)
@@ -199,7 +400,7 @@ def _run_rank(
         job = dataclasses.replace(job, model=DistributedDataParallel(job.model))
     if spec.compiled:
         job = dataclasses.replace(job, model=torch.compile(job.model))
-    batches = _batches(job, spec)
+    batches = _batches(job, spec, seed)
     run = Run(spec, steps)
     checkpoint_dir = tempfile.mkdtemp(prefix="ets-accuracy-")
     autocast = (
@@ -219,11 +420,14 @@ def _run_rank(
         trace_estimator=held_out_estimator(models_dir, workload.family),
         record_shapes=record_shapes,
         op_capture=op_capture,
+        # As a user of a DataLoader would: its epochs (and whether it restarts its workers).
+        dataloader=batches.loader if isinstance(batches, EpochBatches) else None,
     )
     t0_ns = hook.created_ns
     run.start_wall_s = time.time() - (time.perf_counter_ns() - t0_ns) / 1e9
     pending_phase_s = 0.0
     last_step_s = 0.0
+    epochs_seen = 0
     for step in range(1, steps + 1):
         started_s = time.perf_counter()
         if slow:  # an uneven rank: a slower input pipeline, a share of its own step time
@@ -239,6 +443,9 @@ def _run_rank(
             torch.cuda.synchronize()
         run.step_ends_s.append((time.perf_counter_ns() - t0_ns) / 1e9)
         last_step_s = time.perf_counter() - started_s
+        epochs = getattr(batches, "epochs", 0)  # one begun in a phase: at the step after it
+        run.epoch_start_steps += [step] * (epochs - epochs_seen)
+        epochs_seen = epochs
         run.phase_s_before_step.append(pending_phase_s)
         # Read where it is scored (as the console reporter reads at steps 1, 3, 5, ...): a
         # read that rebuilds the prediction costs ~0.1-0.5 ms early on, which a loop reading
@@ -265,6 +472,8 @@ def _run_rank(
                 )
             pending_phase_s += time.perf_counter() - started
     hook.close()
+    if isinstance(batches, EpochBatches):
+        batches.close()  # after the last step: the workers' shutdown is not part of the job
     run.train_step_s = hook.step_times_s
     return run
 
@@ -317,6 +526,7 @@ def run_ddp_job(
     run.phase_s_before_step = first["phase_s_before_step"]
     run.predictions = first["predictions"]
     run.start_wall_s = first["start_wall_s"]
+    run.epoch_start_steps = first["epoch_start_steps"]
     return run
 
 
@@ -325,7 +535,11 @@ def run_ddp_job(
 
 
 def baseline_rates(run: Run, k: int, remaining_phases_s: float) -> dict[str, tuple[float, float]]:
-    """(step-time, total) per baseline after k completed steps."""
+    """(step-time, total) per baseline after k completed steps (k >= 1).
+
+    Every baseline's total is elapsed + its rate x the remaining steps (``composer`` adds its
+    remaining phases); ``last_step``'s rate is the k-th iteration's wall time (step end k-1 to
+    step end k, a phase run in between included, as an ETA bar sees it)."""
     ends = run.step_ends_s
     iteration_s = [ends[0]] + [b - a for a, b in itertools.pairwise(ends)]
     seen = iteration_s[:k]
@@ -340,6 +554,7 @@ def baseline_rates(run: Run, k: int, remaining_phases_s: float) -> dict[str, tup
         "first_step": seen[0],
         "mean_k": statistics.fmean(seen),
         "tqdm_ema": ema,
+        "last_step": seen[-1],
     }
     out = {name: (rate, elapsed + rate * remaining) for name, rate in rates.items()}
     out["composer"] = (composer_rate, elapsed + composer_rate * remaining + remaining_phases_s)
@@ -365,11 +580,23 @@ def _composer_remaining_phases(run: Run, k: int) -> float:
     return total
 
 
+def steady_statistic(spec: JobSpec) -> Callable[[list[float]], float]:
+    """How a run of step times is summed up into one steady step time: the median (robust to
+    the odd slow step: a GC pause, an epoch boundary, a burst of load), or the mean for jobs
+    whose steps vary by design, where the total is the sum of the steps and the median of a
+    skewed per-step cost is not the rate that sum runs at."""
+    return statistics.fmean if spec.varies_by_design else statistics.median
+
+
+def true_step_s(run: Run) -> float:
+    """The run's steady step time: ``steady_statistic`` over the second half of its steps."""
+    return steady_statistic(run.spec)(run.train_step_s[len(run.train_step_s) // 2 :])
+
+
 def errors_for(run: Run) -> dict[str, dict[int, tuple[float, float]]]:
     """method -> step -> (abs % error of total, abs % error of step time)."""
     true_total = run.step_ends_s[-1]
-    half = run.train_step_s[len(run.train_step_s) // 2 :]
-    true_step = statistics.median(half)
+    true_step = true_step_s(run)
     out: dict[str, dict[int, tuple[float, float]]] = {m: {} for m in METHODS}
     for k in REPORT_STEPS:
         if k >= run.steps:
@@ -448,18 +675,85 @@ def calibration_markdown(calibration: dict[int, dict[str, float]]) -> str:
     return "\n".join([head + " |", rule, cover + " |", width + " |"])
 
 
+def per_job_markdown(runs: list[Run], per_job: list[dict[str, dict[int, tuple[float, float]]]],
+                     k: int) -> str:  # fmt: skip
+    """Markdown: per job, every method's absolute % error of the total at step ``k`` beside the
+    job's own noise floor ("-" where the job is too short for either)."""
+    head = "| job | steps | noise floor | " + " | ".join(METHODS) + " |"
+    rows = [f"**Per job, step {k}**: absolute % error of the total", "", head,
+            "|---|---|---|" + "---|" * len(METHODS)]  # fmt: skip
+    for run, errors in zip(runs, per_job):
+        floor = job_noise_floor(run)
+        cells = [f"{errors[m][k][0]:.1f}" if k in errors[m] else "-" for m in METHODS]
+        rows.append(
+            f"| {run.spec.name} | {run.steps} | {'-' if floor is None else f'{floor:.1f}'} | "
+            + " | ".join(cells) + " |"
+        )  # fmt: skip
+    return "\n".join(rows)
+
+
+def worst_jobs(
+    runs: list[Run], per_job: list[dict[str, dict[int, tuple[float, float]]]]
+) -> dict[int, dict[str, Any]]:
+    """Per report step: ets-hook's median total error over the jobs, its worst job (name, error,
+    that job's noise floor or None), and the job furthest above its own floor (a floor of 0
+    where the job is too short to have one) with that excess in points."""
+    out: dict[int, dict[str, Any]] = {}
+    for k in REPORT_STEPS:
+        scored = [(run, errors["ets-hook"][k][0]) for run, errors in zip(runs, per_job)
+                  if k in errors["ets-hook"]]  # fmt: skip
+        if not scored:
+            continue
+        worst_run, worst_error = max(scored, key=lambda item: item[1])
+        floors = {id(run): job_noise_floor(run) for run, _ in scored}
+        above_run, above_error = max(scored, key=lambda it: it[1] - (floors[id(it[0])] or 0.0))
+        out[k] = {
+            "median_pct": float(np.median([error for _, error in scored])),
+            "jobs": len(scored),
+            "worst_job": worst_run.spec.name,
+            "worst_pct": worst_error,
+            "worst_noise_floor_pct": floors[id(worst_run)],
+            "furthest_above_floor_job": above_run.spec.name,
+            "furthest_above_floor_points": above_error - (floors[id(above_run)] or 0.0),
+        }
+    return out
+
+
+def worst_markdown(worst: dict[int, dict[str, Any]]) -> str:
+    """Markdown: one line per report step naming ets-hook's worst job (see ``worst_jobs``)."""
+    rows = [
+        "**Worst job**: ets-hook's total-time error",
+        "",
+        "| step | median | worst job | its error | its noise floor | furthest above its floor |",
+        "|---|---|---|---|---|---|",
+    ]
+    for k, w in worst.items():
+        floor = w["worst_noise_floor_pct"]
+        rows.append(
+            f"| {k} | {w['median_pct']:.1f} | {w['worst_job']} | {w['worst_pct']:.1f} "
+            f"| {'-' if floor is None else f'{floor:.1f}'} "
+            f"| {w['furthest_above_floor_job']} ({w['furthest_above_floor_points']:+.1f}) |"
+        )
+    return "\n".join(rows)
+
+
 NOISE_FLOOR_FROM_STEP = 20
 
 
 def job_noise_floor(run: Run) -> float | None:
-    """This job's own noise floor, %: the median step time of steps 20..N/2 against the second
-    half's median (None for jobs too short)."""
+    """This job's own noise floor, %: the steady step time of steps 20..N/2 against the second
+    half's (``steady_statistic``: medians; means for variable-length jobs, whose floor is then
+    also how far two samples of the lengths' mean differ); None for jobs of 41 steps or fewer.
+
+    Epoch jobs keep medians: an epoch boundary's start-up is structure the predictor is to
+    project (issue 16), not noise, and every half of their runs holds about as many."""
     times = run.train_step_s
     half = len(times) // 2
     if half <= NOISE_FLOOR_FROM_STEP:
         return None
-    first = statistics.median(times[NOISE_FLOOR_FROM_STEP:half])
-    return 100.0 * abs(first / statistics.median(times[half:]) - 1.0)
+    steady = steady_statistic(run.spec)
+    first = steady(times[NOISE_FLOOR_FROM_STEP:half])
+    return 100.0 * abs(first / steady(times[half:]) - 1.0)
 
 
 def noise_floor(runs: list[Run]) -> dict[str, float]:
@@ -527,10 +821,25 @@ def machine() -> dict[str, Any]:
     }
 
 
+def job_steps(spec: JobSpec, default: int, cap: int | None = None) -> int:
+    """A job's length: its own (``spec.steps``) or ``default``, at most ``cap``."""
+    steps = spec.steps if spec.steps is not None else default
+    return steps if cap is None else min(steps, cap)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", default=",".join(j.name for j in JOBS))
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument(
+        "--steps", type=int, default=300, help="length of the jobs without their own length"
+    )
+    parser.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="cap every job at N steps, their own lengths too (smoke runs)",
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="results/accuracy", help="output path prefix")
@@ -560,6 +869,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--rounds must be >= 0, got {args.rounds}")
     if args.steps <= max(REPORT_STEPS):
         parser.error(f"--steps must be > {max(REPORT_STEPS)}, got {args.steps}")
+    if args.max_steps is not None and args.max_steps < 2:
+        parser.error(f"--max-steps must be >= 2, got {args.max_steps}")
     specs = {j.name: j for j in JOBS}
     unknown = [n for n in args.jobs.split(",") if n not in specs]
     if unknown:
@@ -574,7 +885,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         run = run_job(
             specs[name],
-            args.steps,
+            job_steps(specs[name], args.steps, args.max_steps),
             args.device,
             args.seed,
             args.held_out_models,
@@ -586,12 +897,12 @@ def main(argv: list[str] | None = None) -> int:
         per_job.append(errors)
         k3 = errors["ets-hook"].get(3, (math.nan, math.nan))
         k5 = {m: errors[m].get(5, (math.nan, math.nan))[0] for m in METHODS}
-        best_baseline = min((m for m in METHODS if m != "ets-hook"), key=lambda m: k5[m])
+        best_baseline = min(BASELINES, key=lambda m: k5[m])
         floor_pct = job_noise_floor(run)
         took_s = time.perf_counter() - started
         print(
             f"{name:30} total {run.step_ends_s[-1]:7.2f}s  steady "
-            f"{1e3 * statistics.median(run.train_step_s[args.steps // 2 :]):8.2f} ms/step  "
+            f"{1e3 * true_step_s(run):8.2f} ms/step  "
             f"ets-hook@3: total {k3[0]:5.1f}% step {k3[1]:5.1f}%  "
             f"@5: total {k5['ets-hook']:5.1f}% (best baseline {best_baseline} "
             f"{k5[best_baseline]:.1f}%, noise floor "
@@ -601,14 +912,18 @@ def main(argv: list[str] | None = None) -> int:
     table = summarize(per_job)
     floor = noise_floor(runs)
     calibration = interval_calibration(runs)
+    worst = worst_jobs(runs, per_job)
     report = "\n\n".join(
         [
             markdown(table, "total", "Predicted total job time"),
             markdown(table, "step", "Predicted steady-state step time"),
+            worst_markdown(worst),
+            *(per_job_markdown(runs, per_job, k) for k in PER_JOB_STEPS),
             calibration_markdown(calibration),
             (
-                f"Noise floor: the median step time of steps {NOISE_FLOOR_FROM_STEP}..N/2 misses "
-                f"the second-half median by {floor['median']:.1f}% (median) / "
+                f"Noise floor: the median step time of steps {NOISE_FLOOR_FROM_STEP}..N/2 (the "
+                f"mean for variable-length jobs) misses the second half's by "
+                f"{floor['median']:.1f}% (median) / "
                 f"{floor['p90']:.1f}% (P90) over the jobs."
                 if floor
                 else ""
@@ -619,18 +934,23 @@ def main(argv: list[str] | None = None) -> int:
     document = {
         "machine": machine(),
         "steps": args.steps,
+        "max_steps": args.max_steps,
         "device": args.device,
         "trace_models": str(args.held_out_models) if args.held_out_models else "shipped",
         "summary": table,
         "noise_floor": floor,
         "interval_calibration": calibration,
+        "worst_job": worst,
         "jobs": [
             {
                 "name": run.spec.name,
                 "workload": run.spec.workload,
+                "steps": run.steps,
+                "epoch_start_steps": run.epoch_start_steps,
                 "true_total_s": run.step_ends_s[-1],
                 "noise_floor_pct": job_noise_floor(run),
-                "true_step_s": statistics.median(run.train_step_s[len(run.train_step_s) // 2 :]),
+                "steady_statistic": steady_statistic(run.spec).__name__,
+                "true_step_s": true_step_s(run),
                 "errors": {m: {str(k): v for k, v in e.items()} for m, e in errors.items()},
                 "step_ends_s": run.step_ends_s,
                 "train_step_s": run.train_step_s,
@@ -722,9 +1042,11 @@ def rounds_table(results: dict[str, list[dict[str, Any]]]) -> str:
         return f"{statistics.median(values):.1f} [{min(values):.1f}-{max(values):.1f}]"
 
     rows = [
-        "| job | runs | step 3 | step 5 | step 10 | best baseline at step 5 | job's noise floor "
+        "| job | runs | step 3 | step 5 | step 10 | "
+        + " | ".join(f"{m} at step 5" for m in BASELINES)
+        + " | best baseline at step 5 | job's noise floor "
         "| below every baseline at step 5 | target met at step 5 |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|" + "---|" * len(BASELINES) + "---|---|---|---|",
     ]
     for name, jobs in results.items():
         if not jobs:
@@ -733,17 +1055,21 @@ def rounds_table(results: dict[str, list[dict[str, Any]]]) -> str:
             k: [j["errors"]["ets-hook"].get(str(k), [math.nan])[0] for j in jobs]
             for k in (3, 5, 10)
         }
+        at5 = {m: [j["errors"].get(m, {}).get("5", [math.nan])[0] for j in jobs] for m in BASELINES}
         best, below, met = [], 0, 0
-        for job, err5 in zip(jobs, ours[5]):
-            baselines = [job["errors"][m]["5"][0] for m in METHODS if m != "ets-hook"]
+        for i, err5 in enumerate(ours[5]):
+            baselines = [at5[m][i] for m in BASELINES if math.isfinite(at5[m][i])]
+            if not baselines or not math.isfinite(err5):
+                continue
             best.append(min(baselines))
-            floor = job["noise_floor_pct"] or 0.0
+            floor = jobs[i]["noise_floor_pct"] or 0.0
             beats = err5 < min(baselines)
             below += beats
             met += beats and err5 <= max(TARGET_PCT, floor + 2.0)
         rows.append(
-            f"| {name} | {len(jobs)} | {stat(ours[3])} | {stat(ours[5])} | {stat(ours[10])} "
-            f"| {stat(best)} | {stat([j['noise_floor_pct'] for j in jobs])} "
+            f"| {name} | {len(jobs)} | {stat(ours[3])} | {stat(ours[5])} | {stat(ours[10])} | "
+            + " | ".join(stat(at5[m]) for m in BASELINES)
+            + f" | {stat(best)} | {stat([j['noise_floor_pct'] for j in jobs])} "
             f"| {below}/{len(jobs)} | {met}/{len(jobs)} |"
         )
     return "\n".join(rows)

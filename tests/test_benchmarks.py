@@ -3,15 +3,32 @@ their measurements are not asserted here)."""
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import json
+import os
 import subprocess
 import sys
+from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
+
+
+@cache
+def accuracy() -> Any:
+    """benchmarks/accuracy.py as a module (benchmarks/ is no package)."""
+    spec = importlib.util.spec_from_file_location("accuracy", ROOT / "benchmarks" / "accuracy.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
 
 
 def run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -64,11 +81,17 @@ def test_accuracy_rounds_run_each_job_in_fresh_processes_and_report_per_job(
 ) -> None:
     out = tmp_path / "acc"
     result = run(
-        "accuracy.py", "--jobs", "mlp-small", "--steps", "60", "--rounds", "2", "--out", str(out),
+        "accuracy.py", "--jobs", "mlp-small", "--steps", "300", "--max-steps", "60",
+        "--rounds", "2", "--out", str(out),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     runs = json.loads(out.with_suffix(".rounds.json").read_text())["mlp-small"]
     assert len(runs) == 2
+    assert all(job["steps"] == 60 for job in runs)  # --max-steps caps, and is passed on
+    # each run's own report: the worst job per report step and the per-job tables
+    report = (tmp_path / "acc_r1_mlp-small.md").read_text()
+    assert "**Worst job**" in report and "**Per job, step 3**" in report
+    assert "| last_step |" in report
     # two processes: two independent runs, each scored at the report steps
     assert runs[0]["step_ends_s"] != runs[1]["step_ends_s"]
     for job in runs:
@@ -77,3 +100,117 @@ def test_accuracy_rounds_run_each_job_in_fresh_processes_and_report_per_job(
         assert job["predictions"][4]["total_ci_s"] > 0
     table = out.with_suffix(".rounds.md").read_text()
     assert "| mlp-small | 2 |" in table and "target met at step 5" in table
+    # every baseline, "last step x remaining" included, in the per-job table and the JSON
+    assert "last_step at step 5" in table and "composer at step 5" in table
+    assert set(runs[0]["errors"]) == {
+        "ets-hook", "first_step", "mean_k", "tqdm_ema", "composer", "last_step",
+    }  # fmt: skip
+
+
+NEW_JOBS = (
+    "mlp-loader-w0-epochs", "mlp-loader-w2-epochs", "mlp-loader-w2-persistent",
+    "resnet-small-60steps", "mobilenet-small-100steps+eval", "gpt-small-120steps+accum2+ckpt",
+    "transformer-small-varlen",
+)  # fmt: skip
+
+
+def test_the_zoo_keeps_its_order_and_the_new_jobs_are_in_the_default_set() -> None:
+    bench = accuracy()
+    names = [job.name for job in bench.JOBS]
+    assert names[:3] == ["mlp-small", "mlp-large+eval", "resnet-small"]
+    assert names[bench.ZOO_JOBS - 1] == "mlp-dataloading"
+    assert set(NEW_JOBS) <= set(names[bench.ZOO_JOBS :])
+    specs = {job.name: job for job in bench.JOBS}
+    lengths = {bench.job_steps(specs[name], 300) for name in NEW_JOBS}
+    assert {60, 100, 120, 300} <= lengths  # short jobs keep their own length over --steps
+    assert bench.job_steps(specs["resnet-small-60steps"], 300, cap=8) == 8
+    assert bench.job_steps(specs["mlp-small"], 200) == 200
+    w2 = specs["mlp-loader-w2-epochs"].loader
+    assert w2.num_workers == 2 and not w2.persistent_workers
+    assert specs["mlp-loader-w0-epochs"].loader.num_workers == 0
+
+
+def test_last_step_baseline_is_elapsed_plus_last_iteration_times_remaining() -> None:
+    bench = accuracy()
+    spec = bench.JobSpec("constructed", "mlp-w128-d2-b32")
+    run = bench.Run(spec, steps=10, step_ends_s=[1.0, 1.5, 2.5, 3.0])
+    run.phase_s_before_step = [0.0] * 4
+    for k, last in ((1, 1.0), (2, 0.5), (3, 1.0), (4, 0.5)):
+        rate, total = bench.baseline_rates(run, k, 0.0)["last_step"]
+        assert rate == pytest.approx(last)
+        assert total == pytest.approx(run.step_ends_s[k - 1] + last * (10 - k))
+    assert "last_step" in bench.METHODS and "last_step" in bench.BASELINES
+
+
+def test_variable_length_batches_are_seeded_and_within_bounds() -> None:
+    bench = accuracy()
+    specs = {job.name: job for job in bench.JOBS}
+    spec = specs["transformer-small-varlen"]
+    job = bench.workloads()[spec.workload].with_batch_size(2).build("cpu")
+
+    def lengths(seed: int) -> list[int]:
+        batches = bench._batches(job, spec, seed)
+        out = []
+        for _ in range(40):
+            x, y = next(batches)
+            assert y.shape == (2,)  # a classifier's target keeps its shape
+            out.append(x.shape[1])
+        return out
+
+    drawn = lengths(0)
+    assert all(16 <= n <= 128 for n in drawn) and len(set(drawn)) > 10
+    assert drawn == lengths(0) and drawn != lengths(1)
+    # next-token targets are cut with their inputs
+    gpt = bench.workloads()["gpt-d64-l2-b8-t64"].with_batch_size(2).build("cpu")
+    x, y = next(bench.varied_lengths(gpt.batches(), (8, 64)))
+    assert x.shape == y.shape and 8 <= x.shape[1] <= 64
+    assert bench.at_length(torch.arange(6).view(2, 3), 5).tolist() == [
+        [0, 1, 2, 0, 1], [3, 4, 5, 3, 4],
+    ]  # fmt: skip
+
+
+class _WorkerPids(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.tensor(float(os.getpid())), torch.tensor(index)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_epoch_batches_restart_non_persistent_workers_at_each_epoch(persistent: bool) -> None:
+    bench = accuracy()
+    loader = torch.utils.data.DataLoader(
+        _WorkerPids(), batch_size=2, num_workers=2, persistent_workers=persistent
+    )
+    batches = bench.EpochBatches(loader, torch.device("cpu"))
+    pids = [{int(next(batches)[0][0]) for _ in range(2)} for _ in range(3)]  # 3 epochs
+    assert batches.epochs == 3 and batches.batches == 6
+    batches.close()
+    assert os.getpid() not in set().union(*pids)
+    if persistent:
+        assert pids[0] == pids[1] == pids[2]
+    else:
+        assert not pids[0] & pids[1] and not pids[1] & pids[2]
+
+
+@pytest.mark.parametrize("name", ["mlp-loader-w0-epochs", "mlp-loader-w2-epochs"])
+def test_loader_jobs_iterate_epochs_and_are_scored_by_every_method(name: str) -> None:
+    bench = accuracy()
+    spec = {job.name: job for job in bench.JOBS}[name]
+    # tiny: 3 steps an epoch of cheap samples, 8 steps
+    spec = dataclasses.replace(spec, loader=dataclasses.replace(spec.loader, samples=3 * 64,
+                                                                work=256))  # fmt: skip
+    run = bench.run_job(spec, 8, "cpu", op_capture="native")
+    assert run.epoch_start_steps == [1, 4, 7]
+    assert len(run.step_ends_s) == 8 and len(run.train_step_s) == 8
+    errors = bench.errors_for(run)
+    assert set(errors) == set(bench.METHODS)
+    for method in bench.BASELINES:
+        assert set(errors[method]) == {1, 2, 3, 5}
+    assert bench.job_noise_floor(run) is None  # too short for one
+    report = bench.per_job_markdown([run], [errors], 3)
+    assert f"| {name} | 8 | - |" in report and "last_step" in report
+    worst = bench.worst_jobs([run], [errors])
+    if worst:
+        assert worst[3]["worst_job"] == name
