@@ -31,10 +31,12 @@ Measured per variant:
    with and without shapes. Target: native ≤ 0.6 × torch.profiler, with and without shapes.
 2. Whole-capture cost: the extra wall time of a fresh hook's steps 0-5 (step 0's boundary
    starts capture, window step 4's stops it and hands the ops to the decode thread) plus the
-   steps that run while the window is decoded, until ``hook.trace`` is ready (``capture_status``
-   leaves ``decoding``); compared with the extra time of a bare 5-step torch.profiler block
-   (enter + 5 steps + exit; torch parses its events lazily, so that is enable, 5 observed steps
-   and Kineto's disable). Target: whole native capture ≤ 1× the bare
+   steps that run while the window is decoded and its trace estimate made (until
+   ``capture_status`` leaves ``decoding``); "to trace": only the steps up to the one during
+   which ``hook.trace`` was set (the trace model's estimate runs after it). Compared with the
+   extra time of a bare 5-step torch.profiler block (enter + 5 steps + exit; torch parses its
+   events lazily, so that is enable, 5 observed steps and Kineto's disable). Target: whole
+   native capture until ``hook.trace`` is ready ≤ 1× the bare
    ``torch.profiler(record_shapes=True)`` block (stretch 0.5×).
 3. ``after``: steps after the ``native_shapes`` window once its trace is ready; plus
    ``hook_cost_per_step_us``, the hook's own cost per step after the window, isolated from any
@@ -184,12 +186,16 @@ def _timed_steps(job: Any, batches: Any, count: int, hook: ETSHook | None) -> li
 
 def _steps_while_decoding(
     job: Any, batches: Any, hook: ETSHook, limit: int = 100_000
-) -> list[float]:
-    """Timed steps from the window's end until the decode thread has finished."""
+) -> tuple[list[float], int]:
+    """Timed steps from the window's end until the decode thread has finished, and how many
+    of them ended before ``hook.trace`` was set (the trace is ready before its estimate)."""
     times: list[float] = []
+    to_trace = None
     while hook.capture_status.startswith("decoding") and len(times) < limit:
+        if to_trace is None and hook.trace is not None:
+            to_trace = len(times)
         times += _timed_steps(job, batches, 1, hook)
-    return times
+    return times, len(times) if to_trace is None else to_trace
 
 
 def _none_block(job: Any, batches: Any, steps: int) -> dict[str, Any]:
@@ -213,7 +219,7 @@ def _hook_block(
     )
     step0 = _timed_steps(job, batches, 1, hook)  # capture starts at its boundary
     window = _timed_steps(job, batches, WINDOW, hook)  # ... and stops at the last one's
-    decode = _steps_while_decoding(job, batches, hook)
+    decode, decode_to_trace = _steps_while_decoding(job, batches, hook)
     trace = hook.wait_for_trace(300)
     after = _timed_steps(job, batches, after_steps, hook) if after_steps else []
     status = hook.capture_status
@@ -223,6 +229,7 @@ def _hook_block(
         "steady": window[STEADY],
         "window_s": sum(step0) + sum(window),
         "decode": decode,
+        "decode_to_trace": decode_to_trace,
         "after": after,
         "trace_ops_per_step": statistics.median(ops) if ops else 0,
         "trace_steps": len(ops),
@@ -400,17 +407,23 @@ def summarize(
     for v in HOOK_VARIANTS:
         if not blocks.get(v):
             continue
-        window_ms, decode_ms, total_ms, steps = [], [], [], []
+        window_ms, decode_ms, total_ms, to_trace_ms, steps = [], [], [], [], []
         for b, nb in zip(blocks[v], base, strict=True):
             window_ms.append(1e3 * (b["window_s"] - (WINDOW + 1) * nb))
             decode_ms.append(1e3 * (sum(b["decode"]) - len(b["decode"]) * nb))
             total_ms.append(window_ms[-1] + decode_ms[-1])
+            # Until hook.trace is set (the issue's "until hook.trace is ready"): the steps up
+            # to and including the one during which the trace was set; the trace model's
+            # estimate runs after that.
+            k = min(b["decode_to_trace"] + 1, len(b["decode"]))
+            to_trace_ms.append(window_ms[-1] + 1e3 * (sum(b["decode"][:k]) - k * nb))
             steps.append(len(b["decode"]))
         capture[v] = {
             "window_ms": spread(window_ms),
             "decode_ms": spread(decode_ms),
             "decode_steps": spread(steps),
             "total_ms": spread(total_ms),
+            "to_trace_ms": spread(to_trace_ms),
             "trace_ops_per_step": statistics.median(b["trace_ops_per_step"] for b in blocks[v]),
             "trace_steps": min(b["trace_steps"] for b in blocks[v]),
             "op_capture": sorted({b["op_capture"] for b in blocks[v]}),
@@ -442,6 +455,11 @@ def summarize(
         if v in capture
     }
     capture_ratios["native/torch_profiler"] = _ratio(cost("native"), cost("torch_profiler"))
+    for v, den in (("native_shapes", "torch_profiler_shapes"), ("native", "torch_profiler")):
+        if v in capture and den in capture:
+            capture_ratios[f"{v} to trace/{den}"] = _ratio(
+                capture[v]["to_trace_ms"]["median"], cost(den)
+            )
     for v, den in (("observer_shapes", "torch_profiler_shapes"), ("observer", "torch_profiler")):
         if v in capture:
             capture_ratios[f"{v}/{den}"] = _ratio(cost(v), cost(den))
@@ -603,14 +621,14 @@ def print_workload(r: dict[str, Any]) -> None:
     print(f"   added-cost ratios (target native/torch.prof <= {PER_STEP_TARGET}): {ratios}")
     print(
         f"   {'whole capture':24} {'window ms':>18} {'decode ms':>18} {'steps':>5} "
-        f"{'total ms [IQR]':>24} {'trace ops/step':>14}"
+        f"{'total ms [IQR]':>24} {'to trace ms [IQR]':>24} {'trace ops/step':>14}"
     )
     for v, c in r["capture"].items():
         if "total_ms" in c:
             print(
                 f"   {v:24} {_pm(c['window_ms'], '.1f'):>18} {_pm(c['decode_ms'], '.1f'):>18} "
                 f"{c['decode_steps']['median']:5.0f} {_pm(c['total_ms'], '.1f'):>24} "
-                f"{c['trace_ops_per_step']:14.0f}"
+                f"{_pm(c['to_trace_ms'], '.1f'):>24} {c['trace_ops_per_step']:14.0f}"
             )
         else:
             print(
@@ -678,8 +696,9 @@ def markdown(report: dict[str, Any]) -> str:
         "| workload | "
         + " | ".join(HOOK_VARIANTS)
         + " | torch.profiler(shapes) block | torch.profiler block | observer(shapes) block"
-        + " | observer block | native_shapes ratio | native ratio |",
-        "|---|" + "---:|" * (len(HOOK_VARIANTS) + 6),
+        + " | observer block | native_shapes ratio | native ratio"
+        + " | native_shapes to trace | native_shapes to trace ratio |",
+        "|---|" + "---:|" * (len(HOOK_VARIANTS) + 8),
     ]
     for r in report["results"]:
         c = r["capture"]
@@ -696,6 +715,8 @@ def markdown(report: dict[str, Any]) -> str:
         cells += [
             _fmt(r["capture_ratio"].get("native_shapes/torch_profiler_shapes"), ".2f"),
             _fmt(r["capture_ratio"].get("native/torch_profiler"), ".2f"),
+            f"{c['native_shapes']['to_trace_ms']['median']:.1f}" if "native_shapes" in c else "",
+            _fmt(r["capture_ratio"].get("native_shapes to trace/torch_profiler_shapes"), ".2f"),
         ]
         lines.append(f"| {r['workload']} | " + " | ".join(cells) + " |")
     cost = report.get("hook_cost_per_step")

@@ -54,7 +54,12 @@ def run(ops_per_step: int, steps: int) -> dict[str, float | int | str]:
     with tempfile.TemporaryDirectory() as tmp:
         trace_path = Path(tmp) / "scale.ets"
         hook = ETSHook(
-            model, optimizer=opt, total_steps=steps, trace_path=trace_path, log_every=None
+            model,
+            optimizer=opt,
+            total_steps=steps,
+            capture_steps=5,
+            trace_path=trace_path,
+            log_every=None,
         )
         window_end_s = None
         step_s = []

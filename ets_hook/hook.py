@@ -36,6 +36,7 @@ import torch
 from . import __version__, exits
 from .capture.compile_events import CompileWatcher
 from .capture.device_timer import CudaStepTimer
+from .capture.host_load import HostLoadSampler
 from .capture.steps import NoSteps, StepDetector, optimizer_list
 from .capture.sysinfo import (
     DISABLE_ENV,
@@ -44,7 +45,7 @@ from .capture.sysinfo import (
     hooks_disabled,
     model_device,
 )
-from .capture.window import WindowState, check_window_settings
+from .capture.window import MAX_ADAPTIVE_CAPTURE_STEPS, WindowState, check_window_settings
 from .capture.window_runner import WindowRunner
 from .distributed.coordinator import (
     DEFAULT_EXCHANGE_TIMEOUT_S,
@@ -53,8 +54,9 @@ from .distributed.coordinator import (
     next_hook_number,
 )
 from .errors import DeadlineExceededError
-from .ets.blas import single_threaded_blas
+from .ets.blas import blas_thread_setter, single_threaded_blas
 from .forecast.early_stop import EarlyStoppingRule
+from .forecast.epochs import EPOCH_START, EpochStarts, loader_restarts_workers
 from .forecast.forecaster import Forecaster
 from .forecast.job import COMPILE_PHASE, JobModel
 from .forecast.prediction import Prediction
@@ -106,7 +108,7 @@ class ETSHook:
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
         total_steps: int | None = None,
-        capture_steps: int = 5,
+        capture_steps: int | None = None,
         skip_steps: int | None = None,
         trace_path: str | os.PathLike[str] | None = None,
         *,
@@ -134,7 +136,7 @@ class ETSHook:
         on_deadline: str | Callable[[DeadlineMiss], Any] = "warn",
         deadline_policy: str = "confident",
         grad_scaler: Any = None,
-        record_shapes: str = "all",
+        record_shapes: str = "first",
         op_capture: str = "auto",
         capture_kernels: bool | None = None,
         trace_estimator: TraceEstimator | Literal["auto"] | None = "auto",
@@ -159,7 +161,12 @@ class ETSHook:
                 None: unknown (no ETA) unless ``epochs`` gives it. With several sources of the
                 length, the earliest end wins.
             capture_steps: steps in the capture window (int >= 0); 0 turns capture off (a pure
-                step timer).
+                step timer). None (default): adaptive, at most ``MAX_ADAPTIVE_CAPTURE_STEPS``
+                (5): with the job's length known, on the native observer on the CPU, the
+                window ends once one more step would take the capture's predicted cost (its
+                measured ops x per-op costs, window and decode) past 1% of the job's predicted
+                total, and a job too short for even one step's decode keeps its steps timed
+                only (``capture_status`` says so); elsewhere 5 steps.
             skip_steps: steps timed before the window starts (int >= 0); the window is steps
                 ``[skip_steps, skip_steps + capture_steps)`` of this process. None (default): 1,
                 postponed while steps still compile (``torch.compile``): the window starts
@@ -215,9 +222,10 @@ class ETSHook:
             grad_scaler: a ``torch.amp.GradScaler`` (or anything with ``update()``): its
                 ``update()`` marks steps, so steps whose optimizer step it skipped still count.
                 Its ``update`` is wrapped until ``close()``.
-            record_shapes: input shapes in the captured ops: ``"all"`` (every window step),
-                ``"first"`` (first window step only, copied to the aligned ops of the others),
-                ``"none"``.
+            record_shapes: input shapes in the captured ops: ``"first"`` (default: the first
+                window step only, copied to the aligned ops of the others; recording shapes
+                costs the observer about half as much again per op), ``"all"`` (every window
+                step), ``"none"``.
             op_capture: how ops are captured: ``"auto"`` (the native RecordFunction observer
                 when it is built for this torch, building it in the background on first use;
                 the torch profiler until then), ``"native"`` (the observer, built now if
@@ -249,6 +257,8 @@ class ETSHook:
             raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         auto_skip = skip_steps is None
         skip_steps = 1 if skip_steps is None else skip_steps
+        adaptive_window = capture_steps is None
+        capture_steps = MAX_ADAPTIVE_CAPTURE_STEPS if capture_steps is None else capture_steps
         check_window_settings(capture_steps, skip_steps, op_capture, record_shapes)
         optimizers = optimizer_list(optimizer)
         rank, world_size = distributed_rank()
@@ -295,7 +305,14 @@ class ETSHook:
 
         self.model = model
         self.total_steps = job.total_steps
-        self.capture_steps = capture_steps
+        self._host_load = HostLoadSampler() if not disabled else None
+        self._epochs = (
+            EpochStarts(
+                job.steps_per_epoch, job.initial_step, restarts=loader_restarts_workers(dataloader)
+            )
+            if job.steps_per_epoch is not None and not disabled
+            else None
+        )
         self.record_shapes = record_shapes
         self._device = torch.device(device if device is not None else model_device(model))
         self.trace_path = rank_trace
@@ -358,6 +375,10 @@ class ETSHook:
                 start_wall_s=self._forecaster.wall_start_s,
             )
         # The capture window: native op observer loading and machine facts gathered now.
+        # Likewise numpy's BLAS setter (a scan of the loaded libraries, 1-10 ms, cached): found
+        # now, not by the decode thread against the training loop.
+        if capture_steps > 0 and not disabled:
+            blas_thread_setter()
         self._window = WindowRunner(
             self._forecaster,
             capture_steps=capture_steps,
@@ -382,6 +403,11 @@ class ETSHook:
             rank=rank,
             world_size=world_size,
             ets_hook_version=__version__,
+            budget_job_steps=(
+                job.total_steps - job.initial_step
+                if adaptive_window and job.total_steps is not None
+                else None
+            ),
         )
         self._monitor: str | None = None
         self._cuda_timer: CudaStepTimer | None = None
@@ -509,6 +535,19 @@ class ETSHook:
         Marked phases are excluded. Only the first ``MAX_KEPT_STEP_TIMES`` steps are kept.
         """
         return self._step_times_s.tolist()
+
+    @property
+    def capture_steps(self) -> int:
+        """Steps in the capture window: as given, or with ``capture_steps=None`` its most
+        (``MAX_ADAPTIVE_CAPTURE_STEPS``) until the adaptive window ends, then its length."""
+        return self._window.capture_steps
+
+    @property
+    def capture_cost_s(self) -> float | None:
+        """The capture's predicted cost to the training loop, seconds (window + decode, from
+        the ops it recorded at the observer's per-op costs; what the adaptive window budgets).
+        None before a window step was measured, and off the native observer or the CPU."""
+        return self._window.predicted_cost_s
 
     @property
     def skip_steps(self) -> int:
@@ -682,6 +721,8 @@ class ETSHook:
         own_ns = self._own_ns_in_step
         duration_ns = max(now_ns - start_ns - self._phase_ns_in_step - compile_ns - own_ns, 0)
         step_index = self.steps_completed
+        epoch_start_ns = self._epoch_start_ns(step_index, duration_ns)
+        duration_ns -= epoch_start_ns
         if step_index < MAX_KEPT_STEP_TIMES:
             self._step_times_s.append(duration_ns / 1e9)
         self.steps_completed = step_index + 1
@@ -692,6 +733,12 @@ class ETSHook:
         try:
             if compile_ns:
                 self._on_compile_step(step_index, compile_ns, now_ns)
+            if self._epochs is not None:
+                self._on_epoch_starts(epoch_start_ns, now_ns)
+            if self._host_load is not None:
+                load = self._host_load.sample()  # at most once a second
+                if load is not None:
+                    self._forecaster.set_host_load(load.foreign_cpu, load.steal)
             self._window.on_step(step_index, start_ns, now_ns, self._last_compile_step)
             if self._cuda_timer is not None:
                 self._cuda_timer.record(step_index + 1)
@@ -710,6 +757,31 @@ class ETSHook:
             # Everything since now_ns was ours (reads of hook.prediction by reporters and
             # callbacks included, hence an assignment).
             self._own_ns_in_step = time.perf_counter_ns() - now_ns
+
+    def _epoch_start_ns(self, step_index: int, duration_ns: int) -> int:
+        """The input pipeline's epoch start-up in this step (``forecast.epochs``), ns; 0 for
+        steps that start no epoch or without steps per epoch. Never raises."""
+        if self._epochs is None:
+            return 0
+        try:
+            excess_s = self._epochs.excess_s(step_index, duration_ns / 1e9, self._step_times_s)
+            return min(max(int(excess_s * 1e9), 0), duration_ns)
+        except Exception:
+            return 0
+
+    def _on_epoch_starts(self, epoch_start_ns: int, now_ns: int) -> None:
+        """An epoch's start-up taken out of this step is a phase; and once the job's first
+        steps exist, its first step's start-up seeds that phase (loaders that restart)."""
+        epochs = self._epochs
+        if epochs is None:
+            return
+        if epoch_start_ns:
+            self._forecaster.on_phase_end(EPOCH_START, epoch_start_ns / 1e9, now_ns / 1e9)
+        seed_s = epochs.seed_s(self._step_times_s)
+        if seed_s is not None:
+            self._forecaster.on_phase_end(
+                EPOCH_START, seed_s, now_ns / 1e9, at_step=epochs.initial_step
+            )
 
     def _take_compile_ns(self, compiles: CompileWatcher, start_ns: int, end_ns: int) -> int:
         """Compile time in this step outside its phases (those took theirs out). Never raises."""

@@ -508,7 +508,9 @@ def test_default_trace_estimate_on_cpu_is_the_shipped_ets_model():
     and its estimate enters the prediction; after the window a few clean steps follow."""
     model = tiny_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    hook = ETSHook(model, optimizer=opt, total_steps=100, deadline=False, log_every=None)
+    hook = ETSHook(
+        model, optimizer=opt, total_steps=100, capture_steps=5, deadline=False, log_every=None
+    )
     train(model, opt, hook, 7)
     assert hook.wait_for_trace(60) is not None
     train(model, opt, hook, 5)

@@ -144,6 +144,10 @@ class NativeOpCapture:
             self._active = False
             self._ops.stop()
 
+    def discard(self) -> None:
+        """Forget the recorded ops without reading them; frees the buffers. After ``stop``."""
+        self._ops.reset()
+
     def read(self) -> list[RawOp]:
         """The recorded ops as ``RawOp`` rows (any order); frees the buffers. Off the training
         thread, after ``stop``.
@@ -178,17 +182,24 @@ def _native_rows(
     end_ns = np.full(len(starts), drained_ns, dtype=np.int64)  # still open: until the drain
     end_ns[paired] = ends["time_ns"][where[paired]]
     inputs = _inputs_by_handle(module, [words for _, _, words in chunks])
+    handles = starts["handle"].tolist()
     no_inputs: tuple[tuple[tuple[int, ...], ...], tuple[str, ...]] = ((), ())
-    rows: list[RawOp] = []
-    append = rows.append
-    columns = starts[["handle", "name_id", "time_ns", "os_tid", "seq_nr", "scope"]].tolist()
-    for (handle, name_id, start, tid, seq, scope), end in zip(
-        columns, end_ns.tolist(), strict=True
-    ):
-        shapes, dtypes = inputs.get(handle, no_inputs)
-        duration = max(end - start, 0)
-        append(RawOp(names[name_id], start, duration, tid, seq, scope, shapes, dtypes, handle))
-    return rows
+    shapes_dtypes = [inputs.get(handle, no_inputs) for handle in handles]
+    # Column-wise: one numpy gather per field, then one RawOp per op (no per-op arithmetic).
+    return list(
+        map(
+            RawOp,
+            np.asarray(names, dtype=object)[starts["name_id"]].tolist(),
+            starts["time_ns"].tolist(),
+            np.maximum(end_ns - starts["time_ns"], 0).tolist(),
+            starts["os_tid"].tolist(),
+            starts["seq_nr"].tolist(),
+            starts["scope"].tolist(),
+            [shapes for shapes, _ in shapes_dtypes],
+            [dtypes for _, dtypes in shapes_dtypes],
+            handles,
+        )
+    )
 
 
 def _inputs_by_handle(

@@ -37,6 +37,20 @@ class WindowState:
 RECORD_SHAPES_MODES = ("first", "all", "none")
 OP_CAPTURE_MODES = ("auto", "native", "profiler")
 
+#: ``ETSHook(capture_steps=None)``: the window's most steps; it ends earlier when its predicted
+#: cost would pass ``CAPTURE_BUDGET_SHARE`` of the job's predicted total (``window_budget``).
+MAX_ADAPTIVE_CAPTURE_STEPS = 5
+#: The capture's predicted cost (window + decode), at most this share of the job's total.
+CAPTURE_BUDGET_SHARE = 0.01
+
+
+class WindowBudget:
+    """What the adaptive window does after a captured step (``window_budget``)."""
+
+    CONTINUE = "continue"  # capture one more step
+    FINISH = "finish"  # end the window now and decode what it holds
+    DROP = "drop"  # even one step's decode is over budget: drop the ops, decode nothing
+
 
 def check_window_settings(
     capture_steps: Any, skip_steps: Any, op_capture: Any, record_shapes: Any
@@ -128,6 +142,55 @@ def measured_spike_steps(
     if not (ops > 0 and steady_s > 0):
         return None
     return ops * us_per_op[0] * 1e-6 / steady_s, ops * us_per_op[1] * 1e-6 / steady_s
+
+
+def window_budget(
+    step_s: Sequence[float],
+    ops_per_step: Sequence[int],
+    us_per_op: tuple[float, float],
+    next_us_per_op: tuple[float, float],
+    decode_us_per_op: tuple[float, float],
+    job_steps: int,
+    budget_share: float = CAPTURE_BUDGET_SHARE,
+) -> str:
+    """Whether the adaptive window goes on after its latest step, from what it measured.
+
+    The capture's predicted cost after ``k`` steps is what the window added in them (their ops
+    at ``us_per_op``) plus the decode of every op recorded (``decode_us_per_op``), all at the
+    midpoints of the ranges; the budget is ``budget_share`` of the job's predicted total (its
+    steps this process runs x the steady step: the median window step over the midpoint of the
+    measured slowdown, ``measured_capture_ratio``).
+
+    Args:
+        step_s: the window's step times so far, seconds (>= 1 step).
+        ops_per_step: ops recorded in each of those steps.
+        us_per_op: (low, high) wall time the capture added per op in those steps, µs.
+        next_us_per_op: the same for the next step (no shapes after the first with
+            ``record_shapes="first"``).
+        decode_us_per_op: (low, high) training-thread time the decode costs per op, µs.
+        job_steps: optimizer steps this process runs in all, >= 1.
+        budget_share: the capture's cost at most this share of the job's predicted total.
+
+    Returns:
+        ``WindowBudget.CONTINUE`` while one more step stays within budget;
+        ``WindowBudget.FINISH`` when it would not (decode the steps captured);
+        ``WindowBudget.DROP`` when the first step's own decode is already over budget (a job
+        too short for its capture to pay off: keep timing steps, decode nothing).
+    """
+    ratio = measured_capture_ratio(step_s, ops_per_step, us_per_op)
+    if ratio is None or job_steps < 1:
+        return WindowBudget.CONTINUE
+    steady_s = statistics.median(step_s) / (0.5 * (ratio[0] + ratio[1]))
+    budget_s = budget_share * job_steps * steady_s
+    decode_s = 0.5 * (decode_us_per_op[0] + decode_us_per_op[1]) * 1e-6
+    window_s = 0.5 * (us_per_op[0] + us_per_op[1]) * 1e-6
+    next_s = 0.5 * (next_us_per_op[0] + next_us_per_op[1]) * 1e-6
+    recorded = sum(ops_per_step)
+    if len(ops_per_step) == 1 and recorded * decode_s > budget_s:
+        return WindowBudget.DROP
+    spent_s = recorded * (window_s + decode_s)
+    one_more_s = statistics.median(ops_per_step) * (next_s + decode_s)
+    return WindowBudget.CONTINUE if spent_s + one_more_s <= budget_s else WindowBudget.FINISH
 
 
 def choose_op_capture(mode: str) -> OpCaptureChoice:

@@ -35,6 +35,8 @@ from . import native_ops
 from .ops import NativeOpCapture, ProfilerOpCapture
 from .sysinfo import device_info, host_info, machine_facts
 from .window import (
+    CAPTURE_BUDGET_SHARE,
+    WindowBudget,
     WindowFacts,
     WindowState,
     build_window_trace,
@@ -42,6 +44,7 @@ from .window import (
     measured_capture_ratio,
     measured_spike_steps,
     start_kernel_collector,
+    window_budget,
 )
 
 if TYPE_CHECKING:
@@ -119,6 +122,7 @@ class WindowRunner:
         world_size: int = 1,
         ets_hook_version: str = "",
         off_note: str = "",
+        budget_job_steps: int | None = None,
     ) -> None:
         """Set the window up; with ``capture_steps > 0``, get the native op observer loading (or
         building) and gather the machine facts the trace records, before training starts.
@@ -152,6 +156,12 @@ class WindowRunner:
             model_name, rank, world_size, ets_hook_version: recorded in the trace.
             off_note: why capture is off from the start (e.g. disabled by the environment);
                 empty: the note of ``capture_steps=0``, if it is 0.
+            budget_job_steps: the steps this process runs in all: the window then adapts to
+                them (``capture.window.window_budget``: it ends early, or drops its ops, when
+                one more step would take the capture's predicted cost past
+                ``CAPTURE_BUDGET_SHARE`` of the job's predicted total; native observer on the
+                CPU, where the per-op costs are known); ``capture_steps`` is then the most.
+                None: a fixed window of ``capture_steps``.
         """
         self._sink = sink
         # The window's settings, and where it stands (``status``).
@@ -188,6 +198,9 @@ class WindowRunner:
         # Steps of the window whose op capture began after the step started (see on_forward).
         self._partial_steps: list[int] = []
         self._restart_pending = False
+        self._budget_job_steps = budget_job_steps
+        self._budget_verdict = WindowBudget.CONTINUE  # of the latest window step
+        self._window_measure: dict[str, Any] = {}  # the sink's latest measured window facts
         self.window_ops: list[int] = []  # ops recorded per window step (native path)
         self._window_records = 0
         self._remove_capture_hooks = remove_capture_hooks
@@ -395,7 +408,14 @@ class WindowRunner:
             else:
                 self.start()
         elif self.state == WindowState.CAPTURING:
-            if completed == self.skip_steps + self.capture_steps:
+            verdict, self._budget_verdict = self._budget_verdict, WindowBudget.CONTINUE
+            if verdict == WindowBudget.DROP:
+                self._shorten_window(completed, decode=False)
+                self._drop_window()
+            elif completed == self.skip_steps + self.capture_steps:
+                self.finish(truncated=False)
+            elif verdict == WindowBudget.FINISH:
+                self._shorten_window(completed)
                 self.finish(truncated=False)
             elif self._restart_pending:
                 # No forward hook fired in the last step: restart here (a start is safe inside
@@ -420,19 +440,83 @@ class WindowRunner:
         us_per_op = self._ops.us_per_op[self.record_shapes != "none"]
         recent_s = self._step_times_s[-len(self.window_ops) :]
         ratio = measured_capture_ratio(recent_s, self.window_ops, us_per_op)
-        if ratio is not None:
-            end = self.skip_steps + self.capture_steps
-            spike = measured_spike_steps(
-                recent_s, self.window_ops, self.capture_steps, ratio, self._ops.decode_us_per_op
+        if ratio is None:
+            return
+        if self._budget_job_steps is not None:
+            next_us_per_op = self._ops.us_per_op[self.record_shapes == "all"]
+            self._budget_verdict = window_budget(
+                recent_s,
+                self.window_ops,
+                us_per_op,
+                next_us_per_op,
+                self._ops.decode_us_per_op,
+                self._budget_job_steps,
             )
-            self._sink.set_capture_window(
-                self.skip_steps,
-                end,
-                capture_ratio=ratio,
-                capture_spike_steps=spike,
-                measured=True,
-                window_step_s=statistics.median(recent_s),
-            )
+        self._window_measure = {
+            "capture_ratio": ratio,
+            "measured": True,
+            "window_step_s": statistics.median(recent_s),
+        }
+        self._tell_sink_window()
+
+    @property
+    def predicted_cost_s(self) -> float | None:
+        """The capture's predicted cost to the training loop, seconds: the ops its window
+        recorded at the midpoints of the observer's in-window and decode per-op costs (the
+        budget's own figure, ``window_budget``); without the decode once the ops were dropped.
+        None until a window step was measured (native observer, CPU)."""
+        if not self.window_ops or self._ops is None or not isinstance(self._ops, NativeOpCapture):
+            return None
+        shapes = self.record_shapes != "none"
+        window_us = 0.5 * sum(self._ops.us_per_op[shapes])
+        if self.record_shapes == "first" and len(self.window_ops) > 1:
+            later_us = 0.5 * sum(self._ops.us_per_op[False])
+            window_s = (self.window_ops[0] * window_us + sum(self.window_ops[1:]) * later_us) * 1e-6
+        else:
+            window_s = sum(self.window_ops) * window_us * 1e-6
+        dropped = self.state == WindowState.OFF and "capture dropped" in self._capture_note
+        decode_s = (
+            0.0 if dropped else sum(self.window_ops) * 0.5 * sum(self._ops.decode_us_per_op) * 1e-6
+        )
+        return window_s + decode_s
+
+    def _tell_sink_window(self, decode: bool = True) -> None:
+        """The window's steps and its measured costs (decode: of the ops the whole window will
+        have recorded; none when ``decode`` is false) for the sink."""
+        measure = self._window_measure
+        spike = measured_spike_steps(
+            self._step_times_s[-len(self.window_ops) :],
+            self.window_ops,
+            self.capture_steps,
+            measure["capture_ratio"],
+            self._ops.decode_us_per_op if self._ops is not None and decode else (0.0, 0.0),
+        )
+        self._sink.set_capture_window(
+            self.skip_steps,
+            self.skip_steps + self.capture_steps,
+            capture_spike_steps=spike,
+            **measure,
+        )
+
+    def _shorten_window(self, completed: int, *, decode: bool = True) -> None:
+        """The adaptive window ends after ``completed`` steps: its length, and the sink's
+        (``decode``: its ops will be decoded)."""
+        self.capture_steps = completed - self.skip_steps
+        self._sink.set_perturbed_steps(completed + 1)
+        if self._window_measure:
+            self._tell_sink_window(decode)
+
+    def _drop_window(self) -> None:
+        """Even one step's decode would cost more than the budget: stop, decode nothing."""
+        ops = self._ops
+        share = 100 * CAPTURE_BUDGET_SHARE
+        self.abandon(
+            f"capture dropped: decoding it would cost more than {share:g}% of this job's "
+            "predicted total (a short job: its steps are timed only)"
+        )
+        if isinstance(ops, NativeOpCapture):
+            ops.discard()
+        logger.info("ets-hook: %s", self._capture_note)
 
     def _restart_ops(self) -> None:
         self._restart_pending = False

@@ -2,7 +2,8 @@
 
 The ETS sequence (``ets_rows``) is an iteration's depth-0 ops in start order: forward ATen ops,
 backward autograd nodes, optimizer ops, other work on the training threads; profiler annotations
-(``trace.names``) and phase-less ops of non-training threads are excluded (``_RowFilter``).
+(``trace.names``), the input pipeline's ops (``Phase.INPUT``) and phase-less ops of non-training
+threads are excluded (``_RowFilter``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ class _RowFilter:
         self.training_threads: set[int] = set()
 
     def __call__(self, op: OpEvent) -> bool:
-        if op.depth != 0 or op.name.startswith(NON_ROW_PREFIXES):
+        if op.depth != 0 or op.phase is Phase.INPUT or op.name.startswith(NON_ROW_PREFIXES):
             return False
         if op.phase is not Phase.OTHER or is_backward_name(op.name):
             self.training_threads.add(op.thread)
@@ -43,7 +44,8 @@ def ets_rows(iteration: IterationTrace) -> list[int]:
         The row indices; empty when no op qualifies.
     """
     is_row = _RowFilter()
-    return [i for i, op in enumerate(iteration.ops) if is_row(op)]
+    # Nested ops (most of them) are never rows: test depth here, not in a call per op.
+    return [i for i, op in enumerate(iteration.ops) if op.depth == 0 and is_row(op)]
 
 
 def op_direction(op: OpEvent) -> str | None:

@@ -235,6 +235,7 @@ class Forecaster:
         self._capture: tuple[int, int] | None = None
         self.rank, self.world_size = rank, world_size
         self._job_view: JobView | None = None
+        self._host_load: tuple[float, float] | None = None  # (foreign CPU, steal) shares
         self._warmup_end = 0  # steps [0, _warmup_end) are known warm-up (compiles)
         self._low_precision = False
 
@@ -297,7 +298,9 @@ class Forecaster:
         """
         self._device_series.pending.append(duration_s)
 
-    def on_phase_end(self, name: str, duration_s: float, now_s: float) -> None:
+    def on_phase_end(
+        self, name: str, duration_s: float, now_s: float, at_step: int | None = None
+    ) -> None:
         """A marked non-training phase ``name`` ended at ``now_s`` after ``duration_s``.
 
         Never raises: failures are logged once and disable the reporters.
@@ -306,10 +309,13 @@ class Forecaster:
             name: the phase name (e.g. "eval", "checkpoint").
             duration_s: its duration, seconds (negative counts as 0).
             now_s: its end time, seconds on the ``start_s`` clock.
+            at_step: the global step count it belongs after, when known better than now (a
+                phase measured later, e.g. the first epoch's start-up); None: the steps done.
         """
         try:
             with self._lock:
-                self._phases.record(name, duration_s, self._job.initial_step + self._steps_done)
+                step = self._job.initial_step + self._steps_done if at_step is None else at_step
+                self._phases.record(name, duration_s, step)
                 self._phase_ends_s.append(now_s)
                 self._phase_cum_s.append(self._phases.total_s)
                 self._last_phase_end_s = max(self._last_phase_end_s, now_s)
@@ -403,6 +409,14 @@ class Forecaster:
             raise ValueError(f"view must be a JobView or None, got {view!r}")
         with self._lock:
             self._job_view = view
+            self._version += 1
+
+    def set_host_load(self, foreign_cpu: float, steal: float) -> None:
+        """The machine's latest load from other work (``capture.host_load``), shares of its
+        CPU in 0..1; shown in predictions (``host_foreign_cpu``, ``host_steal``). Any thread.
+        """
+        with self._lock:
+            self._host_load = (float(foreign_cpu), float(steal))
             self._version += 1
 
     def set_capture_window(
@@ -665,6 +679,8 @@ class Forecaster:
             slowest_rank=view.slowest_rank if view is not None else None,
             job_view_step=view.step if view is not None else None,
             straggler_rank=view.straggler_rank if view is not None else None,
+            host_foreign_cpu=self._host_load[0] if self._host_load is not None else None,
+            host_steal=self._host_load[1] if self._host_load is not None else None,
         )
 
     def _job_lag_s(self, view: JobView | None) -> float | None:

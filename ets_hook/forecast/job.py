@@ -25,6 +25,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .distributions import student_t_quantile
+from .epochs import EPOCH_START
 
 EVAL = "eval"
 CHECKPOINT = "checkpoint"
@@ -125,7 +126,9 @@ class JobModel:
             eval_every: period in optimizer steps (>= 1) of the phase named "eval".
             checkpoint_every: the same for the phase named "checkpoint".
             phase_every: the same for any phase name (0: one-off); ``eval_every`` and
-                ``checkpoint_every`` override its entries.
+                ``checkpoint_every`` override its entries. With steps per epoch known, the
+                phase ``"epoch start"`` (``forecast.epochs``) gets them as its period unless
+                given here.
             initial_step: global steps done before this process (resuming), >= 0.
 
         Returns:
@@ -176,6 +179,8 @@ class JobModel:
                 )
             candidates.append(math.ceil(epochs * steps_per_epoch))
         periods: dict[str, int] = dict(phase_every or {})
+        if steps_per_epoch is not None:
+            periods.setdefault(EPOCH_START, steps_per_epoch)
         for name, every in ((EVAL, eval_every), (CHECKPOINT, checkpoint_every)):
             if every is not None:
                 periods[name] = _positive_int(f"{name}_every", every)

@@ -24,6 +24,12 @@ def utc_from_timestamp(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, tz=timezone.utc)
 
 
+#: ``Prediction.host_busy`` from this share of the machine's CPU used by other processes...
+BUSY_FOREIGN_CPU = 0.25
+#: ... or this share taken as steal time.
+BUSY_STEAL = 0.05
+
+
 @dataclass(frozen=True, slots=True)
 class Prediction:
     """What ets-hook predicts, as of the last step (or phase) the forecaster was told about.
@@ -80,6 +86,11 @@ class Prediction:
             moved by the gap between the job's predicted end and this rank's at that exchange.
         straggler_rank: the rank whose compute + data wait per step is 10% or more above the
             fastest rank's, from that exchange; None when there is none or it is unknown.
+        host_foreign_cpu: share of the machine's CPU (0..1) other processes used over the
+            latest sample (``capture.host_load``, about a second); None before one, or where
+            psutil cannot read it.
+        host_steal: share of the machine's CPU the hypervisor took (steal) over that sample;
+            None alike.
     """
 
     step: int
@@ -117,6 +128,16 @@ class Prediction:
     slowest_rank: int | None = None
     job_view_step: int | None = None
     straggler_rank: int | None = None
+    host_foreign_cpu: float | None = None
+    host_steal: float | None = None
+
+    @property
+    def host_busy(self) -> bool:
+        """Other work loads the machine enough to move step times: ``host_foreign_cpu`` >=
+        ``BUSY_FOREIGN_CPU`` (a quarter of the machine) or ``host_steal`` >= ``BUSY_STEAL``."""
+        return (self.host_foreign_cpu or 0.0) >= BUSY_FOREIGN_CPU or (
+            self.host_steal or 0.0
+        ) >= BUSY_STEAL
 
     @property
     def iteration_rel_ci(self) -> float:

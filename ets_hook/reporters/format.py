@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from ..forecast.prediction import BUSY_FOREIGN_CPU, BUSY_STEAL
+
 if TYPE_CHECKING:
     from ..forecast.prediction import Prediction
 
@@ -100,7 +102,9 @@ def format_prediction(p: Prediction) -> str:
         while the total step count is unknown, and without the ETA and total while ``eta_s`` is;
         with early stopping followed, `` · early stop ~step 1200 · total 8m20s–13m45s``; in a
         multi-process job once a rank exchange has given the job's end, `` · job of 8 ranks,
-        waits for rank 3`` (ETA and total are then the job's).
+        waits for rank 3`` (ETA and total are then the job's); while other work loads the
+        machine (``Prediction.host_busy``), `` · host busy: other processes 40% CPU,
+        steal 6%``.
     """
     steps = f"step {p.step}/{p.total_steps}" if p.total_steps is not None else f"step {p.step}"
     text = f"{steps} · {format_step_time(p.iteration_s)} {format_relative(p.iteration_rel_ci)}"
@@ -114,4 +118,9 @@ def format_prediction(p: Prediction) -> str:
         )
     if p.world_size > 1 and p.slowest_rank is not None:
         text += f" · job of {p.world_size} ranks, waits for rank {p.slowest_rank}"
+    foreign, steal = p.host_foreign_cpu or 0.0, p.host_steal or 0.0
+    if p.host_busy:
+        parts = [f"other processes {100 * foreign:.0f}% CPU"] if foreign >= BUSY_FOREIGN_CPU else []
+        parts += [f"steal {100 * steal:.0f}%"] if steal >= BUSY_STEAL else []
+        text += " · host busy: " + ", ".join(parts)
     return text

@@ -4,10 +4,11 @@ Under data parallelism every rank's wall step time is the same: a fast rank wait
 gradient all-reduce for the slowest. Comparing ranks therefore needs what each rank does besides
 waiting. Per captured step:
 
-- ``data_wait``: from the step's start (the previous step's end) to its first op: fetching the
-  next batch in the training process (a ``DataLoader`` iterator, a slow input pipeline, a
-  ``sleep``). Per-sample tensor work of a ``Dataset`` run in this process records ops, and is
-  counted as compute.
+- ``data_wait``: from the step's start (the previous step's end) to its first op that is not
+  input work: fetching the next batch in the training process (a ``DataLoader`` iterator, a slow
+  input pipeline, a ``sleep``). The ops of a ``Dataset`` or ``collate_fn`` run in this process
+  (``num_workers=0``: inside the iterator's ``enumerate(DataLoader)#`` annotation, decoded as
+  ``Phase.INPUT``) count as data wait, not compute.
 - ``compute``: on GPU steps (kernels captured) the union of the non-communication kernels'
   intervals; otherwise the union of the outermost ops' intervals, less the collective ops in
   them (``trace.names.is_collective``).
@@ -21,7 +22,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .events import IterationTrace, Trace
+from .events import IterationTrace, Phase, Trace
 from .names import is_collective
 from .summary import printable
 
@@ -107,7 +108,8 @@ def breakdown_iteration(iteration: IterationTrace) -> StepBreakdown:
     """
     wall_ns = max(iteration.end_ns - iteration.start_ns, 0)
     wall_s = wall_ns / 1e9
-    ops = iteration.ops
+    # The input pipeline's ops in this process (Phase.INPUT) are part of the data wait.
+    ops = [op for op in iteration.ops if op.phase is not Phase.INPUT]
     if not ops:
         return StepBreakdown(iteration.step, wall_s, 0.0, wall_s, 0.0, 0.0)
     first_start = min(op.start_ns for op in ops)

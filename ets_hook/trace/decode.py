@@ -27,7 +27,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from .events import IterationTrace, KernelEvent, OpEvent, Phase
-from .names import OPTIMIZER_ANNOTATION_PREFIX, is_annotation, is_autograd_node
+from .names import (
+    INPUT_ANNOTATION_PREFIX,
+    OPTIMIZER_ANNOTATION_PREFIX,
+    is_annotation,
+    is_autograd_node,
+)
 
 
 @dataclass(slots=True)
@@ -74,43 +79,66 @@ class RawOp:
     handle: int = 0
 
 
-def _is_annotation(raw: RawOp) -> bool:
-    return is_annotation(raw.name, raw.scope)
+def _classify(
+    raws: Sequence[RawOp],
+) -> tuple[list[bool], list[bool], list[bool], list[bool]]:
+    """Per event: annotation, autograd node, optimizer annotation, DataLoader annotation
+    (decided once per name)."""
+    kinds: dict[tuple[str, int], tuple[bool, bool, bool, bool]] = {}
+    annotation: list[bool] = []
+    autograd: list[bool] = []
+    optimizer: list[bool] = []
+    loader: list[bool] = []
+    for raw in raws:
+        key = (raw.name, raw.scope)
+        kind = kinds.get(key)
+        if kind is None:
+            is_ann = is_annotation(raw.name, raw.scope)
+            kind = kinds[key] = (
+                is_ann,
+                is_autograd_node(raw.name, raw.scope),
+                is_ann and raw.name.startswith(OPTIMIZER_ANNOTATION_PREFIX),
+                raw.name.startswith(INPUT_ANNOTATION_PREFIX),
+            )
+        annotation.append(kind[0])
+        autograd.append(kind[1])
+        optimizer.append(kind[2])
+        loader.append(kind[3])
+    return annotation, autograd, optimizer, loader
 
 
-def _is_autograd_node(raw: RawOp) -> bool:
-    return is_autograd_node(raw.name, raw.scope)
+def _nest(
+    starts: Sequence[int], ends: Sequence[int], threads: Sequence[int], order: Sequence[int]
+) -> list[int]:
+    """Parent index of each event on its own thread, -1 for outermost.
 
-
-def _nest(raws: Sequence[RawOp]) -> list[int]:
-    """Parent index (into ``raws``) of each event on its own thread, -1 for outermost."""
-    parents = [-1] * len(raws)
-    by_thread: dict[int, list[int]] = defaultdict(list)
-    for index, raw in enumerate(raws):
-        by_thread[raw.thread].append(index)
-    for indices in by_thread.values():
-        indices.sort(key=lambda i: (raws[i].start_ns, -raws[i].duration_ns))
-        stack: list[int] = []
-        for index in indices:
-            start = raws[index].start_ns
-            while stack and raws[stack[-1]].start_ns + raws[stack[-1]].duration_ns <= start:
-                stack.pop()
-            parents[index] = stack[-1] if stack else -1
-            stack.append(index)
+    ``order`` lists every event by (start, longest first); an event's parent is the latest
+    event of its thread before it in that order that has not ended when it starts.
+    """
+    parents = [-1] * len(starts)
+    stacks: dict[int, list[int]] = defaultdict(list)
+    for index in order:
+        stack = stacks[threads[index]]
+        start = starts[index]
+        while stack and ends[stack[-1]] <= start:
+            stack.pop()
+        if stack:
+            parents[index] = stack[-1]
+        stack.append(index)
     return parents
 
 
 def _training_thread(
-    raws: Sequence[RawOp], parents: list[int], annotation: list[bool], autograd: list[bool]
+    threads: Sequence[int], parents: list[int], annotation: list[bool], autograd: list[bool]
 ) -> int:
     """The thread that runs the forward: most outermost non-autograd, non-annotation events."""
     counts: Counter[int] = Counter(
-        raw.thread
-        for raw, parent, is_ann, is_node in zip(raws, parents, annotation, autograd)
+        thread
+        for thread, parent, is_ann, is_node in zip(threads, parents, annotation, autograd)
         if parent == -1 and not is_node and not is_ann
     )
     if not counts:
-        counts = Counter(raw.thread for raw in raws)
+        counts = Counter(threads)
     return counts.most_common(1)[0][0] if counts else 0
 
 
@@ -154,84 +182,90 @@ def build_iterations(
         order (annotations and events outside every step dropped) with host gaps filled
         (``fill_host_gaps``).
     """
-    parents = _nest(raws)
-    annotation = [_is_annotation(raw) for raw in raws]
-    autograd = [_is_autograd_node(raw) for raw in raws]
-    optimizer_annotation = [
-        is_ann and raw.name.startswith(OPTIMIZER_ANNOTATION_PREFIX)
-        for raw, is_ann in zip(raws, annotation)
-    ]
-    training_thread = _training_thread(raws, parents, annotation, autograd)
+    starts_ns = [raw.start_ns for raw in raws]
+    durations_ns = [raw.duration_ns for raw in raws]
+    ends_ns = [start + duration for start, duration in zip(starts_ns, durations_ns)]
+    threads = [raw.thread for raw in raws]
+    order = sorted(range(len(raws)), key=lambda i: (starts_ns[i], -durations_ns[i]))
+    parents = _nest(starts_ns, ends_ns, threads, order)
+    annotation, autograd, optimizer_annotation, loader_annotation = _classify(raws)
+    training_thread = _training_thread(threads, parents, annotation, autograd)
     ordered_bounds = sorted(bounds, key=lambda b: b.start_ns)
     starts = [b.start_ns for b in ordered_bounds]
 
-    # Resolve, per event: its root (outermost ancestor), annotation facts and autograd ancestry.
+    # Resolve, per event in start order (a parent always comes before its children): its root
+    # (outermost ancestor), annotation facts and autograd ancestry.
     roots = list(range(len(raws)))
-    in_optimizer = [False] * len(raws)
-    in_backward = [False] * len(raws)
+    in_optimizer = optimizer_annotation[:]
+    in_backward = autograd[:]
+    in_input = loader_annotation[:]
     op_parent = [-1] * len(raws)  # nearest non-annotation ancestor
     depth = [0] * len(raws)
-    order = sorted(range(len(raws)), key=lambda i: (raws[i].start_ns, -raws[i].duration_ns))
-    position = [0] * len(raws)
-    for rank, index in enumerate(order):
-        position[index] = rank
     for index in order:
         parent = parents[index]
-        if parent >= 0 and position[parent] > position[index]:
-            parent = -1  # defensive: a parent never follows its child
         if parent >= 0:
             roots[index] = roots[parent]
-            in_optimizer[index] = in_optimizer[parent] or optimizer_annotation[parent]
-            in_backward[index] = in_backward[parent] or autograd[parent]
-            op_parent[index] = op_parent[parent] if annotation[parent] else parent
-            depth[index] = depth[parent] + (0 if annotation[parent] else 1)
-        in_optimizer[index] = in_optimizer[index] or optimizer_annotation[index]
-        in_backward[index] = in_backward[index] or autograd[index]
+            if in_optimizer[parent]:
+                in_optimizer[index] = True
+            if in_backward[parent]:
+                in_backward[index] = True
+            if in_input[parent]:
+                in_input[index] = True
+            if annotation[parent]:
+                op_parent[index] = op_parent[parent]
+                depth[index] = depth[parent]
+            else:
+                op_parent[index] = parent
+                depth[index] = depth[parent] + 1
 
     members: list[list[int]] = [[] for _ in ordered_bounds]
     for index in order:
         if annotation[index]:
             continue
-        slot = bisect.bisect_right(starts, raws[roots[index]].start_ns) - 1
-        if slot < 0 or raws[roots[index]].start_ns >= ordered_bounds[slot].end_ns:
+        root_start = starts_ns[roots[index]]
+        slot = bisect.bisect_right(starts, root_start) - 1
+        if slot < 0 or root_start >= ordered_bounds[slot].end_ns:
             continue  # outside every timed step (before the window, in a marked phase gap)
         members[slot].append(index)
 
     iterations: list[IterationTrace] = []
     for slot, (bound, indices) in enumerate(zip(ordered_bounds, members)):
-        last_backward_start = max(
-            (raws[i].start_ns for i in indices if in_backward[i]), default=None
-        )
+        last_backward_start = max((starts_ns[i] for i in indices if in_backward[i]), default=None)
         local = {raw_index: k for k, raw_index in enumerate(indices)}
         ops: list[OpEvent] = []
-        for raw_index in indices:
+        append = ops.append
+        for k, raw_index in enumerate(indices):
             raw = raws[raw_index]
             if in_optimizer[raw_index]:
                 phase = Phase.OPTIMIZER
             elif in_backward[raw_index]:
                 phase = Phase.BACKWARD
+            elif in_input[raw_index]:
+                phase = Phase.INPUT
             elif raw.thread == training_thread and (
                 last_backward_start is None or raw.start_ns < last_backward_start
             ):
                 phase = Phase.FORWARD
             else:
                 phase = Phase.OTHER
-            ops.append(
+            # Positional: OpEvent(name, start_ns, duration_ns, thread, phase, depth, parent,
+            # sequence_nr, input_shapes, input_dtypes); keywords cost a third more per op.
+            append(
                 OpEvent(
-                    name=raw.name,
-                    start_ns=raw.start_ns,
-                    duration_ns=raw.duration_ns,
-                    thread=raw.thread,
-                    phase=phase,
-                    depth=depth[raw_index],
-                    parent=local.get(op_parent[raw_index], -1),
-                    sequence_nr=raw.sequence_nr,
-                    input_shapes=raw.input_shapes,
-                    input_dtypes=raw.input_dtypes,
+                    raw.name,
+                    raw.start_ns,
+                    raw.duration_ns,
+                    raw.thread,
+                    phase,
+                    depth[raw_index],
+                    local.get(op_parent[raw_index], -1),
+                    raw.sequence_nr,
+                    raw.input_shapes,
+                    raw.input_dtypes,
                 )
             )
             if positions is not None:
-                positions[raw_index] = (slot, len(ops) - 1)
+                positions[raw_index] = (slot, k)
         iterations.append(
             IterationTrace(step=bound.step, start_ns=bound.start_ns, end_ns=bound.end_ns, ops=ops)
         )

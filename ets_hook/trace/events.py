@@ -29,6 +29,10 @@ class Phase(str, enum.Enum):
     BACKWARD = "backward"
     OPTIMIZER = "optimizer"
     OTHER = "other"
+    #: The input pipeline's work in the training process: ops inside the DataLoader iterator's
+    #: ``enumerate(DataLoader)#...__next__`` (``Dataset.__getitem__``, ``collate_fn``,
+    #: pin-memory copies with ``num_workers=0``). Not model work: never an ETS row.
+    INPUT = "input"
 
 
 class KernelKind(str, enum.Enum):

@@ -431,6 +431,7 @@ def _decode_iteration(
     params: list[tuple[int, ...]],
     source: str,
     index: int,
+    n_phases: int,
 ) -> IterationTrace:
     where = f"iterations[{index}]"
     table = _map(raw, source, where)
@@ -445,7 +446,7 @@ def _decode_iteration(
     )
     for values, low, high, field in (
         (ops["name"], 0, len(strings) - 1, "ops.name"),
-        (ops["phase"], 0, len(_PHASES) - 1, "ops.phase"),
+        (ops["phase"], 0, n_phases - 1, "ops.phase"),
         (ops["signature"], 0, len(signatures) - 1, "ops.signature"),
         (ops["params"], 0, len(params) - 1, "ops.params"),
         (ops["parent"], -1, n_ops - 1, "ops.parent"),
@@ -568,8 +569,10 @@ def _decode(payload: Any, source: str) -> Trace:
         raise TraceFieldError(
             source, "format", f"expected 'ets-hook-trace', got {_describe(root.get('format'))}"
         )
+    # Tables only grow at their end (older files: a prefix of ours, e.g. before Phase.INPUT).
     for key, expected in (("phases", _PHASES), ("kernel_kinds", _KINDS)):
-        if root.get(key) != expected:
+        table = root.get(key)
+        if not (isinstance(table, list) and table and table == expected[: len(table)]):
             raise TraceFieldError(source, key, f"unknown table: expected {expected}")
     strings = _list(root.get("strings", _MISSING), source, "strings")
     for index, text in enumerate(strings):
@@ -583,7 +586,7 @@ def _decode(payload: Any, source: str) -> Trace:
         params.append(tuple(values))
     meta = _map(root.get("meta", _MISSING), source, "meta")
     iterations = [
-        _decode_iteration(raw, strings, signatures, params, source, index)
+        _decode_iteration(raw, strings, signatures, params, source, index, len(root["phases"]))
         for index, raw in enumerate(_list(root.get("iterations", _MISSING), source, "iterations"))
     ]
     step_times = [

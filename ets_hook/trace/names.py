@@ -18,7 +18,9 @@ OPTIMIZER_ANNOTATION_PREFIX = "Optimizer."
 STEP_ANNOTATION_PREFIXES = ("Optimizer.step#", "Optimizer.zero_grad#", "ProfilerStep#")
 #: Names that may show up at depth 0 of a decoded or imported trace but are never ETS rows: the
 #: step annotations, the DataLoader's iterator annotation and user ``record_function("## ...")``.
-NON_ROW_PREFIXES = (*STEP_ANNOTATION_PREFIXES, "enumerate(DataLoader)", "## ")
+#: The DataLoader iterator's annotation (``_BaseDataLoaderIter.__next__``): its ops are input work.
+INPUT_ANNOTATION_PREFIX = "enumerate(DataLoader)"
+NON_ROW_PREFIXES = (*STEP_ANNOTATION_PREFIXES, INPUT_ANNOTATION_PREFIX, "## ")
 
 #: Collective communication ops (c10d's dispatcher ops, the profiler's backend annotations):
 #: time in them is communication or waiting for other ranks, not this rank's own work.

@@ -184,7 +184,9 @@ def test_eval_phases_and_grad_accumulation_give_the_right_total() -> None:
     # Evaluations are out of the step rate...
     assert p.iteration_s == pytest.approx(0.2, rel=0.05)
     # ...and projected: one more evaluation (after step 60) at the later cost.
-    (eval_,) = p.phases
+    eval_, epoch_start = p.phases  # the epoch start is hinted by the epochs, not yet seen
+    assert (eval_.name, epoch_start.name) == ("eval", "epoch start")
+    assert epoch_start.occurrences == 0 and epoch_start.remaining_s is None
     assert eval_.remaining == 1
     assert eval_.mean_s == pytest.approx(3.0)
     assert p.total_s == pytest.approx(actual, rel=0.03)

@@ -127,7 +127,7 @@ class _Collect(logging.Handler):
 
 def _fit(tmp: Path, name: str, epochs: int, ckpt_path: str | None = None) -> Run:
     status_path = tmp / f"{name}.json"
-    callback = ETSCallback(status_path=status_path)
+    callback = ETSCallback(status_path=status_path, capture_steps=5)
     checkpoint = ModelCheckpoint(dirpath=tmp / "ckpt", save_top_k=-1, save_last=True)
     trainer = L.Trainer(
         max_epochs=epochs,
@@ -214,7 +214,10 @@ def test_job_is_read_from_the_trainer(runs: Runs) -> None:
     assert options["eval_every"] == STEPS_PER_EPOCH  # validation every epoch
     assert runs.first.callback.hook.total_steps == 24
     assert runs.first.callback.prediction.total_steps == 24
-    assert runs.first.callback.hook_options == {"status_path": runs.first.status_path}
+    assert runs.first.callback.hook_options == {
+        "status_path": runs.first.status_path,
+        "capture_steps": 5,
+    }
 
 
 def test_resumed_fit_starts_at_the_restored_step(runs: Runs) -> None:

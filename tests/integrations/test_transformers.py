@@ -229,7 +229,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
             )
             return trainer
 
-        run1 = train(first, ETSTrainerCallback(total_steps=32))
+        run1 = train(first, ETSTrainerCallback(total_steps=32, capture_steps=5))
         run1.bar = bar
         run1.extra["callbacks"] = [
             type(cb).__name__ for cb in run1.trainer.callback_handler.callbacks
@@ -249,7 +249,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
             return trainer
 
         run2 = train(
-            second, ETSTrainerCallback(), resume_from_checkpoint=str(out / "checkpoint-20")
+            second,
+            ETSTrainerCallback(capture_steps=5),
+            resume_from_checkpoint=str(out / "checkpoint-20"),
         )
     return Runs(run1, run2, out)
 

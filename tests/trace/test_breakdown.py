@@ -373,3 +373,23 @@ def test_rank_table_with_a_zero_fastest_rank_shows_no_ratio() -> None:
 
 def test_rank_table_of_no_ranks_is_the_header() -> None:
     assert len(format_rank_table([]).splitlines()) == 1
+
+
+def test_input_ops_in_this_process_are_data_wait_not_compute() -> None:
+    from ets_hook.trace.events import Phase
+
+    b = breakdown_iteration(
+        step(
+            [
+                op("aten::stack", 5, 20, phase=Phase.INPUT),  # collate_fn, num_workers=0
+                op("aten::mm", 30, 40),
+                op("aten::add", 75, 5),
+            ],
+            wall_ms=100,
+        )
+    )
+    assert b.data_wait_s == pytest.approx(0.030)
+    assert b.compute_s == pytest.approx(0.045)
+    assert_consistent(b)
+    only_input = breakdown_iteration(step([op("aten::stack", 5, 20, phase=Phase.INPUT)], 50))
+    assert only_input.data_wait_s == pytest.approx(0.050) and only_input.compute_s == 0.0

@@ -155,3 +155,23 @@ def test_device_targets_sum_subtree_kernels_and_gap_to_next_op():
     assert relu.gap_ns == 250 - 64  # the last kernel-launching op: gap to the step's end
     no_kernels = next(op for op in ops if op.name == "aten::sum")
     assert (no_kernels.kernel_duration_ns, no_kernels.gap_ns) == (0, -1)
+
+
+def test_ops_inside_the_dataloader_iterator_are_input_work_not_rows():
+    from ets_hook.ets.rows import ets_rows
+
+    loader = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+    raws = [
+        raw(loader, 2, 8, scope=USER),
+        raw("aten::randn", 3, 2),
+        raw("aten::stack", 6, 3),
+        raw("aten::empty", 7, 1),  # nested in stack: input work too
+        *one_step(0)[:5],  # the forward starts at 10
+    ]
+    (iteration,) = build_iterations(raws, [StepBounds(0, 0, 100)])
+    phases = {op.name: op.phase for op in iteration.ops}
+    assert loader not in phases, "the annotation itself is not an op"
+    assert [phases[n] for n in ("aten::randn", "aten::stack", "aten::empty")] == [Phase.INPUT] * 3
+    assert phases["aten::linear"] is Phase.FORWARD
+    rows = [iteration.ops[i].name for i in ets_rows(iteration)]
+    assert rows == ["aten::linear", "aten::relu", "aten::sum"]

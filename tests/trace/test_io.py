@@ -416,3 +416,26 @@ def test_hostile_strings_print_escaped():
     assert "\\x1b[2J" in text and "\\x0afake line" in text
     assert len(text.splitlines()) == len(format_info(sample_trace(), "t.ets").splitlines())
     assert "h" * TEXT_LIMIT + "..." in text and "h" * (TEXT_LIMIT + 1) not in text
+
+
+def test_a_file_from_before_the_input_phase_loads_and_its_phases_stay_in_range():
+    payload = _valid_payload()
+    assert payload["phases"][-1] == "input"
+    payload["phases"] = payload["phases"][:-1]  # the table files had before Phase.INPUT
+    trace = loads(_with_payload(payload))
+    assert trace.iterations
+    # An index past that older table is corrupt, even though today's table has it.
+    ops = payload["iterations"][0]["ops"]
+    width = len(ops["phase"]) // payload["iterations"][0]["n_ops"]
+    ops["phase"] = (len(payload["phases"])).to_bytes(width, "little") * payload["iterations"][0][
+        "n_ops"
+    ]
+    with pytest.raises(CorruptTraceError):
+        loads(_with_payload(payload))
+
+
+def test_an_unknown_or_reordered_phase_table_is_corrupt():
+    payload = _valid_payload()
+    payload["phases"] = list(reversed(payload["phases"]))
+    with pytest.raises(CorruptTraceError, match="phases"):
+        loads(_with_payload(payload))

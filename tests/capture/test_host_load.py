@@ -1,0 +1,162 @@
+"""capture.host_load: other processes' CPU and steal time, sampled from CPU-time counters."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import namedtuple
+
+import pytest
+
+from ets_hook.capture.host_load import HostLoad, HostLoadSampler
+from ets_hook.forecast.prediction import Prediction
+from ets_hook.reporters.format import format_prediction
+
+Machine = namedtuple("Machine", "user nice system idle iowait irq softirq steal guest guest_nice")
+Own = namedtuple("Own", "user system")
+
+
+class FakeHost:
+    """CPU-time counters the test advances by hand, and a clock."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.machine = dict.fromkeys(Machine._fields, 0.0)
+        self.own = {"user": 0.0, "system": 0.0}
+
+    def sampler(self, interval_s: float = 1.0) -> HostLoadSampler:
+        return HostLoadSampler(
+            interval_s,
+            machine_times=lambda: Machine(**self.machine),
+            process_times=lambda: Own(**self.own),
+            cpus=4,
+            clock=lambda: self.now,
+        )
+
+    def run(self, seconds: float, *, own: float, others: float, steal: float = 0.0) -> None:
+        """``seconds`` pass; this process uses ``own`` CPU-seconds, others ``others``."""
+        self.now += seconds
+        self.own["user"] += own
+        self.machine["user"] += own + others
+        self.machine["steal"] += steal
+        self.machine["guest"] += 0.5 * others  # inside user already: must not count twice
+        self.machine["idle"] += 4 * seconds - own - others - steal
+
+
+def test_other_processes_and_steal_are_shares_of_the_machine() -> None:
+    host = FakeHost()
+    sampler = host.sampler()
+    host.run(2.0, own=2.0, others=3.0, steal=0.4)  # 8 CPU-seconds of capacity
+    load = sampler.sample()
+    assert load == HostLoad(
+        foreign_cpu=pytest.approx(3 / 8), steal=pytest.approx(0.05), interval_s=2.0
+    )
+    assert sampler.latest is load
+
+
+def test_this_process_alone_is_no_foreign_load() -> None:
+    host = FakeHost()
+    sampler = host.sampler()
+    host.run(1.0, own=1.0, others=0.0)
+    load = sampler.sample()
+    assert load is not None and load.foreign_cpu == 0.0 and load.steal == 0.0
+
+
+def test_samples_come_at_most_once_per_interval() -> None:
+    host = FakeHost()
+    sampler = host.sampler(interval_s=1.0)
+    host.run(0.5, own=0.5, others=1.0)
+    assert sampler.sample() is None  # too soon
+    host.run(0.6, own=0.6, others=0.0)
+    load = sampler.sample()
+    assert load is not None and load.interval_s == pytest.approx(1.1)
+    assert load.foreign_cpu == pytest.approx(1.0 / (1.1 * 4))
+
+
+def test_a_failing_read_turns_the_sampler_off_without_raising() -> None:
+    host = FakeHost()
+    calls = {"n": 0}
+
+    def machine() -> Machine:
+        calls["n"] += 1
+        if calls["n"] > 1:
+            raise PermissionError("/proc/stat")
+        return Machine(**host.machine)
+
+    sampler = HostLoadSampler(
+        machine_times=machine, process_times=lambda: Own(0.0, 0.0), cpus=2, clock=lambda: host.now
+    )
+    host.now += 5
+    assert sampler.sample() is None and not sampler.enabled
+    assert sampler.sample() is None
+
+
+def test_the_real_machine_can_be_sampled() -> None:
+    sampler = HostLoadSampler(interval_s=1e-6)
+    sum(i * i for i in range(200_000))  # some CPU time of our own
+    load = sampler.sample()
+    if not sampler.enabled:
+        pytest.skip("psutil cannot read CPU times here")
+    assert load is not None
+    assert 0.0 <= load.foreign_cpu <= 1.0 and 0.0 <= load.steal <= 1.0
+
+
+def test_bad_interval_is_refused() -> None:
+    with pytest.raises(ValueError, match="interval_s"):
+        HostLoadSampler(0)
+
+
+def _prediction(**kw: object) -> Prediction:
+    base = dict(
+        step=10,
+        total_steps=100,
+        remaining_steps=90,
+        iteration_s=0.5,
+        iteration_ci_s=0.01,
+        total_s=50.0,
+        total_ci_s=1.0,
+        eta_s=45.0,
+        elapsed_s=5.0,
+        finish_time=None,
+        converged=True,
+        source="measured",
+    )
+    return Prediction(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_a_busy_host_shows_in_the_log_line() -> None:
+    quiet = format_prediction(_prediction(host_foreign_cpu=0.1, host_steal=0.0))
+    assert "host busy" not in quiet
+    assert not _prediction(host_foreign_cpu=0.1).host_busy
+    assert _prediction(host_steal=0.05).host_busy
+    busy = format_prediction(_prediction(host_foreign_cpu=0.42, host_steal=0.06))
+    assert busy.endswith(" · host busy: other processes 42% CPU, steal 6%")
+    assert "steal" not in format_prediction(_prediction(host_foreign_cpu=0.3))
+    assert dataclasses.asdict(_prediction(host_foreign_cpu=0.3))["host_foreign_cpu"] == 0.3
+
+
+def test_the_hook_puts_the_hosts_load_into_its_predictions(monkeypatch) -> None:
+    import functools
+
+    import torch
+
+    import ets_hook.hook as hook_module
+    from ets_hook import ETSHook
+
+    monkeypatch.setattr(
+        hook_module, "HostLoadSampler", functools.partial(HostLoadSampler, interval_s=1e-9)
+    )
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(model, optimizer=opt, total_steps=20, capture_steps=0, log_every=None)
+    for _ in range(6):
+        opt.zero_grad()
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+    prediction = hook.prediction
+    hook.close()
+    if not HostLoadSampler().enabled:
+        pytest.skip("psutil cannot read CPU times here")
+    assert prediction is not None
+    assert 0.0 <= prediction.host_foreign_cpu <= 1.0
+    assert 0.0 <= prediction.host_steal <= 1.0
+    assert prediction.to_dict()["host_foreign_cpu"] == prediction.host_foreign_cpu

@@ -1,0 +1,148 @@
+"""The input pipeline as its own part of the step: a real DataLoader-bound loop under the hook."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from ets_hook import ETSHook, Phase
+from ets_hook.ets.rows import ets_rows
+from ets_hook.trace.breakdown import breakdown_iteration
+
+
+class AugmentedVectors(Dataset):
+    """Per-sample tensor work in ``__getitem__`` (a decode + augment stand-in)."""
+
+    def __len__(self) -> int:
+        return 4096
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(index)
+        x = torch.randn(256, generator=g).sort().values[:16]
+        return (x - x.mean()) / (x.std() + 1e-6), torch.tensor(index % 4)
+
+
+@pytest.fixture(scope="module", params=["native", "profiler"])
+def loader_trace(request):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(
+        model,
+        optimizer=opt,
+        total_steps=12,
+        capture_steps=3,
+        op_capture=request.param,
+        log_every=None,
+    )
+    loader = DataLoader(AugmentedVectors(), batch_size=16, num_workers=0)
+    for step, (x, y) in enumerate(loader):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        if step == 11:
+            break
+    trace = hook.wait_for_trace(60)
+    hook.close()
+    assert trace is not None, hook.capture_status
+    assert request.param in trace.capture.op_capture
+    return trace
+
+
+def whole_steps(trace):
+    """Steps captured from their start (on the profiler path, with shapes on the first step only,
+    capture restarts at the next forward: later steps begin after their data loading)."""
+    partial = set(trace.metadata.get("partial_steps", ()))
+    whole = [it for it in trace.iterations if it.step not in partial]
+    assert whole
+    return whole
+
+
+def test_the_datasets_ops_are_input_work(loader_trace) -> None:
+    for iteration in whole_steps(loader_trace):
+        names = {op.name for op in iteration.ops if op.phase is Phase.INPUT}
+        assert {"aten::randn", "aten::sort", "aten::stack"} <= names
+        # No model op is input work, and no input op is a row of the ETS sequence.
+        assert not {
+            op.name for op in iteration.ops if op.phase is Phase.INPUT and "linear" in op.name
+        }
+        assert all(iteration.ops[i].phase is not Phase.INPUT for i in ets_rows(iteration))
+        assert any(iteration.ops[i].phase is Phase.FORWARD for i in ets_rows(iteration))
+
+
+def test_input_work_counts_as_data_wait(loader_trace) -> None:
+    for iteration in whole_steps(loader_trace):
+        b = breakdown_iteration(iteration)
+        input_top_s = (
+            sum(op.duration_ns for op in iteration.ops if op.phase is Phase.INPUT and op.depth == 0)
+            / 1e9
+        )
+        assert b.data_wait_s >= input_top_s > 0
+        first_model = min(op.start_ns for op in iteration.ops if op.phase is not Phase.INPUT)
+        assert b.data_wait_s == pytest.approx((first_model - iteration.start_ns) / 1e9)
+
+
+def _phase(prediction, name):
+    return next((p for p in prediction.phases if p.name == name), None)
+
+
+def test_an_epochs_start_up_is_a_phase_not_step_time() -> None:
+    """A loop whose every epoch begins with a 60 ms wait (a stand-in for worker start-up)."""
+    import time
+
+    from ets_hook.forecast.epochs import EPOCH_START
+
+    torch.manual_seed(0)
+    model = nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(
+        model, optimizer=opt, total_steps=40, steps_per_epoch=8, capture_steps=0, log_every=None
+    )
+    for step in range(24):
+        if step % 8 == 0:
+            time.sleep(0.060)
+        opt.zero_grad()
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+    prediction = hook.prediction
+    hook.close()
+    phase = _phase(prediction, EPOCH_START)
+    assert phase is not None and phase.occurrences == 2  # epochs 2 and 3; the first is warm-up
+    assert phase.spent_s >= 2 * 0.050
+    assert phase.remaining == 2  # epochs starting at steps 24 and 32
+    assert phase.remaining_s == pytest.approx(2 * phase.mean_s)
+    # The start-up is out of the step times: epoch-start steps look like the others.
+    times = hook.step_times_s
+    assert max(times[8], times[16]) < 0.050
+    assert prediction.iteration_s < 0.050
+
+
+def test_a_loader_that_restarts_its_workers_seeds_the_phase_from_the_first_step() -> None:
+    from ets_hook.forecast.epochs import EPOCH_START
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(
+        torch.utils.data.Subset(AugmentedVectors(), range(96)), batch_size=16, num_workers=1
+    )
+    hook = ETSHook(
+        model, optimizer=opt, dataloader=loader, epochs=3, capture_steps=0, log_every=None
+    )
+    seen: list[int] = []
+    for _epoch in range(3):
+        for x, y in loader:
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            prediction = hook.prediction
+            phase = _phase(prediction, EPOCH_START)
+            seen.append(phase.occurrences if phase is not None else 0)
+    hook.close()
+    assert prediction.total_steps == 18
+    # Seeded once 1 + SEED_STEPS steps exist, then one occurrence per later epoch.
+    assert seen[:3] == [0, 0, 0] and seen[3] == 1
+    assert seen[6] == 2 and seen[12] == 3
+    assert phase.remaining == 0
