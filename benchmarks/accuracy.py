@@ -372,7 +372,7 @@ def run_job(
     device: str,
     seed: int = 0,
     models_dir: Path | None = None,
-    record_shapes: str = "all",
+    record_shapes: str = "first",
     op_capture: str = "auto",
 ) -> Run:
     """Train ``spec`` for ``steps`` steps under an ``ETSHook``; the run's timings and the
@@ -388,7 +388,7 @@ def _run_rank(
     device: str,
     seed: int = 0,
     models_dir: Path | None = None,
-    record_shapes: str = "all",
+    record_shapes: str = "first",
     op_capture: str = "auto",
     rank: int = 0,
 ) -> Run:
@@ -497,7 +497,7 @@ def run_ddp_job(
     device: str,
     seed: int = 0,
     models_dir: Path | None = None,
-    record_shapes: str = "all",
+    record_shapes: str = "first",
     op_capture: str = "auto",
 ) -> Run:
     """A DDP job over gloo, one process per rank; rank 0's run, scored against the job's end.
@@ -844,7 +844,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="results/accuracy", help="output path prefix")
     parser.add_argument(
-        "--record-shapes", default="all", choices=("first", "all", "none"), help="hook setting"
+        "--record-shapes",
+        default="first",
+        choices=("first", "all", "none"),
+        help="hook setting (default: the hook's own)",
     )
     parser.add_argument(
         "--op-capture", default="native", choices=("native", "profiler"), help="hook setting"

@@ -60,6 +60,16 @@ def test_scale_run_reports_no_drops_for_a_small_op_count(tmp_path: Path) -> None
     assert int(lines["ops_per_step_seen"]) >= 3000 * 0.9
 
 
+def test_decode_cost_times_every_stage_of_a_real_window() -> None:
+    result = run("decode_cost.py", "--workloads", "mlp-w128-d2-b32", "--repeats", "2")
+    assert result.returncode == 0, result.stderr
+    (line,) = [x for x in result.stdout.splitlines() if x.startswith("mlp-w128-d2-b32:")]
+    ops = int(line.split(": ", 1)[1].split(" ops", 1)[0])
+    assert ops >= 5 * 150  # ~200 ops per step of this MLP, 5 steps
+    for stage in ("read", "build_iterations", "estimate"):
+        assert f" {stage} " in line
+
+
 def test_framework_accuracy_quick_run_reports_both_frameworks(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     pytest.importorskip("lightning")
