@@ -200,6 +200,7 @@ class WindowRunner:
         self._restart_pending = False
         self._budget_job_steps = budget_job_steps
         self._budget_verdict = WindowBudget.CONTINUE  # of the latest window step
+        self._dropped = False  # the budget dropped the window's ops (nothing decoded)
         self._window_measure: dict[str, Any] = {}  # the sink's latest measured window facts
         self.window_ops: list[int] = []  # ops recorded per window step (native path)
         self._window_records = 0
@@ -474,10 +475,8 @@ class WindowRunner:
             window_s = (self.window_ops[0] * window_us + sum(self.window_ops[1:]) * later_us) * 1e-6
         else:
             window_s = sum(self.window_ops) * window_us * 1e-6
-        dropped = self.state == WindowState.OFF and "capture dropped" in self._capture_note
-        decode_s = (
-            0.0 if dropped else sum(self.window_ops) * 0.5 * sum(self._ops.decode_us_per_op) * 1e-6
-        )
+        decode_us = 0.0 if self._dropped else 0.5 * sum(self._ops.decode_us_per_op)
+        decode_s = sum(self.window_ops) * decode_us * 1e-6
         return window_s + decode_s
 
     def _tell_sink_window(self, decode: bool = True) -> None:
@@ -509,6 +508,7 @@ class WindowRunner:
     def _drop_window(self) -> None:
         """Even one step's decode would cost more than the budget: stop, decode nothing."""
         ops = self._ops
+        self._dropped = True
         share = 100 * CAPTURE_BUDGET_SHARE
         self.abandon(
             f"capture dropped: decoding it would cost more than {share:g}% of this job's "
