@@ -166,7 +166,8 @@ class ETSHook:
                 window ends once one more step would take the capture's predicted cost (its
                 measured ops x per-op costs, window and decode) past 1% of the job's predicted
                 total, and a job too short for even one step's decode keeps its steps timed
-                only (``capture_status`` says so); elsewhere 5 steps.
+                only (``capture_status`` says so) unless ``trace_path`` asks for the trace
+                (then its first step is decoded and written); elsewhere 5 steps.
             skip_steps: steps timed before the window starts (int >= 0); the window is steps
                 ``[skip_steps, skip_steps + capture_steps)`` of this process. None (default): 1,
                 postponed while steps still compile (``torch.compile``): the window starts
@@ -408,6 +409,7 @@ class ETSHook:
                 if adaptive_window and job.total_steps is not None
                 else None
             ),
+            budget_may_drop=rank_trace is None,
         )
         self._monitor: str | None = None
         self._cuda_timer: CudaStepTimer | None = None

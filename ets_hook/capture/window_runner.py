@@ -123,6 +123,7 @@ class WindowRunner:
         ets_hook_version: str = "",
         off_note: str = "",
         budget_job_steps: int | None = None,
+        budget_may_drop: bool = True,
     ) -> None:
         """Set the window up; with ``capture_steps > 0``, get the native op observer loading (or
         building) and gather the machine facts the trace records, before training starts.
@@ -162,6 +163,9 @@ class WindowRunner:
                 ``CAPTURE_BUDGET_SHARE`` of the job's predicted total; native observer on the
                 CPU, where the per-op costs are known); ``capture_steps`` is then the most.
                 None: a fixed window of ``capture_steps``.
+            budget_may_drop: whether the budget may drop the window's ops altogether; False
+                (a trace file was asked for): an over-budget first step ends the window there
+                and is decoded, so the trace is written.
         """
         self._sink = sink
         # The window's settings, and where it stands (``status``).
@@ -199,6 +203,7 @@ class WindowRunner:
         self._partial_steps: list[int] = []
         self._restart_pending = False
         self._budget_job_steps = budget_job_steps
+        self._budget_may_drop = budget_may_drop
         self._budget_verdict = WindowBudget.CONTINUE  # of the latest window step
         self._dropped = False  # the budget dropped the window's ops (nothing decoded)
         self._window_measure: dict[str, Any] = {}  # the sink's latest measured window facts
@@ -410,6 +415,8 @@ class WindowRunner:
                 self.start()
         elif self.state == WindowState.CAPTURING:
             verdict, self._budget_verdict = self._budget_verdict, WindowBudget.CONTINUE
+            if verdict == WindowBudget.DROP and not self._budget_may_drop:
+                verdict = WindowBudget.FINISH  # the trace asked for keeps its first step
             if verdict == WindowBudget.DROP:
                 self._shorten_window(completed, decode=False)
                 self._drop_window()

@@ -15,6 +15,7 @@ every ``*.csv`` (except ``MANIFEST.csv``) and ``*.ets`` below it.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import sys
 from pathlib import Path
@@ -24,7 +25,7 @@ from ..ets.features import DEFAULT_VOCAB_SIZE
 from ..ets.regressors import MODEL_KINDS, Evaluation, Predictor, evaluate
 from ..ets.targets import TARGET_TRANSFORMS
 from ..ets.windows import DEFAULT_STRIDE, DEFAULT_WIDTH
-from ..trace.discovery import load_traces
+from ..trace.discovery import load_traces, trace_files
 from .common import (
     EXIT_OK,
     HelpFormatter,
@@ -74,6 +75,14 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("traces", nargs="+", metavar="TRACES", help="trace files or directories")
     p.add_argument("-o", "--output", required=True, help="weights file to write (.npz)")
+    p.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="leave out trace files whose name matches GLOB (repeatable), e.g. 'resnet*' to "
+        "hold a model family out",
+    )
     p.add_argument("--model", choices=MODEL_KINDS, default="lstm", help="model kind (lstm)")
     p.add_argument("--width", type=_POSITIVE, default=DEFAULT_WIDTH, help="window width (12)")
     p.add_argument("--stride", type=_POSITIVE, default=DEFAULT_STRIDE, help="window stride (3)")
@@ -119,11 +128,24 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="clamp features to the training range (guards extrapolation)",
     )
+    p.add_argument(
+        "--ignore-features",
+        default="",
+        metavar="NAMES",
+        help="comma-separated feature columns the model never sees, e.g. "
+        "log_batch,log_input_h,log_input_w (the per-file batch and input size)",
+    )
     p.add_argument("--vocab-size", type=_POSITIVE, default=DEFAULT_VOCAB_SIZE, help="op types (25)")
     p.add_argument(
         "--device-features", action="store_true", help="add GPU spec features (cross-device)"
     )
     p.add_argument("--device", default=None, help="GPU name for CSV traces (default: folder)")
+    p.add_argument(
+        "--threads",
+        type=int_at_least(0),
+        default=0,
+        help="torch threads (0: torch's default; 1 is fastest on a busy machine)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=run_train)
     return p
@@ -142,15 +164,28 @@ def run_train(args: argparse.Namespace, out: TextIO | None = None) -> int:
     Raises:
         InputError: the configuration is invalid (``--stride`` above ``--width``), the output
             path cannot be written (checked before loading), a trace is missing, unreadable or
-            malformed, fitting rejects the traces, or writing the weights file fails.
+            malformed, ``--exclude`` leaves no trace file, fitting rejects the traces, or
+            writing the weights file fails.
     """
     out = out or sys.stdout
     if args.stride > args.width:
         raise InputError(f"--stride {args.stride} must be <= --width {args.width}")
     output = require_output(_weights_path(args.output), create_folder=True)
     with reading():
-        traces = load_traces(args.traces, device_name=args.device)
+        files = [
+            f
+            for f in trace_files(args.traces)
+            if not any(fnmatch.fnmatchcase(f.name, g) for g in args.exclude)
+        ]
+        if not files:
+            raise InputError(f"every trace file matches --exclude {' '.join(args.exclude)}")
+        traces = load_traces(files, device_name=args.device)
     from ..ets.training import TrainConfig, fit  # imports torch: after the inputs are checked
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
 
     with reading(errors=(ValueError,)):
         config = TrainConfig(
@@ -171,6 +206,7 @@ def run_train(args: argparse.Namespace, out: TextIO | None = None) -> int:
             target_transform=args.target_transform,
             calibrate=not args.no_calibrate,
             clamp_features=args.feature_clamp,
+            ignore_features=tuple(n.strip() for n in args.ignore_features.split(",") if n.strip()),
             vocab_size=args.vocab_size,
             device_features=args.device_features,
             progress=not args.no_progress,

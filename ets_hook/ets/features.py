@@ -631,6 +631,8 @@ def fit_schema(
 class Standardizer:
     """Feature standardisation ``(x - mean) / std``; identity on one-hot and flag columns.
 
+    Columns fitted as ignored have ``lo = hi = 0``: the model always reads 0 there.
+
     With ``lo`` / ``hi`` (fitted with ``clamp_margin``), standardised values are clamped to the
     training rows' range widened by the margin (in standard deviations): an op far larger than
     any seen in training then looks like the largest one seen, instead of driving the network
@@ -651,7 +653,12 @@ class Standardizer:
 
     @classmethod
     def fit(
-        cls, rows: np.ndarray, continuous: np.ndarray, *, clamp_margin: float | None = None
+        cls,
+        rows: np.ndarray,
+        continuous: np.ndarray,
+        *,
+        clamp_margin: float | None = None,
+        ignore: np.ndarray | None = None,
     ) -> Standardizer:
         """Fit on training rows.
 
@@ -660,16 +667,20 @@ class Standardizer:
             continuous: [F] bool mask of the columns to standardise
                 (``FeatureSchema.continuous``).
             clamp_margin: clamp margin in standard deviations, >= 0; None: no clamping.
+            ignore: [F] bool mask of columns the model must not see: clamped to [0, 0], so
+                they read 0 (the padding value) at training and inference. None: none.
 
         Returns:
             The fitted standardiser.
 
         Raises:
-            ValueError: ``rows`` is not [n, F] with F = ``len(continuous)``, or
-                ``clamp_margin`` < 0.
+            ValueError: ``rows`` is not [n, F] with F = ``len(continuous)``, ``ignore`` is not
+                [F], or ``clamp_margin`` < 0.
         """
         if rows.ndim != 2 or rows.shape[1] != continuous.shape[0]:
             raise ValueError(f"rows must be [n, {continuous.shape[0]}], got {rows.shape}")
+        if ignore is not None and ignore.shape != continuous.shape:
+            raise ValueError(f"ignore must be [{continuous.shape[0]}], got {ignore.shape}")
         if clamp_margin is not None and clamp_margin < 0:
             raise ValueError(f"clamp_margin must be >= 0, got {clamp_margin}")
         mean = np.zeros(rows.shape[1])
@@ -683,6 +694,11 @@ class Standardizer:
             z = (rows - mean) / std
             lo = np.where(continuous, z.min(axis=0) - clamp_margin, -np.inf).astype(np.float32)
             hi = np.where(continuous, z.max(axis=0) + clamp_margin, np.inf).astype(np.float32)
+        if ignore is not None and ignore.any():
+            lo = np.full(rows.shape[1], -np.inf, np.float32) if lo is None else lo
+            hi = np.full(rows.shape[1], np.inf, np.float32) if hi is None else hi
+            lo[ignore] = 0.0
+            hi[ignore] = 0.0
         return cls(mean.astype(np.float32), std.astype(np.float32), lo, hi)
 
     def transform(self, rows: np.ndarray) -> np.ndarray:

@@ -497,6 +497,38 @@ def mre(measured: Sequence[float] | np.ndarray, predicted: Sequence[float] | np.
     return float(np.mean(np.abs(y - p) / y)) if y.size else float("nan")
 
 
+def sum_factors(
+    predicted_ns: np.ndarray,
+    targets_ns: np.ndarray,
+    limits: tuple[float, float] = (0.25, 4.0),
+) -> tuple[float, float]:
+    """Per-target factors Σ y / Σ ŷ over the rows whose targets are both known, clipped.
+
+    Args:
+        predicted_ns: [n, 2] predicted (duration, gap), ns.
+        targets_ns: [n, 2] measured (duration, gap), ns; rows with a NaN are left out.
+        limits: (lowest, highest) factor.
+
+    Returns:
+        (duration factor, gap factor); 1.0 for a target whose sums are not both positive.
+
+    Raises:
+        ValueError: the shapes differ or are not [n, 2].
+    """
+    if predicted_ns.shape != targets_ns.shape or predicted_ns.shape[-1:] != (2,):
+        raise ValueError(
+            f"shapes must be equal [n, 2], got {predicted_ns.shape} and {targets_ns.shape}"
+        )
+    known = np.isfinite(targets_ns).all(axis=1)
+    predicted = predicted_ns[known].sum(axis=0)
+    measured = targets_ns[known].sum(axis=0)
+    factors = [
+        float(np.clip(m / q, *limits)) if q > 0 and m > 0 else 1.0
+        for m, q in zip(measured, predicted, strict=True)
+    ]
+    return (factors[0], factors[1])
+
+
 def rmse_ms(
     measured_ns: Sequence[float] | np.ndarray, predicted_ns: Sequence[float] | np.ndarray
 ) -> float:

@@ -7,11 +7,18 @@ Contracts:
 - Validation: a held-out part of the training data, by model (``EncodedIteration.group``,
   ``val_split="group"``, when there are at least 3 models) or by iteration (``"iteration"``:
   steadier when there are only a few models). Early stopping watches the validation
-  iteration-time MRE (the metric that matters, computed like ``ets.regressors.evaluate``), keeps the
-  best epoch's weights and stops after ``patience`` epochs without improvement.
-- Feature clamping (``clamp_features=True``, off by default: it did not help on the paper
-  sample): standardised features are clamped to the training range ± ``clamp_margin`` standard
-  deviations (``Standardizer``), at training and inference.
+  iteration-time MRE of the predictions as the saved predictor makes them: with ``calibrate``,
+  scaled by the calibration factors fitted on the training iterations at that same epoch (the
+  factors the predictor gets if that epoch is kept). It keeps the best epoch's weights and stops
+  after ``patience`` epochs without improvement. (Uncalibrated, the L1 loss's per-op medians sum
+  to iteration times that fall further below the measurement as training proceeds, so an
+  uncalibrated validation MRE rose from the first epochs on and stopped training near its start;
+  the history keeps it as ``val_mre_raw``.)
+- Feature clamping (``clamp_features=True``, off by default; on the grown paper sample it
+  helps held-out families, README): standardised features are clamped to the training range
+  ± ``clamp_margin`` standard deviations (``Standardizer``), at training and inference.
+- Ignored features (``ignore_features``): named columns are fixed at 0 after scaling, at
+  training and inference (``Standardizer``'s clamp bounds), without changing the schema.
 - Calibration (``calibrate=True``): after training, the predicted durations and gaps are scaled
   so that their sums over the training iterations equal the measured sums
   (``calibration_factors``; a smearing correction of the L1 / log-space median bias).
@@ -45,7 +52,7 @@ from .features import (
     fit_schema,
     padding_row,
 )
-from .regressors import MODEL_KINDS, Predictor
+from .regressors import MODEL_KINDS, Predictor, sum_factors
 from .targets import TargetScaler
 from .windows import DEFAULT_STRIDE, DEFAULT_WIDTH, aggregate_windows, build_windows
 
@@ -260,6 +267,10 @@ class TrainConfig:
         calibrate: fit the calibration factors after training.
         clamp_features: clamp standardised features to the training range.
         clamp_margin: the clamp margin, in standard deviations.
+        ignore_features: names of feature columns the model never sees (fixed at 0 after
+            scaling, at training and inference; stored in the weights file), e.g. the per-file
+            ``log_batch``, ``log_input_h``, ``log_input_w``; checked against the schema when
+            training.
         vocab_size: op-type vocabulary size (``fit`` only).
         device_features: add the device feature columns (``fit`` only).
         progress: show a tqdm bar when tqdm is installed, else log every 20 epochs.
@@ -288,6 +299,7 @@ class TrainConfig:
     calibrate: bool = True
     clamp_features: bool = False
     clamp_margin: float = 0.5
+    ignore_features: tuple[str, ...] = ()
     vocab_size: int = DEFAULT_VOCAB_SIZE
     device_features: bool = False
     progress: bool = True
@@ -340,8 +352,10 @@ class TrainResult:
 
     Attributes:
         predictor: the trained model.
-        history: per member, per epoch: ``epoch``, ``train_l1``, ``val_mre`` (with validation);
-            the last record also holds ``best_epoch``.
+        history: per member, per epoch: ``epoch``, ``train_l1``; with validation also
+            ``val_mre`` (calibrated as the saved predictor would be: what early stopping
+            watches) and ``val_mre_raw`` (uncalibrated); the last record also holds
+            ``best_epoch``.
         seconds: wall time of the training, s.
     """
 
@@ -361,6 +375,7 @@ class _WindowData:
     mask: torch.Tensor  # [N, W] 1 for real ops with known targets
     row: np.ndarray  # [N, W] global row id (into the concatenated rows), -1 padding
     features: np.ndarray  # [n_rows, F] unscaled features of the concatenated rows
+    targets_ns: np.ndarray  # [n_rows, 2] (duration, gap) ns of the concatenated rows, NaN unknown
     row_iter: np.ndarray  # [n_rows] iteration id of each row
     measured_ns: np.ndarray  # [n_iterations]
 
@@ -401,6 +416,7 @@ def _windows(
         mask=torch.from_numpy(np.concatenate(ms)),
         row=np.concatenate(rows),
         features=np.concatenate([np.zeros((0, f), np.float32), *(e.features for e in encoded)]),
+        targets_ns=np.concatenate([np.zeros((0, 2)), *(e.targets_ns for e in encoded)]),
         row_iter=np.concatenate(row_iter),
         measured_ns=np.array([e.measured_ns for e in encoded], dtype=np.float64),
     )
@@ -427,14 +443,25 @@ def _split(
     return [i for i in range(n) if i not in val_set], val
 
 
-def _iteration_mre(net: nn.Module, data: _WindowData, tscale: TargetScaler) -> float:
-    """MRE of predicted iteration times (overlap mean per op, sum per iteration), computed as
-    ``ets.regressors.evaluate`` does.
-    """
+def _per_op_ns(net: nn.Module, data: _WindowData, tscale: TargetScaler) -> np.ndarray:
+    """Uncalibrated per-op (duration, gap) predictions, ns, [n_rows, 2] (overlap mean per op)."""
     with torch.no_grad():
-        out = torch.cat([net(data.x[i : i + 1024]) for i in range(0, len(data.x), 1024)])
+        out = torch.cat(
+            [net(data.x[i : i + 1024]) for i in range(0, len(data.x), 1024)]
+            or [torch.zeros((0, data.x.shape[1], 2))]
+        )
     z = aggregate_windows(out.numpy().astype(np.float64), data.row, len(data.features))
-    per_op = tscale.inverse(z, data.features).sum(axis=1)
+    return tscale.inverse(z, data.features)
+
+
+def _iteration_mre(
+    per_op_ns: np.ndarray, data: _WindowData, factors: tuple[float, float] = (1.0, 1.0)
+) -> float:
+    """MRE of iteration times: per-op predictions times ``factors``, summed per iteration,
+    against the measurement, as ``ets.regressors.evaluate`` computes it for a predictor with
+    that calibration.
+    """
+    per_op = (per_op_ns * np.asarray(factors)).sum(axis=1)
     per_iter = np.bincount(data.row_iter, weights=per_op, minlength=len(data.measured_ns))
     y = data.measured_ns
     ok = np.isfinite(y) & (y > 0)
@@ -505,7 +532,14 @@ def _train_member(
         record = {"epoch": float(epoch), "train_l1": total_loss / max(total_weight, 1.0)}
         history.append(record)
         if val is not None:
-            record["val_mre"] = _iteration_mre(net, val, tscale)
+            val_ns = _per_op_ns(net, val, tscale)
+            factors = (
+                sum_factors(_per_op_ns(net, train, tscale), train.targets_ns)
+                if config.calibrate
+                else (1.0, 1.0)
+            )
+            record["val_mre"] = _iteration_mre(val_ns, val, factors)
+            record["val_mre_raw"] = _iteration_mre(val_ns, val)
             if record["val_mre"] < best_score:
                 best_score, best_epoch = record["val_mre"], epoch
                 best_state = copy.deepcopy(net.state_dict())
@@ -550,7 +584,8 @@ def fit_encoded(
     Raises:
         ValueError: ``encoded`` is empty, an iteration's feature count differs from the
             schema's, the target transform is unknown or needs measured features the schema
-            lacks, or the validation split leaves no training iteration.
+            lacks, ``config.ignore_features`` names a column the schema lacks, or the validation
+            split leaves no training iteration.
     """
     if not encoded:
         raise ValueError("no training iterations")
@@ -566,8 +601,14 @@ def fit_encoded(
     val_set = [encoded[i] for i in val_pos]
     rows = np.concatenate([e.features for e in train_set])
     targets = np.concatenate([e.targets_ns for e in train_set])
+    unknown = sorted(set(config.ignore_features) - set(schema.feature_names))
+    if unknown:
+        raise ValueError(f"ignore_features: no such feature columns {unknown}")
     fscale = Standardizer.fit(
-        rows, schema.continuous, clamp_margin=config.clamp_margin if config.clamp_features else None
+        rows,
+        schema.continuous,
+        clamp_margin=config.clamp_margin if config.clamp_features else None,
+        ignore=np.isin(schema.feature_names, config.ignore_features),
     )
     tscale = TargetScaler.fit(
         targets,
@@ -653,17 +694,12 @@ def calibration_factors(
         (duration factor, gap factor).
     """
     raw = replace(predictor, calibration=(1.0, 1.0))
-    predicted = np.zeros(2)
-    measured = np.zeros(2)
-    for e, p in zip(encoded, raw.predict_many(encoded), strict=True):
-        known = np.isfinite(e.targets_ns).all(axis=1)
-        predicted += [p.duration_ns[known].sum(), p.gap_ns[known].sum()]
-        measured += e.targets_ns[known].sum(axis=0)
-    factors = [
-        float(np.clip(m / q, *limits)) if q > 0 and m > 0 else 1.0
-        for m, q in zip(measured, predicted, strict=True)
-    ]
-    return (factors[0], factors[1])
+    predicted = [np.stack([p.duration_ns, p.gap_ns], axis=1) for p in raw.predict_many(encoded)]
+    return sum_factors(
+        np.concatenate([np.zeros((0, 2)), *predicted]),
+        np.concatenate([np.zeros((0, 2)), *(e.targets_ns for e in encoded)]),
+        limits,
+    )
 
 
 def fit(

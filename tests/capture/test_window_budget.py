@@ -129,6 +129,22 @@ def test_a_short_job_keeps_timing_steps_and_decodes_nothing(monkeypatch) -> None
 
 
 @needs_native
+def test_a_short_job_asked_for_its_trace_file_writes_its_first_step(monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr(NativeOpCapture, "decode_us_per_op", (1e6, 1e6))  # as above: over budget
+    model, opt = tiny()
+    path = tmp_path / "short.ets"
+    hook = ETSHook(
+        model, optimizer=opt, total_steps=20, op_capture="native", log_every=None, trace_path=path
+    )
+    run(model, opt, 4)
+    trace = hook.wait_for_trace(60)
+    assert trace is not None and hook.capture_status.startswith("done")
+    assert hook.capture_steps == 1 and len(trace.iterations) == 1
+    assert path.is_file()
+    hook.close()
+
+
+@needs_native
 def test_an_explicit_window_is_not_adapted() -> None:
     model, opt = tiny()
     hook = ETSHook(

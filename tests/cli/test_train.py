@@ -131,3 +131,59 @@ def test_bad_inputs_raise_input_errors(data_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"m\.npz: No such file"):  # the model file is missing
         args.handler(args)
     assert not (tmp_path / "m.npz").exists()
+
+
+def test_exclude_holds_files_out(data_dir: Path, tmp_path: Path) -> None:
+    model = tmp_path / "no_b.npz"
+    args = _parser().parse_args(
+        [
+            *("train", str(data_dir), "-o", str(model), "--exclude", "net_b.*"),
+            *("--model", "mlp", "--epochs", "1", "--hidden", "8", "--no-progress"),
+            *("--threads", "1"),
+        ]
+    )
+    assert args.handler(args, out=io.StringIO()) == 0
+    predictor = Predictor.load(model)
+    assert len(predictor.training["trace_files"]) == 6
+    assert predictor.training["groups"] == ["net_a", "net_c"]
+    args = _parser().parse_args(
+        ["train", str(data_dir), "-o", str(model), "--exclude", "net_*", "--epochs", "1"]
+    )
+    with pytest.raises(InputError, match="every trace file matches --exclude"):
+        args.handler(args)
+    args = _parser().parse_args(
+        ["train", str(data_dir), "-o", str(model), "--ignore-features", "log_nope", "--epochs", "1"]
+    )
+    with pytest.raises(InputError, match="no such feature columns"):
+        args.handler(args)
+
+
+SHARED_TRACES = Path(__file__).resolve().parents[3] / "shared" / "data" / "ets-traces"
+
+
+@pytest.mark.skipif(
+    not (SHARED_TRACES / "MANIFEST.csv").is_file(), reason="ETS artifact sample not present"
+)
+def test_readme_family_hold_out_on_the_artifact_sample(tmp_path: Path) -> None:
+    """The README's held-out-family commands on the shared artifact sample (few epochs)."""
+    t4 = SHARED_TRACES / "T4"
+    model = tmp_path / "t4-no-mobilenet.npz"
+    args = _parser().parse_args(
+        [
+            *("train", str(t4), "--exclude", "mobilenet*", "-o", str(model)),
+            *("--target-transform", "roofline", "--hidden", "16", "--layers", "1"),
+            *("--lr", "1e-3", "--epochs", "2", "--val-fraction", "0", "--threads", "1"),
+            *("--feature-clamp", "--ignore-features", "log_batch,log_input_h,log_input_w"),
+            "--no-progress",
+        ]
+    )
+    assert args.handler(args, out=io.StringIO()) == 0
+    predictor = Predictor.load(model)
+    assert not any(g.startswith("mobilenet") for g in predictor.training["groups"])
+    held_out = sorted(str(p) for p in t4.glob("mobilenet*.csv"))
+    assert held_out
+    args = _parser().parse_args(["evaluate", str(model), *held_out, "--json"])
+    out = io.StringIO()
+    assert args.handler(args, out=out) == 0
+    doc = json.loads(out.getvalue())
+    assert doc["iterations"] == len(held_out) and doc["mre"] >= 0

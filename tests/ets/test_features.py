@@ -370,6 +370,19 @@ def test_scalers() -> None:
     assert np.array_equal(restored.transform(far), far_z)
     with pytest.raises(ValueError, match="clamp_margin"):
         Standardizer.fit(rows, schema.continuous, clamp_margin=-1.0)
+    # ignored columns always read 0, with or without clamping, also after a JSON round trip
+    ignore = np.isin(schema.feature_names, ["log_batch", "op=a"])
+    for margin in (None, 0.5):
+        hidden = Standardizer.fit(rows, schema.continuous, clamp_margin=margin, ignore=ignore)
+        for probe in (rows, far):
+            out = hidden.transform(probe)
+            assert (out[:, ignore] == 0).all()
+            expected = (clamped if margin else scaler).transform(probe)
+            assert np.array_equal(out[:, ~ignore], expected[:, ~ignore])
+        restored = Standardizer.from_dict(json.loads(json.dumps(hidden.to_dict())))
+        assert np.array_equal(restored.transform(far), hidden.transform(far))
+    with pytest.raises(ValueError, match="ignore"):
+        Standardizer.fit(rows, schema.continuous, ignore=ignore[:3])
     y = rng.uniform(0, 1e6, size=(50, 2))
     for kind in ("standard", "log"):
         ts = TargetScaler.fit(y, kind)

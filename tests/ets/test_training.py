@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 
-from ets_hook.ets.features import encode_trace, fit_schema
-from ets_hook.ets.regressors import evaluate
+from ets_hook.ets.features import EncodedIteration, FeatureSchema, encode_trace, fit_schema
+from ets_hook.ets.regressors import evaluate, sum_factors
 from ets_hook.ets.training import TrainConfig, fit, fit_encoded
 from ets_hook.trace.events import DeviceInfo, IterationTrace, OpEvent, Phase, Trace
 
@@ -144,10 +146,14 @@ def test_training_is_seeded_and_leaves_global_rng_alone() -> None:
     assert not np.array_equal(a.members[0]["head.w"], c.predictor.members[0]["head.w"])
 
 
-def test_validation_split_early_stopping_and_training_info() -> None:
+def _encoded_training_set() -> tuple[list[EncodedIteration], FeatureSchema]:
     train, _ = _dataset()
     schema = fit_schema(train)
-    encoded = [e for t in train for e in encode_trace(t, schema)]
+    return [e for t in train for e in encode_trace(t, schema)], schema
+
+
+def test_validation_split_early_stopping_and_training_info() -> None:
+    encoded, schema = _encoded_training_set()
     config = TrainConfig(
         kind="mlp",
         hidden=16,
@@ -181,3 +187,81 @@ def test_config_validation() -> None:
     assert TrainConfig(kind="grouping", width=8).window() == (8, 8)
     with pytest.raises(ValueError, match="no training"):
         fit([], TrainConfig())
+
+
+def test_early_stopping_watches_the_calibrated_validation_error() -> None:
+    """The validation MRE early stopping keeps is the saved predictor's own MRE on the validation
+    iterations (calibration included); the uncalibrated one is kept beside it."""
+    encoded, schema = _encoded_training_set()
+    config = TrainConfig(
+        kind="mlp",
+        hidden=16,
+        epochs=12,
+        lr=3e-3,
+        patience=100,
+        val_fraction=0.34,
+        seed=2,
+        progress=False,
+        target_transform="log",
+    )
+    result = fit_encoded(encoded, schema, config)
+    info = result.predictor.training
+    history = result.history[0]
+    assert len(history) == 12 and all("val_mre_raw" in r for r in history)
+    best = int(history[-1]["best_epoch"])
+    assert history[best - 1]["val_mre"] == min(r["val_mre"] for r in history)
+    val = [e for e in encoded if e.group in info["val_groups"]]
+    assert evaluate(result.predictor, val).mre == pytest.approx(info["val_mre"][0], rel=1e-4)
+    assert result.predictor.calibration != (1.0, 1.0)
+
+    raw = fit_encoded(encoded, schema, replace(config, calibrate=False))
+    assert all(r["val_mre"] == r["val_mre_raw"] for r in raw.history[0])
+    assert raw.predictor.calibration == (1.0, 1.0)
+    assert evaluate(raw.predictor, val).mre == pytest.approx(
+        raw.predictor.training["val_mre"][0], rel=1e-4
+    )
+
+
+def test_sum_factors() -> None:
+    predicted = np.array([[1.0, 2.0], [3.0, 2.0], [5.0, 5.0]])
+    measured = np.array([[2.0, 1.0], [6.0, 1.0], [np.nan, 1.0]])
+    assert sum_factors(predicted, measured) == (2.0, 0.5)  # the NaN row is left out
+    assert sum_factors(predicted, 100 * measured) == (4.0, 4.0)  # clipped
+    assert sum_factors(predicted, measured, limits=(0.1, 100.0)) == (2.0, 0.5)
+    assert sum_factors(np.zeros((2, 2)), np.ones((2, 2))) == (1.0, 1.0)
+    assert sum_factors(np.zeros((0, 2)), np.zeros((0, 2))) == (1.0, 1.0)
+    with pytest.raises(ValueError, match="shapes"):
+        sum_factors(np.zeros((2, 2)), np.zeros((3, 2)))
+
+
+def test_ignored_features_do_not_reach_the_model() -> None:
+    train, test = _dataset()
+    config = TrainConfig(
+        kind="lstm",
+        hidden=8,
+        layers=1,
+        width=4,
+        stride=2,
+        epochs=2,
+        lr=1e-3,
+        val_fraction=0.0,
+        progress=False,
+        ignore_features=("log_batch", "log_input_h"),
+    )
+    predictor = fit(train, config).predictor
+    enc = [e for t in test for e in encode_trace(t, predictor.schema)]
+    cols = [predictor.schema.feature_names.index(n) for n in config.ignore_features]
+    shuffled = []
+    for k, e in enumerate(enc):
+        features = e.features.copy()
+        features[:, cols] = 10.0 * (k + 1)  # far outside anything seen in training
+        shuffled.append(replace(e, features=features))
+    a = [p.iteration_ns for p in predictor.predict_many(enc)]
+    b = [p.iteration_ns for p in predictor.predict_many(shuffled)]
+    assert a == pytest.approx(b, rel=1e-6)
+    seen = fit(train, replace(config, ignore_features=())).predictor
+    assert [p.iteration_ns for p in seen.predict_many(shuffled)] != pytest.approx(
+        [p.iteration_ns for p in seen.predict_many(enc)], rel=1e-6
+    )
+    with pytest.raises(ValueError, match="no such feature columns"):
+        fit(train, replace(config, ignore_features=("log_nothing",)))
