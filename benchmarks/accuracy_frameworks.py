@@ -12,7 +12,10 @@ the end of optimizer steps 3, 5 and 10:
   the whole job (tqdm EMA, smoothing 0.3: ``format_dict["rate"]``, else ``elapsed / n``);
   Lightning's bar counts the batches of the current epoch (``smoothing=0``: ``elapsed / n``),
   converted to seconds per optimizer step x ``accumulate_grad_batches``;
-- ``last_step``: elapsed + the last optimizer step's wall time x remaining steps.
+- ``last_step``: elapsed + the last optimizer step's wall time x remaining steps;
+- ``ets-hook unpriced``: the same prediction without the evaluations priced before the first
+  one is measured (``total_s`` minus the remaining cost of phases whose ``cost_source`` is
+  "prior"): what ets-hook predicted before it priced them, from the same run.
 
 Ground truth: the hook's clock at the end of the last optimizer step. Reported: the absolute %
 error per job, repeat and step, and the median over all runs per step. Noise floor, per job:
@@ -43,7 +46,7 @@ import torch
 from accuracy import machine  # benchmarks/ is sys.path[0] when this script runs
 
 REPORT_STEPS = (3, 5, 10)
-METHODS = ("ets-hook", "framework", "last_step")
+METHODS = ("ets-hook", "framework", "last_step", "ets-hook unpriced")
 
 
 @dataclass
@@ -59,15 +62,43 @@ class Record:
     framework_total_s: dict[int, float | None] = field(default_factory=dict)
     bar: dict[int, dict[str, Any]] = field(default_factory=dict)  # the bar's numbers at k
     train_step_s: list[float] = field(default_factory=list)  # the hook's step times
+    ets_unpriced_total_s: dict[int, float | None] = field(default_factory=dict)
+    # Phases as predicted at the first reported step: name -> cost source, mean s, remaining.
+    phases_early: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Phases as measured by the end: name -> occurrences, spent s, mean s.
+    phases_final: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def see(self, step: int, now_s: float, ets_total: float | None, bar_total: float | None,
+    def see(self, step: int, now_s: float, prediction: Any, bar_total: float | None,
             bar: dict[str, Any]) -> None:  # fmt: skip
         """Record the end of optimizer step ``step`` (1-based) at hook time ``now_s``."""
         self.step_ends_s.append(now_s)
         if step in REPORT_STEPS:
-            self.ets_total_s[step] = ets_total
+            total = prediction.total_s if prediction is not None else None
+            self.ets_total_s[step] = total
+            self.ets_unpriced_total_s[step] = (
+                total - sum(p.remaining_s or 0.0 for p in prediction.phases
+                            if p.cost_source == "prior")
+                if total is not None
+                else None
+            )  # fmt: skip
             self.framework_total_s[step] = bar_total
             self.bar[step] = bar
+            if step == REPORT_STEPS[0] and prediction is not None:
+                self.phases_early = {
+                    p.name: {"source": p.cost_source, "mean_s": p.mean_s,
+                             "remaining": p.remaining}
+                    for p in prediction.phases
+                }  # fmt: skip
+
+    def finish(self, hook: Any) -> None:
+        """Keep the hook's step times and its phases as measured by the end."""
+        self.train_step_s = list(hook.step_times_s)
+        prediction = hook.prediction
+        if prediction is not None:
+            self.phases_final = {
+                p.name: {"occurrences": p.occurrences, "spent_s": p.spent_s, "mean_s": p.mean_s}
+                for p in prediction.phases
+            }
 
     @property
     def actual_total_s(self) -> float:
@@ -87,6 +118,7 @@ class Record:
                 "ets-hook": self.ets_total_s.get(k),
                 "framework": self.framework_total_s.get(k),
                 "last_step": elapsed + last * (self.total_steps - k),
+                "ets-hook unpriced": self.ets_unpriced_total_s.get(k),
             }
             for method, total in candidates.items():
                 if total is not None:
@@ -253,9 +285,7 @@ def run_trainer_job(job: TrainerJob, repeat: int, workdir: Path) -> Record:
             bar_total = (
                 now_s + remaining * bar["s_per_item"] if bar["s_per_item"] is not None else None
             )
-            prediction = ets.prediction
-            ets_total = prediction.total_s if prediction is not None else None
-            record.see(step, now_s, ets_total, bar_total, bar)
+            record.see(step, now_s, ets.prediction, bar_total, bar)
 
     recorder = Recorder()
     with _quiet():
@@ -267,7 +297,7 @@ def run_trainer_job(job: TrainerJob, repeat: int, workdir: Path) -> Record:
         )
         trainer.train()
     assert ets.hook is not None
-    record.train_step_s = list(ets.hook.step_times_s)
+    record.finish(ets.hook)
     return record
 
 
@@ -353,9 +383,7 @@ def run_lightning_job(job: LightningJob, repeat: int, workdir: Path) -> Record:
                 if per_item is not None
                 else None
             )
-            prediction = ets.prediction
-            ets_total = prediction.total_s if prediction is not None else None
-            record.see(step, now_s, ets_total, bar_total, numbers)
+            record.see(step, now_s, ets.prediction, bar_total, numbers)
 
     with _quiet():
         trainer = L.Trainer(
@@ -375,7 +403,7 @@ def run_lightning_job(job: LightningJob, repeat: int, workdir: Path) -> Record:
     assert ets.hook is not None
     if trainer.global_step != total_steps:
         raise RuntimeError(f"{job.name}: {trainer.global_step} steps, expected {total_steps}")
-    record.train_step_s = list(ets.hook.step_times_s)
+    record.finish(ets.hook)
     return record
 
 
@@ -445,6 +473,27 @@ def markdown(records: list[Record], table: dict[str, Any], floors: dict[str, Any
             for k in REPORT_STEPS
         ]
         rows.append(f"| {method} (median / max over runs) | " + " | ".join(cells) + " |")
+    rows += [
+        "",
+        f"**Phases**: one occurrence's cost as predicted at step {REPORT_STEPS[0]} "
+        "(source) and as measured by the end (mean of the later occurrences, s)",
+        "",
+        "| job | run | phase | predicted at step "
+        f"{REPORT_STEPS[0]} (source) | measured | occurrences |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        for name, final in r.phases_final.items():
+            early = r.phases_early.get(name, {})
+            predicted = (
+                f"{early['mean_s']:.3f} ({early['source']})"
+                if early.get("mean_s") is not None
+                else f"- ({early.get('source', '-')})"
+            )
+            mean = final["mean_s"]
+            measured = "-" if mean is None else f"{mean:.3f}"
+            rows.append(f"| {r.job} | {r.repeat} | {name} | {predicted} | {measured} | "
+                        f"{final['occurrences']} |")  # fmt: skip
     rows += ["", "| job | run-to-run spread of the actual total (%) | step-time CV, 2nd half (%) |",
              "|---|---|---|"]  # fmt: skip
     for name, floor in floors.items():
@@ -524,6 +573,8 @@ def main(argv: list[str] | None = None) -> int:
                 "bar": {str(k): v for k, v in r.bar.items()},
                 "step_ends_s": r.step_ends_s,
                 "train_step_s": r.train_step_s,
+                "phases_early": r.phases_early,
+                "phases_final": r.phases_final,
             }
             for r in records
         ],

@@ -58,7 +58,7 @@ from .ets.blas import blas_thread_setter, single_threaded_blas
 from .forecast.early_stop import EarlyStoppingRule
 from .forecast.epochs import EPOCH_START, EpochStarts, loader_restarts_workers
 from .forecast.forecaster import Forecaster
-from .forecast.job import COMPILE_PHASE, JobModel
+from .forecast.job import COMPILE_PHASE, EVAL, JobModel, PhaseCostPrior, eval_prior_from_loaders
 from .forecast.prediction import Prediction
 from .forecast.ranks import JobView
 from .forecast.stats import StepTimePrior, TraceEstimate
@@ -117,6 +117,7 @@ class ETSHook:
         dataloader: Any = None,
         grad_accum_steps: int = 1,
         eval_every: int | None = None,
+        eval_dataloader: Any = None,
         checkpoint_every: int | None = None,
         phase_every: Mapping[str, int] | None = None,
         initial_step: int = 0,
@@ -182,6 +183,10 @@ class ETSHook:
                 ``ceil(len(dataloader) / grad_accum_steps)``.
             grad_accum_steps: micro-batches per optimizer step (int >= 1).
             eval_every: period in steps of the phase named ``"eval"`` (int >= 1); None: learned.
+            eval_dataloader: the loader one evaluation runs over (anything with ``len()``):
+                until the first evaluation is measured, each is priced at its batches x a
+                forward pass (``FORWARD_SHARE`` of a training micro-batch, scaled by the two
+                loaders' ``batch_size``), instead of 0 (``expect_phase_cost``).
             checkpoint_every: period in steps of the phase ``"checkpoint"`` (int >= 1); None:
                 learned.
             phase_every: period in steps of any named phase (int >= 0; 0: one-off).
@@ -246,8 +251,9 @@ class ETSHook:
             ValueError: naming the argument and its value: an int argument not an int in its
                 range (bools rejected); ``initial_step`` > ``total_steps``; ``epochs`` not a
                 finite number > 0 or without steps per epoch; ``dataloader`` without ``len()``
-                or contradicting ``steps_per_epoch``; a string argument not one of its values
-                (``deadline_policy`` too without a deadline); ``model`` not an ``nn.Module``;
+                or contradicting ``steps_per_epoch``; ``eval_dataloader`` without ``len()``; a
+                string argument not one of its values (``deadline_policy`` too without a
+                deadline); ``model`` not an ``nn.Module``;
                 ``optimizer`` not optimizers; ``progress`` not a tqdm bar; ``trace_path`` or
                 ``status_path`` a directory, in a missing directory, or (``trace_path``) with
                 ``{...}`` fields other than ``{rank}``; a dashboard option (``prometheus_port``
@@ -266,6 +272,11 @@ class ETSHook:
         rank_trace = checked_trace_path(trace_path, rank, world_size)
         disabled = hooks_disabled()
         rule = EarlyStoppingRule.coerce(early_stopping)
+        eval_prior = (
+            eval_prior_from_loaders(eval_dataloader, dataloader, grad_accum_steps)
+            if eval_dataloader is not None
+            else None
+        )
         job = JobModel.from_args(
             total_steps=total_steps,
             epochs=epochs,
@@ -362,6 +373,8 @@ class ETSHook:
             world_size=world_size,
         )
         self._forecaster.set_early_stopping(rule)
+        if eval_prior is not None:
+            self._forecaster.set_phase_prior(EVAL, eval_prior)
         self._ranks: RankCoordinator | None = None
         if world_size > 1 and exchange_timeout_s and not disabled:
             self._ranks = RankCoordinator(
@@ -501,6 +514,31 @@ class ETSHook:
             compile_ns = min(compiles.compile_ns_in(started_ns, ended_ns), duration_ns)
             self._compile_ns_in_phases += compile_ns
         self._guarded(self._on_phase_end)(name, duration_ns - compile_ns, compile_ns)
+
+    def expect_phase_cost(
+        self, name: str, *, seconds: float = 0.0, train_steps: float = 0.0, rel_ci: float = 0.5
+    ) -> None:
+        """Price phase ``name`` before it is first measured: each occurrence expected before
+        then costs ``seconds + train_steps x`` the steady step time (95% interval ±``rel_ci``
+        of that) in the total and the ETA, instead of 0. Its first measured occurrence
+        replaces this. Useful with a known period (``eval_every``, ``phase_every``, ...): a
+        phase without one is not projected before it occurs.
+
+        Args:
+            name: the phase, e.g. ``"eval"`` (non-empty string).
+            seconds: a fixed cost per occurrence, seconds (>= 0).
+            train_steps: a cost in steady training steps (>= 0), e.g. an evaluation's batches
+                x 1/3 (a forward of a training micro-batch).
+            rel_ci: the relative 95% half-width (>= 0).
+
+        Raises:
+            ValueError: ``name`` is not a non-empty string, a number is negative or not
+                finite, or both costs are 0.
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"phase name must be a non-empty string, got {name!r}")
+        prior = PhaseCostPrior(seconds=seconds, train_steps=train_steps, rel_ci=rel_ci)
+        self._forecaster.set_phase_prior(name, prior)
 
     def report_metric(self, name: str, value: float) -> None:
         """One evaluation of the metric that early stopping monitors (``early_stopping=``).

@@ -321,6 +321,43 @@ def test_begin_and_end_phase_unpaired_calls_as_frameworks_make_them():
     hook.close()
 
 
+def test_evaluations_are_priced_from_the_eval_dataloader_until_measured():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    train_loader = DataLoader(TensorDataset(torch.randn(64, 8)), batch_size=8)
+    eval_loader = DataLoader(TensorDataset(torch.randn(48, 8)), batch_size=16)  # 3 batches
+    hook = ETSHook(
+        model,
+        optimizer=opt,
+        total_steps=40,
+        capture_steps=0,
+        log_every=None,
+        dataloader=train_loader,
+        eval_dataloader=eval_loader,
+        eval_every=10,
+    )
+    train(model, opt, hook, 4, call_step=False)
+    prediction = hook.prediction
+    evaluation = {p.name: p for p in prediction.phases}["eval"]
+    # 3 batches of twice the training batch, a forward (a third of a step) each: 2 steps.
+    assert evaluation.cost_source == "prior"
+    assert evaluation.mean_s == pytest.approx(2 * prediction.iteration_s)
+    assert evaluation.remaining == 3  # after steps 10, 20, 30
+    # A phase priced by hand, in seconds, with its period.
+    hook.expect_phase_cost("eval", seconds=0.5, rel_ci=0.2)
+    evaluation = {p.name: p for p in hook.prediction.phases}["eval"]
+    assert evaluation.mean_s == pytest.approx(0.5) and evaluation.mean_ci_s == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="seconds"):
+        hook.expect_phase_cost("eval", seconds=-1.0)
+    with pytest.raises(ValueError, match="phase name"):
+        hook.expect_phase_cost("", seconds=1.0)
+    hook.close()
+    with pytest.raises(ValueError, match="eval_dataloader"):
+        ETSHook(model, eval_dataloader=(b for b in eval_loader))
+
+
 def test_bad_arguments_name_the_value():
     model = tiny_mlp()
     with pytest.raises(ValueError, match="capture_steps"):

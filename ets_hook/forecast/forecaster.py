@@ -45,7 +45,7 @@ import numpy as np
 
 from ..errors import DeadlineExceededError
 from .early_stop import EarlyStoppingRule, EarlyStopTracker, total_range_s
-from .job import JobModel, PhaseTracker, remaining_phase_time
+from .job import JobModel, PhaseCostPrior, PhaseTracker, remaining_phase_time
 from .prediction import Prediction, utc_from_timestamp
 from .ranks import JobView
 from .stats import (
@@ -321,6 +321,18 @@ class Forecaster:
                 self._last_phase_end_s = max(self._last_phase_end_s, now_s)
         except Exception as exc:
             self._fail(exc)
+
+    def set_phase_prior(self, name: str, prior: PhaseCostPrior | None) -> None:
+        """Price phase ``name`` with ``prior`` until its first occurrence is measured
+        (``forecast.job.PhaseCostPrior``); None removes it. Any thread.
+
+        Args:
+            name: the phase name (e.g. "eval").
+            prior: its expected cost per occurrence, or None.
+        """
+        with self._lock:
+            self._phases.set_prior(name, prior)
+            self._version += 1
 
     def set_early_stopping(self, rule: EarlyStoppingRule | None) -> None:
         """Follow an early-stopping rule: ``on_metric`` feeds it, predictions then carry the
@@ -611,7 +623,7 @@ class Forecaster:
         as_of_s = max(self._last_step_end_s, self._last_phase_end_s)
         elapsed_s = as_of_s - self.start_s
         overhead_s = self._overhead_per_step()
-        phases = self._phases.project(step)
+        phases = self._phases.project(step, est.iteration_s)
         phase_s, phase_ci_s = remaining_phase_time(phases)
         total_s = total_ci_s = eta_s = None
         finish_time = None

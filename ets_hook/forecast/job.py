@@ -12,7 +12,10 @@ expected remaining occurrences x mean cost. The first occurrence of a phase is o
 data-loader workers start, the first checkpoint creates files, lazy compilation) and is already
 in the elapsed time, so once a phase has occurred twice its cost is the mean of the later
 occurrences. Periods come from hints (``eval_every=``, ``checkpoint_every=``, ``phase_every=``)
-or are inferred from the observed occurrences.
+or are inferred from the observed occurrences. Before a hinted phase first occurs its cost is
+unknown and counts as 0, unless a ``PhaseCostPrior`` says what one occurrence should cost (e.g.
+an evaluation's batches at the forward share of a training step: ``eval_cost_prior``); the
+first measured occurrence replaces the prior.
 """
 
 from __future__ import annotations
@@ -37,6 +40,14 @@ _PHASE_CV_SCALE = 0.25
 _SINGLE_OCCURRENCE_REL_CI = 0.5
 # Occurrence steps kept per phase for period inference.
 _PERIOD_HISTORY = 64
+
+#: The share of a training micro-batch's time its forward pass takes, for phases priced before
+#: they are measured: backward costs about twice the forward (two matrix products per forward
+#: one), the optimizer a few percent.
+FORWARD_SHARE = 1 / 3
+#: The relative 95% half-width of an evaluation's cost priced from the forward share: evaluation
+#: loops also gather outputs and compute metrics, and a no-grad forward is somewhat cheaper.
+EVAL_PRIOR_REL_CI = 0.6
 
 
 def _positive_int(name: str, value: Any, *, minimum: int = 1) -> int:
@@ -202,6 +213,109 @@ class JobModel:
 
 
 @dataclass(frozen=True, slots=True)
+class PhaseCostPrior:
+    """What one occurrence of a phase is expected to cost before it is first measured.
+
+    Attributes:
+        seconds: a fixed part, seconds (>= 0).
+        train_steps: a part that scales with the job's steady step time, in steady training
+            steps (>= 0), e.g. an evaluation of ``n`` batches at a forward's share of a step.
+        rel_ci: the relative 95% half-width of the sum (>= 0).
+
+    Raises:
+        ValueError: a field is negative, not finite, or both parts are 0.
+    """
+
+    seconds: float = 0.0
+    train_steps: float = 0.0
+    rel_ci: float = 0.5
+
+    def __post_init__(self) -> None:
+        for name in ("seconds", "train_steps", "rel_ci"):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or value < 0
+            ):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if self.seconds == 0 and self.train_steps == 0:
+            raise ValueError("a phase cost prior needs seconds > 0 or train_steps > 0")
+
+    def cost_s(self, iteration_s: float) -> float:
+        """One occurrence's expected cost, seconds, at a steady step of ``iteration_s``."""
+        return self.seconds + self.train_steps * max(iteration_s, 0.0)
+
+
+def eval_cost_prior(
+    batches: int, batch_ratio: float = 1.0, grad_accum_steps: int = 1
+) -> PhaseCostPrior:
+    """The prior cost of one evaluation: its batches, each a forward pass of a training
+    micro-batch scaled by the batch-size ratio (``FORWARD_SHARE`` of a micro-batch's time).
+
+    Args:
+        batches: evaluation batches per evaluation, >= 1.
+        batch_ratio: evaluation batch size / training micro-batch size, > 0.
+        grad_accum_steps: micro-batches per optimizer step, >= 1.
+
+    Returns:
+        The prior, in steady training steps, with ``EVAL_PRIOR_REL_CI``.
+
+    Raises:
+        ValueError: an argument out of range.
+    """
+    _positive_int("batches", batches)
+    _positive_int("grad_accum_steps", grad_accum_steps)
+    if not (isinstance(batch_ratio, (int, float)) and math.isfinite(batch_ratio)) or (
+        batch_ratio <= 0
+    ):
+        raise ValueError(f"batch_ratio must be a finite number > 0, got {batch_ratio!r}")
+    steps = batches * batch_ratio * FORWARD_SHARE / grad_accum_steps
+    return PhaseCostPrior(train_steps=steps, rel_ci=EVAL_PRIOR_REL_CI)
+
+
+def eval_prior_from_loaders(
+    eval_dataloader: Any, dataloader: Any = None, grad_accum_steps: int = 1
+) -> PhaseCostPrior | None:
+    """``eval_cost_prior`` for an evaluation that runs over ``eval_dataloader`` once.
+
+    Args:
+        eval_dataloader: anything with ``len()`` (batches per evaluation); its ``batch_size``
+            over the training ``dataloader``'s, when both are ints, is the batch-size ratio
+            (else 1).
+        dataloader: the training loader, or None.
+        grad_accum_steps: micro-batches per optimizer step, >= 1.
+
+    Returns:
+        The prior; None for an empty loader (an evaluation of no batches).
+
+    Raises:
+        ValueError: ``eval_dataloader`` has no ``len()``, or ``grad_accum_steps`` < 1.
+    """
+    try:
+        batches = len(eval_dataloader)
+    except TypeError:
+        raise ValueError(
+            f"eval_dataloader has no len() ({type(eval_dataloader).__name__}); "
+            "give a loader with len() or leave it out"
+        ) from None
+    if batches < 1:
+        return None
+    eval_size = getattr(eval_dataloader, "batch_size", None)
+    train_size = getattr(dataloader, "batch_size", None)
+    ratio = 1.0
+    if (
+        isinstance(eval_size, int)
+        and isinstance(train_size, int)
+        and eval_size > 0
+        and train_size > 0
+    ):
+        ratio = eval_size / train_size
+    return eval_cost_prior(batches, ratio, grad_accum_steps)
+
+
+@dataclass(frozen=True, slots=True)
 class PhaseForecast:
     """One phase as measured so far and as projected over the rest of the job.
 
@@ -219,6 +333,8 @@ class PhaseForecast:
         remaining_s: their cost; None when ``remaining`` or ``mean_s`` is unknown (0.0 when
             ``remaining`` is 0).
         remaining_ci_s: its 95% half-width, None alike.
+        cost_source: where ``mean_s`` comes from: "measured" (occurrences so far), "prior"
+            (a ``PhaseCostPrior``, before the first occurrence) or "unknown" (neither).
     """
 
     name: str
@@ -231,6 +347,7 @@ class PhaseForecast:
     remaining: int | None
     remaining_s: float | None
     remaining_ci_s: float | None
+    cost_source: str = "measured"
 
 
 @dataclass(slots=True)
@@ -279,8 +396,21 @@ class PhaseTracker:
         """Track phases of ``job``; nothing recorded yet."""
         self.job = job
         self._stats: dict[str, _PhaseStats] = {}
+        self._priors: dict[str, PhaseCostPrior] = {}
         self.total_s = 0.0
         self.events = 0
+
+    def set_prior(self, name: str, prior: PhaseCostPrior | None) -> None:
+        """Price phase ``name`` with ``prior`` until it is first measured (None: no prior).
+
+        Args:
+            name: the phase name.
+            prior: its expected cost per occurrence, or None to remove one.
+        """
+        if prior is None:
+            self._priors.pop(name, None)
+        else:
+            self._priors[name] = prior
 
     def record(self, name: str, duration_s: float, step: int) -> None:
         """A phase ``name`` took ``duration_s`` and ended after ``step`` global steps.
@@ -355,14 +485,17 @@ class PhaseTracker:
         k_max = -(-(total - anchor) // period) - 1
         return max(0, k_max - k_min + 1)
 
-    def project(self, step: int) -> tuple[PhaseForecast, ...]:
+    def project(self, step: int, iteration_s: float | None = None) -> tuple[PhaseForecast, ...]:
         """Every known phase (observed or hinted), projected from ``step`` global steps on.
 
         Future occurrences are expected every period after the last one (or after step 0 for a
-        hinted phase not yet seen), strictly before ``job.total_steps``.
+        hinted phase not yet seen), strictly before ``job.total_steps``. A phase not yet seen
+        costs its prior (``set_prior``) at ``iteration_s``, if it has one.
 
         Args:
             step: global steps completed now.
+            iteration_s: the steady step time, seconds, for priors in training steps; None:
+                such priors are not used.
 
         Returns:
             One ``PhaseForecast`` per phase: observed ones in first-seen order, then hinted ones.
@@ -372,11 +505,17 @@ class PhaseTracker:
         for name in names:
             stats = self._stats.get(name)
             period, source = self._period(name, stats)
+            cost_source = "unknown"
             if stats is not None and stats.occurrences:
                 anchor = stats.last_step
                 mean, mean_ci = self._cost(stats)
+                cost_source = "measured"
             else:
                 anchor, mean, mean_ci = 0, None, None
+                prior = self._priors.get(name)
+                if prior is not None and (iteration_s is not None or not prior.train_steps):
+                    mean = prior.cost_s(iteration_s or 0.0)
+                    mean_ci, cost_source = prior.rel_ci * mean, "prior"
             remaining = self._remaining(period, anchor, step)
             rem_s: float | None = None
             rem_ci: float | None = None
@@ -396,6 +535,7 @@ class PhaseTracker:
                     remaining=remaining,
                     remaining_s=rem_s,
                     remaining_ci_s=rem_ci,
+                    cost_source=cost_source,
                 )
             )
         return tuple(out)
@@ -404,7 +544,7 @@ class PhaseTracker:
 def remaining_phase_time(phases: tuple[PhaseForecast, ...]) -> tuple[float, float]:
     """Sum of projected phase time and its 95% half-width (phases independent: root-sum-square).
 
-    Phases whose cost is still unknown (hinted, not yet seen) contribute nothing.
+    Phases whose cost is still unknown (hinted, not yet seen, no prior) contribute nothing.
 
     Args:
         phases: the output of ``PhaseTracker.project``.

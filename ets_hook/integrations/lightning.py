@@ -24,6 +24,9 @@ Trainer's optimizers with what the Trainer knows:
 - ``eval_every``: the validation period in optimizer steps where it is one
   (``check_val_every_n_epoch`` x steps per epoch, or ``val_check_interval`` batches / the
   accumulation when that divides evenly); else the hook learns it from the validations it sees.
+  With a period and a finite ``trainer.num_val_batches``, validations are priced before the
+  first is measured: their batches x a forward of a training micro-batch
+  (``forecast.job.eval_cost_prior``; ``ETSHook.expect_phase_cost``).
 
 Anything passed to ``ETSCallback(**hook_options)`` goes to ``ETSHook`` and wins over what the
 Trainer says (one log line when the two disagree).
@@ -119,7 +122,7 @@ import torch  # noqa: E402
 
 from ..capture.steps import optimizer_list  # noqa: E402
 from ..forecast.early_stop import EarlyStoppingRule  # noqa: E402
-from ..forecast.job import CHECKPOINT, EVAL  # noqa: E402
+from ..forecast.job import CHECKPOINT, EVAL, eval_cost_prior  # noqa: E402
 from ..hook import ETSHook  # noqa: E402
 from ..reporters.format import format_duration  # noqa: E402
 from .common import HOOK_ARGUMENTS, LOG_KEYS, prediction_metrics, whole_number  # noqa: E402
@@ -224,6 +227,35 @@ def trainer_eval_every(trainer: Any) -> int | None:
     if epochs == 1 and batches % every == 0 and every % accumulate == 0:
         return every // accumulate
     return None
+
+
+def trainer_val_batches(trainer: Any) -> int | None:
+    """Batches in one validation run during training: the sum of ``trainer.num_val_batches``
+    (every validation loader, ``limit_val_batches`` applied), or None where it is not known yet
+    or not finite (an iterable loader without length).
+
+    Args:
+        trainer: a Lightning ``Trainer``.
+
+    Returns:
+        The batch count (>= 1), or None.
+    """
+    counts = getattr(trainer, "num_val_batches", None)
+    if not isinstance(counts, (list, tuple)) or not counts:
+        return None
+    whole = [whole_number(c, 0) for c in counts]
+    if any(c is None for c in whole):
+        return None
+    total = sum(c for c in whole if c is not None)
+    return total if total >= 1 else None
+
+
+def _loader_batch_size(loaders: Any) -> int | None:
+    """The ``batch_size`` of a loader, or of the first of a list of loaders; None if unknown."""
+    if isinstance(loaders, (list, tuple)):
+        loaders = loaders[0] if loaders else None
+    size = getattr(loaders, "batch_size", None)
+    return size if isinstance(size, int) and size > 0 else None
 
 
 def _trainer_optimizers(trainer: Any) -> tuple[Any, str | None]:
@@ -388,6 +420,8 @@ class BaseETSCallback:
         options, notes, trainer_total = self._resolve_options(trainer, pl_module)
         self.resolved_options = options
         self._hook = ETSHook(**options)
+        if "eval_dataloader" not in options and options.get("eval_every"):
+            self._price_validation(trainer, options.get("grad_accum_steps", 1))
         self._open, self._in_eval, self._logged_steps = True, False, -1
         self._logging_failed = False
         self._patch_save_checkpoint(trainer)
@@ -459,6 +493,24 @@ class BaseETSCallback:
         self._close(outcome="closed")
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _price_validation(self, trainer: Any, grad_accum_steps: int) -> None:
+        """Price the validations before the first is measured (``ETSHook.expect_phase_cost``):
+        the Trainer's validation batches (``trainer.num_val_batches``, its limits applied),
+        each a forward of a training micro-batch scaled by the loaders' batch sizes. Never
+        raises: without a finite batch count, validations count as 0 until the first is
+        measured."""
+        batches = trainer_val_batches(trainer)
+        if not batches or self._hook is None:
+            return
+        val_size = _loader_batch_size(getattr(trainer, "val_dataloaders", None))
+        train_size = _loader_batch_size(getattr(trainer, "train_dataloader", None))
+        ratio = val_size / train_size if val_size and train_size else 1.0
+        try:
+            prior = eval_cost_prior(batches, ratio, max(1, int(grad_accum_steps)))
+        except (TypeError, ValueError):
+            return
+        self._hook.expect_phase_cost(EVAL_PHASE, train_steps=prior.train_steps, rel_ci=prior.rel_ci)
 
     def _resolve_options(
         self, trainer: Any, pl_module: Any
@@ -755,4 +807,5 @@ __all__ = [
     "trainer_eval_every",
     "trainer_steps_per_epoch",
     "trainer_total_steps",
+    "trainer_val_batches",
 ]

@@ -11,6 +11,9 @@ callback creates an ``ETSHook`` on the Trainer's model and optimizer with what t
 - ``eval_every`` / ``checkpoint_every`` from ``eval_strategy`` / ``save_strategy`` (``steps``: the
   Trainer's ``eval_steps`` / ``save_steps``; ``epoch``: optimizer steps per epoch from the train
   dataloader and the accumulation; ``best``: saves can only follow evaluations; ``no``: none).
+  With a period and a sized ``eval_dataset``, evaluations are priced before the first is
+  measured: its batches at ``eval_batch_size`` x a forward of a training micro-batch
+  (``forecast.job.eval_cost_prior``; ``ETSHook.expect_phase_cost``).
 
 Early stopping: when the Trainer's callbacks include a ``transformers.EarlyStoppingCallback``,
 the hook follows its rule (``early_stopping=EarlyStoppingRule.from_hf(early_stopping_patience,
@@ -63,6 +66,7 @@ except ImportError as exc:
 
 from ..capture.steps import optimizer_list
 from ..forecast.early_stop import EarlyStoppingRule
+from ..forecast.job import eval_cost_prior
 from ..hook import ETSHook
 from ..reporters.tqdm import TqdmReporter
 from .common import HOOK_ARGUMENTS, prediction_metrics, whole_number
@@ -246,6 +250,8 @@ class ETSTrainerCallback(TrainerCallback):
         self._monitor = _monitored_metric(args) if "early_stopping" in options else None
         self.hook = ETSHook(model, **options)
         self._training = True
+        if "eval_dataloader" not in options and options.get("eval_every"):
+            self._price_evaluation(args, options.get("grad_accum_steps", 1))
         if disagree:  # after the hook: its console handler shows the line
             logger.info(
                 "ets-hook: ETSTrainerCallback uses the values given explicitly: %s",
@@ -437,6 +443,22 @@ class ETSTrainerCallback(TrainerCallback):
             )
         return options, disagree
 
+    def _price_evaluation(self, args: TrainingArguments, grad_accum_steps: int) -> None:
+        """Price the evaluations before the first is measured (``ETSHook.expect_phase_cost``):
+        the Trainer's evaluation batches (``eval_dataset`` at ``args.eval_batch_size``), each a
+        forward of a training micro-batch scaled by the batch sizes. Never raises: without a
+        sized evaluation set, evaluations count as 0 until the first is measured."""
+        trainer = _running_trainer(self._handler() if self._handler is not None else None)
+        batches = _eval_batches(trainer, args) if trainer is not None else None
+        if not batches or self.hook is None:
+            return
+        try:
+            ratio = float(args.eval_batch_size) / float(args.train_batch_size)
+            prior = eval_cost_prior(batches, ratio, grad_accum_steps)
+        except (AttributeError, TypeError, ValueError, ZeroDivisionError):
+            return
+        self.hook.expect_phase_cost(EVAL_PHASE, train_steps=prior.train_steps, rel_ci=prior.rel_ci)
+
     def _early_stopping_rule(self, args: TrainingArguments) -> EarlyStoppingRule | None:
         """The rule of the Trainer's ``EarlyStoppingCallback``, if it has one (and
         ``metric_for_best_model``, without which that callback does nothing). Never raises."""
@@ -612,6 +634,38 @@ def _trainer_options(
             if scaler is not None and callable(getattr(scaler, "update", None)):
                 found["grad_scaler"] = scaler
     return found
+
+
+def _running_trainer(handler: Any) -> Any:
+    """The ``Trainer`` whose callback handler is ``handler``, found among the few callers of
+    the event being dispatched (callbacks are not given the Trainer); None if not found."""
+    if handler is None:
+        return None
+    frame = sys._getframe(1)
+    for _ in range(2 * _HANDLER_FRAMES):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if owner is not None and getattr(owner, "callback_handler", None) is handler:
+            return owner
+        frame = frame.f_back
+    return None
+
+
+def _eval_batches(trainer: Any, args: Any) -> int | None:
+    """Batches in one of the Trainer's evaluations (every ``eval_dataset`` if it holds
+    several), at ``args.eval_batch_size``; None when a set has no length."""
+    datasets = getattr(trainer, "eval_dataset", None)
+    if datasets is None:
+        return None
+    sets = list(datasets.values()) if isinstance(datasets, dict) else [datasets]
+    try:
+        size = int(args.eval_batch_size)
+        drop_last = bool(getattr(args, "dataloader_drop_last", False))
+        counts = [len(d) // size if drop_last else math.ceil(len(d) / size) for d in sets]
+    except (AttributeError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    return sum(counts)
 
 
 def _monitored_metric(args: Any) -> str | None:

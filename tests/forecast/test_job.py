@@ -6,12 +6,21 @@ import numpy as np
 import pytest
 
 from ets_hook.forecast.forecaster import Forecaster
-from ets_hook.forecast.job import JobModel, PhaseTracker, remaining_phase_time
+from ets_hook.forecast.job import (
+    FORWARD_SHARE,
+    JobModel,
+    PhaseCostPrior,
+    PhaseTracker,
+    eval_cost_prior,
+    eval_prior_from_loaders,
+    remaining_phase_time,
+)
 
 
 class Loader:
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, batch_size: int | None = None) -> None:
         self.n = n
+        self.batch_size = batch_size
 
     def __len__(self) -> int:
         return self.n
@@ -191,3 +200,79 @@ def test_eval_phases_and_grad_accumulation_give_the_right_total() -> None:
     assert eval_.mean_s == pytest.approx(3.0)
     assert p.total_s == pytest.approx(actual, rel=0.03)
     assert abs(p.total_s - actual) <= p.total_ci_s
+
+
+# ---------------------------------------------------------------------------------------------
+# Phases priced before they are measured
+
+
+def test_a_prior_prices_a_hinted_phase_until_it_is_measured() -> None:
+    tracker = PhaseTracker(JobModel.from_args(total_steps=1000, eval_every=100))
+    tracker.set_prior("eval", PhaseCostPrior(seconds=1.0, train_steps=20.0, rel_ci=0.5))
+    (eval_,) = tracker.project(50, iteration_s=0.1)
+    assert eval_.cost_source == "prior" and eval_.occurrences == 0
+    assert eval_.mean_s == pytest.approx(1.0 + 20 * 0.1)
+    assert eval_.mean_ci_s == pytest.approx(0.5 * 3.0)
+    assert eval_.remaining == 9 and eval_.remaining_s == pytest.approx(27.0)
+    # The part in training steps follows the step time; without one it is not used.
+    assert tracker.project(50, iteration_s=0.2)[0].mean_s == pytest.approx(5.0)
+    (unpriced,) = tracker.project(50)
+    assert unpriced.cost_source == "unknown" and unpriced.remaining_s is None
+    # The first measured occurrence replaces the prior.
+    tracker.record("eval", 7.0, 100)
+    (eval_,) = tracker.project(100, iteration_s=0.1)
+    assert eval_.cost_source == "measured" and eval_.mean_s == pytest.approx(7.0)
+    # A fixed prior in seconds needs no step time; None removes a prior.
+    tracker2 = PhaseTracker(JobModel.from_args(total_steps=1000, checkpoint_every=500))
+    tracker2.set_prior("checkpoint", PhaseCostPrior(seconds=2.0))
+    (ckpt,) = tracker2.project(10)
+    assert ckpt.cost_source == "prior" and ckpt.remaining_s == pytest.approx(2.0)
+    tracker2.set_prior("checkpoint", None)
+    assert tracker2.project(10)[0].cost_source == "unknown"
+
+
+def test_an_evaluation_is_priced_at_a_forward_per_batch() -> None:
+    prior = eval_cost_prior(batches=30, batch_ratio=2.0, grad_accum_steps=4)
+    assert prior.train_steps == pytest.approx(30 * 2.0 * FORWARD_SHARE / 4)
+    assert prior.seconds == 0.0 and prior.rel_ci > 0
+    # From the loaders: batches from len(), the ratio from their batch sizes.
+    from_loaders = eval_prior_from_loaders(Loader(30, 64), Loader(1000, 32), grad_accum_steps=4)
+    assert from_loaders == prior
+    # Unknown batch sizes: ratio 1; an empty evaluation: no prior.
+    assert eval_prior_from_loaders(Loader(30)).train_steps == pytest.approx(30 * FORWARD_SHARE)
+    assert eval_prior_from_loaders(Loader(0)) is None
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: PhaseCostPrior(seconds=-1.0), "seconds"),
+        (lambda: PhaseCostPrior(train_steps=float("nan")), "train_steps"),
+        (lambda: PhaseCostPrior(seconds=1.0, rel_ci=True), "rel_ci"),
+        (lambda: PhaseCostPrior(), "seconds > 0 or train_steps > 0"),
+        (lambda: eval_cost_prior(0), "batches"),
+        (lambda: eval_cost_prior(3, batch_ratio=0.0), "batch_ratio"),
+        (lambda: eval_cost_prior(3, grad_accum_steps=0), "grad_accum_steps"),
+        (lambda: eval_prior_from_loaders(iter([1, 2])), "eval_dataloader has no len"),
+    ],
+)
+def test_bad_phase_priors_raise_naming_the_value(make, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_a_priced_evaluation_brings_the_early_total_closer() -> None:
+    # 80 steps of 0.2 s, an evaluation of 30 batches after steps 20, 40, 60 (the simulated
+    # evaluation costs what the prior says: 30 forwards at a third of a step each = 2 s).
+    job = JobModel.from_args(total_steps=80, eval_every=20)
+    actual = simulate(Forecaster(job, start_s=0.0), 80, step_s=0.2, eval_every=20, eval_s=2.0)
+    priced, unpriced = Forecaster(job, start_s=0.0), Forecaster(job, start_s=0.0)
+    priced.set_phase_prior("eval", eval_cost_prior(30))
+    for forecaster in (priced, unpriced):
+        simulate(forecaster, 80, step_s=0.2, eval_every=20, eval_s=2.0, stop_at=10)
+    with_prior, without = priced.prediction, unpriced.prediction
+    assert with_prior is not None and without is not None
+    assert without.remaining_phase_s == 0.0
+    assert with_prior.remaining_phase_s == pytest.approx(3 * 30 / 3 * with_prior.iteration_s)
+    assert abs(with_prior.total_s - actual) < abs(without.total_s - actual)
+    assert with_prior.total_ci_s > without.total_ci_s  # the prior's uncertainty is in it

@@ -97,6 +97,18 @@ def quiet_trainer(**kwargs: Any) -> L.Trainer:
     return L.Trainer(**{**defaults, **kwargs})
 
 
+class PredictionAt(L.Callback):
+    """Keeps ``callback``'s prediction once ``trainer.global_step`` reaches ``at``."""
+
+    def __init__(self, callback: Any, at: int) -> None:
+        self.callback, self.at = callback, at
+        self.prediction: Any = None
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if self.prediction is None and trainer.global_step >= self.at:
+            self.prediction = self.callback.prediction
+
+
 @dataclass
 class Run:
     callback: Any
@@ -106,6 +118,7 @@ class Run:
     log_dir: Path
     status_path: Path
     seconds: float
+    early: PredictionAt
 
 
 @dataclass
@@ -129,13 +142,14 @@ def _fit(tmp: Path, name: str, epochs: int, ckpt_path: str | None = None) -> Run
     status_path = tmp / f"{name}.json"
     callback = ETSCallback(status_path=status_path, capture_steps=5)
     checkpoint = ModelCheckpoint(dirpath=tmp / "ckpt", save_top_k=-1, save_last=True)
+    early = PredictionAt(callback, at=3)
     trainer = L.Trainer(
         max_epochs=epochs,
         accumulate_grad_batches=2,
         check_val_every_n_epoch=1,
         num_sanity_val_steps=1,
         log_every_n_steps=LOG_EVERY_N_STEPS,
-        callbacks=[callback, checkpoint],
+        callbacks=[callback, checkpoint, early],
         logger=CSVLogger(tmp, name=name),
         accelerator="cpu",
         devices=1,
@@ -155,6 +169,7 @@ def _fit(tmp: Path, name: str, epochs: int, ckpt_path: str | None = None) -> Run
         Path(trainer.logger.log_dir),
         status_path,
         time.perf_counter() - started,
+        early,
     )
 
 
@@ -243,6 +258,20 @@ def test_validation_and_checkpoints_are_phases_not_step_time(runs: Runs) -> None
         assert max(step_times) < SAVE_SLEEP_S  # no validation or save inside any step
         # Step times and phases account for the fit's time.
         assert sum(step_times) + sum(p.spent_s for p in phases.values()) < run.seconds
+
+
+def test_validations_are_priced_before_the_first_one(runs: Runs) -> None:
+    prediction = runs.first.early.prediction  # at step 3: no validation yet
+    assert prediction is not None and prediction.step == 3
+    validation = {p.name: p for p in prediction.phases}["eval"]
+    assert validation.occurrences == 0 and validation.cost_source == "prior"
+    # 2 validation batches of the training batch size, each a forward (1/3) of one of the 2
+    # micro-batches of a step: 1/3 of a steady step per validation.
+    assert validation.mean_s == pytest.approx(prediction.iteration_s / 3)
+    assert validation.remaining == 2  # after steps 8 and 16 (the last, at 24, is after the job)
+    assert prediction.remaining_phase_s == pytest.approx(2 * validation.mean_s)
+    after = {p.name: p for p in runs.first.callback.prediction.phases}["eval"]
+    assert after.cost_source == "measured"
 
 
 def test_sanity_check_is_timed_but_not_a_phase(runs: Runs) -> None:

@@ -135,6 +135,18 @@ class PredictOnce(TrainerCallback):
             self.trainer.predict(TokenSet(4, seed=3))
 
 
+class PredictionAt(TrainerCallback):
+    """Keeps ``ETSTrainerCallback``'s prediction at step ``at`` (placed after it)."""
+
+    def __init__(self, callback: ETSTrainerCallback, at: int) -> None:
+        self.callback, self.at = callback, at
+        self.prediction: Any = None
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if state.global_step == self.at:
+            self.prediction = self.callback.prediction
+
+
 class SlowSaveTrainer(Trainer):
     """Its save at ``slow_step`` takes ``SLOW_S`` longer."""
 
@@ -224,13 +236,17 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
             )
             box1.append(trainer)
             trainer.add_callback(bar)
+            trainer.add_callback(before_eval)
             bar.progress = next(
                 cb for cb in trainer.callback_handler.callbacks if isinstance(cb, ProgressCallback)
             )
             return trainer
 
-        run1 = train(first, ETSTrainerCallback(total_steps=32, capture_steps=5))
+        callback1 = ETSTrainerCallback(total_steps=32, capture_steps=5)
+        before_eval = PredictionAt(callback1, at=5)
+        run1 = train(first, callback1)
         run1.bar = bar
+        run1.extra["before_eval"] = before_eval.prediction
         run1.extra["callbacks"] = [
             type(cb).__name__ for cb in run1.trainer.callback_handler.callbacks
         ]
@@ -328,6 +344,25 @@ def test_eval_and_save_are_phases_not_step_time(runs: Runs) -> None:
     # Steps and phases tile the hook's wall time: nothing counted twice, no phase lost.
     accounted = sum(hook.step_times_s) + sum(p.spent_s for p in phases.values())
     assert 0.8 * prediction.elapsed_s <= accounted <= prediction.elapsed_s + 1e-3
+
+
+def test_evaluations_are_priced_before_the_first_one(runs: Runs) -> None:
+    prediction = runs.first.extra["before_eval"]  # at step 5: no evaluation yet
+    assert prediction is not None and prediction.step == 5
+    phases = {p.name: p for p in prediction.phases}
+    evaluation = phases["eval"]
+    assert evaluation.occurrences == 0 and evaluation.cost_source == "prior"
+    # 8 samples at eval batch 4 = 2 batches, each a forward (1/3) of a micro-batch twice the
+    # training one (2), over 2 micro-batches per step: 2/3 of a steady step each.
+    assert evaluation.mean_s == pytest.approx(2 / 3 * prediction.iteration_s)
+    assert evaluation.remaining == 3  # steps 10, 20, 30 (all before the job's 32)
+    assert evaluation.remaining_s == pytest.approx(3 * evaluation.mean_s)
+    assert phases["checkpoint"].cost_source == "unknown"  # saves are not priced
+    assert prediction.remaining_phase_s == pytest.approx(evaluation.remaining_s)
+    # Once measured, the measurement replaces the prior.
+    after = runs.first.callback.prediction
+    assert after is not None
+    assert {p.name: p.cost_source for p in after.phases}["eval"] == "measured"
 
 
 def test_predict_inside_training_is_a_phase(runs: Runs) -> None:
