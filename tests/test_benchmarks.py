@@ -52,6 +52,48 @@ def test_collect_then_capture_priors_on_one_small_job(tmp_path: Path) -> None:
     assert "capture_spike_steps" in priors.stdout
 
 
+def test_collect_runs_the_variant_loops_as_their_own_families_then_trains_on_them(
+    tmp_path: Path,
+) -> None:
+    from ets_hook.forecast.trace_estimators import fit_early_schema, training_example
+    from ets_hook.trace.io import load_trace
+
+    out = tmp_path / "dataset"
+    jobs = (
+        "mlp-w128-d2-b32+loader-w0,mlp-w128-d2-b32+loader-w2,"
+        "transformer-d64-l2-b16-t32+varlen,gpt-d64-l2-b8-t64+accum2"
+    )
+    collected = run(
+        "collect.py", "--out", str(out), "--workloads", jobs, "--batch-scales", "0.25",
+        "--steps", "30",
+    )  # fmt: skip
+    assert collected.returncode == 0, collected.stderr
+    traces = {t.metadata["workload"]: t for t in map(load_trace, sorted(out.glob("*.ets")))}
+    assert set(traces) == {
+        "mlp-w128-d2-b8+loader-w0", "mlp-w128-d2-b8+loader-w2",
+        "transformer-d64-l2-b4-t32+varlen", "gpt-d64-l2-b2-t64+accum2",
+    }  # fmt: skip
+    md = {name: t.metadata for name, t in traces.items()}
+    assert md["mlp-w128-d2-b8+loader-w2"]["family"] == "mlp-loader"
+    assert md["mlp-w128-d2-b8+loader-w2"]["loader"]["num_workers"] == 2
+    assert md["gpt-d64-l2-b2-t64+accum2"]["grad_accum"] == 2
+    varlen = md["transformer-d64-l2-b4-t32+varlen"]
+    assert varlen["family"] == "transformer-varlen" and varlen["steady_statistic"] == "fmean"
+    assert varlen["steps"] == 200 and len(varlen["step_times_s"]) > 30  # its own length
+    # the in-process loader's ops are input, not model rows: its data wait is the lead-in
+    w0 = traces["mlp-w128-d2-b8+loader-w0"]
+    assert any(op.phase.value == "input" for op in w0.iterations[0].ops)
+    schema = fit_early_schema(list(traces.values()))
+    example = training_example(w0, schema)
+    assert example.summary.lead_in_ns > example.summary.rows_ns
+    trained = run(
+        "train_early_model.py", str(out), "--kinds", "lstm", "--epochs", "1",
+        "--shipped", str(ROOT / "ets_hook" / "data" / "early_cpu.npz"),
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
+    assert "| mlp-loader (new) | 2 |" in trained.stdout and "new MRE" in trained.stdout
+
+
 def test_scale_run_reports_no_drops_for_a_small_op_count(tmp_path: Path) -> None:
     result = run("scale_ops.py", "--ops-per-step", "3000", "--steps", "8")
     assert result.returncode == 0, result.stderr
@@ -81,9 +123,14 @@ def test_framework_accuracy_quick_run_reports_both_frameworks(tmp_path: Path) ->
     assert result.returncode == 0, result.stderr
     document = json.loads(out_json.read_text())
     assert {r["framework"] for r in document["runs"]} == {"transformers", "lightning"}
-    for method in ("ets-hook", "framework", "last_step"):
+    for method in ("ets-hook", "framework", "last_step", "ets-hook unpriced"):
         assert set(document["summary"][method]) == {"3", "5", "10"}
     assert "| ets-hook (median / max over runs) |" in out_md.read_text()
+    # The evaluations were priced at step 3 and measured by the end.
+    hf = next(r for r in document["runs"] if r["framework"] == "transformers")
+    assert hf["phases_early"]["eval"]["source"] == "prior"
+    assert hf["phases_final"]["eval"]["occurrences"] >= 1
+    assert "| eval |" in out_md.read_text()
 
 
 def test_accuracy_rounds_run_each_job_in_fresh_processes_and_report_per_job(
