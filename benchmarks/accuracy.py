@@ -415,6 +415,8 @@ def _run_rank(
         total_steps=steps,
         eval_every=spec.eval_every,
         checkpoint_every=spec.checkpoint_every,
+        # As a user with a validation loader would: one evaluation's batches (training-sized).
+        eval_dataloader=range(spec.eval_batches) if spec.eval_every else None,
         log_every=None,
         deadline=False,
         trace_estimator=held_out_estimator(models_dir, workload.family),

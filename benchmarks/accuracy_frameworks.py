@@ -13,9 +13,10 @@ the end of optimizer steps 3, 5 and 10:
   Lightning's bar counts the batches of the current epoch (``smoothing=0``: ``elapsed / n``),
   converted to seconds per optimizer step x ``accumulate_grad_batches``;
 - ``last_step``: elapsed + the last optimizer step's wall time x remaining steps;
-- ``ets-hook unpriced``: the same prediction without the evaluations priced before the first
-  one is measured (``total_s`` minus the remaining cost of phases whose ``cost_source`` is
-  "prior"): what ets-hook predicted before it priced them, from the same run.
+- ``ets-hook unpriced``: the same prediction without the evaluations and checkpoints priced
+  before the first of each is measured (``total_s`` minus the remaining cost of phases whose
+  ``cost_source`` is "prior"): what ets-hook predicted before it priced them, from the same
+  run.
 
 Ground truth: the hook's clock at the end of the last optimizer step. Reported: the absolute %
 error per job, repeat and step, and the median over all runs per step. Noise floor, per job:

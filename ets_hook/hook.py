@@ -44,6 +44,7 @@ from .capture.sysinfo import (
     distributed_rank,
     hooks_disabled,
     model_device,
+    training_state_bytes,
 )
 from .capture.window import MAX_ADAPTIVE_CAPTURE_STEPS, WindowState, check_window_settings
 from .capture.window_runner import WindowRunner
@@ -58,7 +59,15 @@ from .ets.blas import blas_thread_setter, single_threaded_blas
 from .forecast.early_stop import EarlyStoppingRule
 from .forecast.epochs import EPOCH_START, EpochStarts, loader_restarts_workers
 from .forecast.forecaster import Forecaster
-from .forecast.job import COMPILE_PHASE, EVAL, JobModel, PhaseCostPrior, eval_prior_from_loaders
+from .forecast.job import (
+    CHECKPOINT,
+    COMPILE_PHASE,
+    EVAL,
+    JobModel,
+    PhaseCostPrior,
+    checkpoint_cost_prior,
+    eval_prior_from_loaders,
+)
 from .forecast.prediction import Prediction
 from .forecast.ranks import JobView
 from .forecast.stats import StepTimePrior, TraceEstimate
@@ -188,7 +197,9 @@ class ETSHook:
                 forward pass (``FORWARD_SHARE`` of a training micro-batch, scaled by the two
                 loaders' ``batch_size``), instead of 0 (``expect_phase_cost``).
             checkpoint_every: period in steps of the phase ``"checkpoint"`` (int >= 1); None:
-                learned.
+                learned. With it, until the first checkpoint is measured each is priced at
+                the model's and optimizers' state (read after the first step) written at
+                ``CHECKPOINT_WRITE_BYTES_PER_S`` (``forecast.job.checkpoint_cost_prior``).
             phase_every: period in steps of any named phase (int >= 0; 0: one-off).
             initial_step: steps already done before this process (resumed jobs; int >= 0).
             early_stopping: ``(patience, min_delta, mode)`` or an ``EarlyStoppingRule``: the
@@ -375,6 +386,10 @@ class ETSHook:
         self._forecaster.set_early_stopping(rule)
         if eval_prior is not None:
             self._forecaster.set_phase_prior(EVAL, eval_prior)
+        # Checkpoints with a known period are priced from the state they write, read once the
+        # first optimizer step has created the optimizers' state; expect_phase_cost wins.
+        self._optimizers = optimizers
+        self._price_checkpoints = bool(job.phase_periods.get(CHECKPOINT))
         self._ranks: RankCoordinator | None = None
         if world_size > 1 and exchange_timeout_s and not disabled:
             self._ranks = RankCoordinator(
@@ -538,6 +553,8 @@ class ETSHook:
         if not isinstance(name, str) or not name:
             raise ValueError(f"phase name must be a non-empty string, got {name!r}")
         prior = PhaseCostPrior(seconds=seconds, train_steps=train_steps, rel_ci=rel_ci)
+        if name == CHECKPOINT:
+            self._price_checkpoints = False
         self._forecaster.set_phase_prior(name, prior)
 
     def report_metric(self, name: str, value: float) -> None:
@@ -775,6 +792,10 @@ class ETSHook:
                 self._on_compile_step(step_index, compile_ns, now_ns)
             if self._epochs is not None:
                 self._on_epoch_starts(epoch_start_ns, now_ns)
+            if step_index == 0 and self._price_checkpoints:
+                self._price_checkpoints = False
+                state_bytes = training_state_bytes(self.model, self._optimizers)
+                self._forecaster.set_phase_prior(CHECKPOINT, checkpoint_cost_prior(state_bytes))
             if self._host_load is not None:
                 load = self._host_load.sample()  # at most once a second
                 if load is not None:

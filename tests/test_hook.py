@@ -358,6 +358,43 @@ def test_evaluations_are_priced_from_the_eval_dataloader_until_measured():
         ETSHook(model, eval_dataloader=(b for b in eval_loader))
 
 
+def test_checkpoints_are_priced_from_the_state_they_write_until_measured():
+    from ets_hook.capture.sysinfo import training_state_bytes
+    from ets_hook.forecast.job import CHECKPOINT_FIXED_S, CHECKPOINT_WRITE_BYTES_PER_S
+
+    model = tiny_mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    params_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert training_state_bytes(model, [opt]) == params_bytes  # no optimizer state yet
+    hook = ETSHook(
+        model, optimizer=opt, total_steps=40, capture_steps=0, log_every=None, checkpoint_every=10
+    )
+    train(model, opt, hook, 3, call_step=False)
+    checkpoint = {p.name: p for p in hook.prediction.phases}["checkpoint"]
+    # Read after the first optimizer step: the parameters and Adam's two moments.
+    state_bytes = training_state_bytes(model, [opt])
+    assert state_bytes >= 3 * params_bytes
+    assert checkpoint.cost_source == "prior" and checkpoint.remaining == 3
+    assert checkpoint.mean_s == pytest.approx(
+        CHECKPOINT_FIXED_S + state_bytes / CHECKPOINT_WRITE_BYTES_PER_S
+    )
+    hook.close()
+    # A price given by hand wins, also before the first step.
+    hook = ETSHook(
+        model, optimizer=opt, total_steps=40, capture_steps=0, log_every=None, checkpoint_every=10
+    )
+    hook.expect_phase_cost("checkpoint", seconds=2.0)
+    train(model, opt, hook, 3, call_step=False)
+    checkpoint = {p.name: p for p in hook.prediction.phases}["checkpoint"]
+    assert checkpoint.mean_s == pytest.approx(2.0)
+    hook.close()
+    # Without a period nothing is priced: a phase is only projected once it has one.
+    hook = ETSHook(model, optimizer=opt, total_steps=40, capture_steps=0, log_every=None)
+    train(model, opt, hook, 3, call_step=False)
+    assert hook.prediction.phases == ()
+    hook.close()
+
+
 def test_bad_arguments_name_the_value():
     model = tiny_mlp()
     with pytest.raises(ValueError, match="capture_steps"):

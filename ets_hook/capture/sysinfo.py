@@ -141,6 +141,32 @@ def model_device(model: Any) -> Any:
     return "cpu"
 
 
+def training_state_bytes(model: Any, optimizers: Any = ()) -> int:
+    """Bytes a checkpoint of the model and its optimizers' state writes: every parameter and
+    buffer, and every tensor in the optimizers' ``state`` (Adam's two moments, SGD's momentum,
+    ...; empty before the first optimizer step). Never raises.
+
+    Args:
+        model: a ``torch.nn.Module``.
+        optimizers: torch optimizers (any iterable; none by default).
+
+    Returns:
+        The byte count; 0 where nothing could be read.
+    """
+    total = 0
+    try:
+        for tensor in (*model.parameters(), *model.buffers()):
+            total += tensor.numel() * tensor.element_size()
+        for optimizer in optimizers:
+            for state in optimizer.state.values():
+                for value in state.values():
+                    if hasattr(value, "element_size") and hasattr(value, "numel"):
+                        total += value.numel() * value.element_size()
+    except Exception:
+        return total
+    return total
+
+
 def machine_facts(device: Any) -> tuple[DeviceInfo | None, HostInfo | None]:
     """Device and host facts for the trace, gathered up front (never raises).
 

@@ -48,6 +48,13 @@ FORWARD_SHARE = 1 / 3
 #: The relative 95% half-width of an evaluation's cost priced from the forward share: evaluation
 #: loops also gather outputs and compute metrics, and a no-grad forward is somewhat cheaper.
 EVAL_PRIOR_REL_CI = 0.6
+#: A checkpoint priced before it is measured: a fixed cost (files opened, metadata, the
+#: framework's own bookkeeping), plus the model's and optimizers' state written at this rate
+#: (``torch.save`` into the page cache; measured 0.6-2 GB/s on this project's CPU jobs, a slow
+#: network filesystem is far below), ±100%.
+CHECKPOINT_FIXED_S = 0.01
+CHECKPOINT_WRITE_BYTES_PER_S = 1e9
+CHECKPOINT_PRIOR_REL_CI = 1.0
 
 
 def _positive_int(name: str, value: Any, *, minimum: int = 1) -> int:
@@ -273,6 +280,24 @@ def eval_cost_prior(
         raise ValueError(f"batch_ratio must be a finite number > 0, got {batch_ratio!r}")
     steps = batches * batch_ratio * FORWARD_SHARE / grad_accum_steps
     return PhaseCostPrior(train_steps=steps, rel_ci=EVAL_PRIOR_REL_CI)
+
+
+def checkpoint_cost_prior(state_bytes: int) -> PhaseCostPrior:
+    """The prior cost of one checkpoint: its fixed cost plus ``state_bytes`` written at
+    ``CHECKPOINT_WRITE_BYTES_PER_S``, ±``CHECKPOINT_PRIOR_REL_CI``.
+
+    Args:
+        state_bytes: bytes the checkpoint writes (the model's and optimizers' state), >= 0.
+
+    Returns:
+        The prior, in seconds.
+
+    Raises:
+        ValueError: ``state_bytes`` is negative or not an int.
+    """
+    _positive_int("state_bytes", state_bytes, minimum=0)
+    seconds = CHECKPOINT_FIXED_S + state_bytes / CHECKPOINT_WRITE_BYTES_PER_S
+    return PhaseCostPrior(seconds=seconds, rel_ci=CHECKPOINT_PRIOR_REL_CI)
 
 
 def eval_prior_from_loaders(

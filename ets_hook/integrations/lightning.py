@@ -27,6 +27,9 @@ Trainer's optimizers with what the Trainer knows:
   With a period and a finite ``trainer.num_val_batches``, validations are priced before the
   first is measured: their batches x a forward of a training micro-batch
   (``forecast.job.eval_cost_prior``; ``ETSHook.expect_phase_cost``).
+- ``checkpoint_every``: the period of the ``ModelCheckpoint`` saves where it is one
+  (``trainer_checkpoint_every``); the hook then prices each save from the model's and
+  optimizers' state until the first is measured.
 
 Anything passed to ``ETSCallback(**hook_options)`` goes to ``ETSHook`` and wins over what the
 Trainer says (one log line when the two disagree).
@@ -227,6 +230,50 @@ def trainer_eval_every(trainer: Any) -> int | None:
     if epochs == 1 and batches % every == 0 and every % accumulate == 0:
         return every // accumulate
     return None
+
+
+def trainer_checkpoint_every(trainer: Any, eval_every: int | None) -> int | None:
+    """The period in optimizer steps of the Trainer's ``ModelCheckpoint`` saves, where it is one.
+
+    Computable cases, per ``ModelCheckpoint``: ``every_n_train_steps`` (a global-step period);
+    ``every_n_epochs`` = n saving after validations that end whole epochs (``eval_every`` a
+    multiple k of the steps per epoch: every lcm(k, n) epochs), after every validation (n = 1),
+    or at the end of every n-th epoch without validation. Several callbacks: the shortest
+    period (their saves are one phase when they fall on the same step).
+
+    Args:
+        trainer: a Lightning ``Trainer`` whose train data is set up.
+        eval_every: the validation period in optimizer steps (``trainer_eval_every``), or None.
+
+    Returns:
+        The period (>= 1), or None: no ``ModelCheckpoint``, time-based saving, or a schedule
+        not periodic in optimizer steps.
+    """
+    steps_per_epoch = trainer_steps_per_epoch(trainer)
+    validates = bool(getattr(trainer, "enable_validation", False))
+    periods = []
+    for callback in getattr(trainer, "callbacks", None) or []:
+        if not _is_a(callback, "ModelCheckpoint"):
+            continue
+        if getattr(callback, "_train_time_interval", None) is not None:
+            return None
+        steps = whole_number(getattr(callback, "_every_n_train_steps", 0), 0) or 0
+        epochs = whole_number(getattr(callback, "_every_n_epochs", 0), 0) or 0
+        if steps > 0:
+            periods.append(steps)
+        elif epochs > 0:
+            if validates and eval_every is None:
+                return None  # saves follow validations whose period is unknown
+            if not validates or eval_every is None:
+                period = epochs * steps_per_epoch if steps_per_epoch else None
+            elif steps_per_epoch and eval_every % steps_per_epoch == 0:
+                period = math.lcm(eval_every // steps_per_epoch, epochs) * steps_per_epoch
+            else:
+                period = eval_every if epochs == 1 else None
+            if period is None:
+                return None
+            periods.append(period)
+    return min(periods) if periods else None
 
 
 def trainer_val_batches(trainer: Any) -> int | None:
@@ -546,15 +593,18 @@ class BaseETSCallback:
             derived["total_steps"] = max(total, derived["initial_step"])
         callbacks = list(getattr(trainer, "callbacks", None) or [])
         if any(_is_a(cb, "GradientAccumulationScheduler") for cb in callbacks):
-            eval_every = None  # steps per epoch change with the accumulation
+            eval_every = checkpoint_every = None  # steps per epoch change with the accumulation
             notes.append(
                 "GradientAccumulationScheduler: the accumulation changes between epochs, so the "
                 "Trainer's step counts are estimates"
             )
         else:
             eval_every = trainer_eval_every(trainer)
+            checkpoint_every = trainer_checkpoint_every(trainer, eval_every)
         if eval_every is not None:
             derived["eval_every"] = eval_every
+        if checkpoint_every is not None:
+            derived["checkpoint_every"] = checkpoint_every
         rule = _early_stopping_rule(self._early_stopping)
         if rule is not None:
             derived["early_stopping"] = rule
@@ -804,6 +854,7 @@ __all__ = [
     "default_package",
     "installed_packages",
     "prediction_metrics",
+    "trainer_checkpoint_every",
     "trainer_eval_every",
     "trainer_steps_per_epoch",
     "trainer_total_steps",

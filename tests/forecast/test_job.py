@@ -7,10 +7,13 @@ import pytest
 
 from ets_hook.forecast.forecaster import Forecaster
 from ets_hook.forecast.job import (
+    CHECKPOINT_FIXED_S,
+    CHECKPOINT_WRITE_BYTES_PER_S,
     FORWARD_SHARE,
     JobModel,
     PhaseCostPrior,
     PhaseTracker,
+    checkpoint_cost_prior,
     eval_cost_prior,
     eval_prior_from_loaders,
     remaining_phase_time,
@@ -254,11 +257,19 @@ def test_an_evaluation_is_priced_at_a_forward_per_batch() -> None:
         (lambda: eval_cost_prior(3, batch_ratio=0.0), "batch_ratio"),
         (lambda: eval_cost_prior(3, grad_accum_steps=0), "grad_accum_steps"),
         (lambda: eval_prior_from_loaders(iter([1, 2])), "eval_dataloader has no len"),
+        (lambda: checkpoint_cost_prior(-1), "state_bytes"),
     ],
 )
 def test_bad_phase_priors_raise_naming_the_value(make, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         make()
+
+
+def test_a_checkpoint_is_priced_at_its_bytes_written() -> None:
+    prior = checkpoint_cost_prior(3 * 10**9)
+    assert prior.seconds == pytest.approx(CHECKPOINT_FIXED_S + 3e9 / CHECKPOINT_WRITE_BYTES_PER_S)
+    assert prior.train_steps == 0.0
+    assert checkpoint_cost_prior(0).seconds == pytest.approx(CHECKPOINT_FIXED_S)
 
 
 def test_a_priced_evaluation_brings_the_early_total_closer() -> None:

@@ -19,7 +19,9 @@ import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -33,9 +35,11 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from ets_hook.forecast.early_stop import EarlyStoppingRule
+from ets_hook.forecast.job import CHECKPOINT_FIXED_S, CHECKPOINT_WRITE_BYTES_PER_S
 from ets_hook.integrations.lightning import (
     LOG_KEYS,
     ETSCallback,
+    trainer_checkpoint_every,
     trainer_eval_every,
 )
 
@@ -227,6 +231,7 @@ def test_job_is_read_from_the_trainer(runs: Runs) -> None:
     assert options["grad_accum_steps"] == 2
     assert options["initial_step"] == 0
     assert options["eval_every"] == STEPS_PER_EPOCH  # validation every epoch
+    assert options["checkpoint_every"] == STEPS_PER_EPOCH  # ModelCheckpoint after each one
     assert runs.first.callback.hook.total_steps == 24
     assert runs.first.callback.prediction.total_steps == 24
     assert runs.first.callback.hook_options == {
@@ -269,9 +274,19 @@ def test_validations_are_priced_before_the_first_one(runs: Runs) -> None:
     # micro-batches of a step: 1/3 of a steady step per validation.
     assert validation.mean_s == pytest.approx(prediction.iteration_s / 3)
     assert validation.remaining == 2  # after steps 8 and 16 (the last, at 24, is after the job)
-    assert prediction.remaining_phase_s == pytest.approx(2 * validation.mean_s)
-    after = {p.name: p for p in runs.first.callback.prediction.phases}["eval"]
-    assert after.cost_source == "measured"
+    # The ModelCheckpoint's saves (after every validation), priced from the state they write:
+    # the module's parameters and SGD's (empty: no momentum) state.
+    checkpoint = {p.name: p for p in prediction.phases}["checkpoint"]
+    assert checkpoint.cost_source == "prior" and checkpoint.remaining == 2
+    state_bytes = sum(t.numel() * t.element_size() for t in runs.first.module.parameters())
+    assert checkpoint.mean_s == pytest.approx(
+        CHECKPOINT_FIXED_S + state_bytes / CHECKPOINT_WRITE_BYTES_PER_S
+    )
+    assert prediction.remaining_phase_s == pytest.approx(
+        2 * validation.mean_s + 2 * checkpoint.mean_s
+    )
+    after = {p.name: p for p in runs.first.callback.prediction.phases}
+    assert after["eval"].cost_source == after["checkpoint"].cost_source == "measured"
 
 
 def test_sanity_check_is_timed_but_not_a_phase(runs: Runs) -> None:
@@ -518,6 +533,35 @@ def test_validation_period_in_optimizer_steps(
     for key, value in settings.items():
         setattr(trainer, key, value)
     assert trainer_eval_every(trainer) == expected
+
+
+@pytest.mark.parametrize(
+    ("checkpoints", "validates", "eval_every", "expected"),
+    [
+        ([{}], True, 8, 8),  # after every validation (every epoch)
+        ([{}], True, 24, 24),  # validation every 3 epochs: saves follow it
+        ([{"every_n_epochs": 2}], True, 24, 48),  # every 3rd and every 2nd epoch: lcm 6
+        ([{"every_n_epochs": 2}], False, None, 16),  # no validation: every 2nd epoch's end
+        ([{}], True, 4, 4),  # validation twice an epoch, a save after each
+        ([{"every_n_epochs": 2}], True, 4, None),  # twice an epoch, every other epoch
+        ([{"every_n_train_steps": 5}], True, 8, 5),
+        ([{"every_n_train_steps": 5}, {}], True, 8, 5),  # several: the shortest
+        ([{"train_time_interval": timedelta(minutes=5)}], True, 8, None),
+        ([{"every_n_epochs": 0}], True, 8, None),  # saves only when asked
+        ([{}], True, None, None),  # after validations of unknown period
+        ([], True, 8, None),
+    ],
+)
+def test_checkpoint_period_in_optimizer_steps(
+    checkpoints: list[dict[str, Any]], validates: bool, eval_every: int | None, expected: int | None
+) -> None:
+    trainer = SimpleNamespace(
+        num_training_batches=16,
+        accumulate_grad_batches=2,  # 8 steps per epoch
+        enable_validation=validates,
+        callbacks=[ModelCheckpoint(**kwargs) for kwargs in checkpoints],
+    )
+    assert trainer_checkpoint_every(trainer, eval_every) == expected
 
 
 # --------------------------------------------------------------------------------------------

@@ -37,7 +37,9 @@ from transformers import (
 from transformers.integrations import integration_utils
 from transformers.trainer_callback import ProgressCallback
 
+from ets_hook.capture.sysinfo import training_state_bytes
 from ets_hook.forecast.early_stop import EarlyStoppingRule
+from ets_hook.forecast.job import CHECKPOINT_FIXED_S, CHECKPOINT_WRITE_BYTES_PER_S
 from ets_hook.integrations.transformers import (
     LOG_KEYS,
     ETSLogInjector,
@@ -357,12 +359,27 @@ def test_evaluations_are_priced_before_the_first_one(runs: Runs) -> None:
     assert evaluation.mean_s == pytest.approx(2 / 3 * prediction.iteration_s)
     assert evaluation.remaining == 3  # steps 10, 20, 30 (all before the job's 32)
     assert evaluation.remaining_s == pytest.approx(3 * evaluation.mean_s)
-    assert phases["checkpoint"].cost_source == "unknown"  # saves are not priced
-    assert prediction.remaining_phase_s == pytest.approx(evaluation.remaining_s)
+    # Saves (every 20 steps) are priced from the state they write: the model and AdamW's two
+    # moments (and step counts), at the assumed write rate.
+    checkpoint = phases["checkpoint"]
+    assert checkpoint.cost_source == "prior" and checkpoint.remaining == 1  # after step 20
+    state_bytes = training_state_bytes(
+        runs.first.trainer.model, [runs.first.trainer.optimizer.optimizer]
+    )
+    assert state_bytes > 3 * sum(p.numel() * 4 for p in runs.first.trainer.model.parameters())
+    assert checkpoint.mean_s == pytest.approx(
+        CHECKPOINT_FIXED_S + state_bytes / CHECKPOINT_WRITE_BYTES_PER_S
+    )
+    assert prediction.remaining_phase_s == pytest.approx(
+        evaluation.remaining_s + checkpoint.remaining_s
+    )
     # Once measured, the measurement replaces the prior.
     after = runs.first.callback.prediction
     assert after is not None
-    assert {p.name: p.cost_source for p in after.phases}["eval"] == "measured"
+    assert {p.name: p.cost_source for p in after.phases} == {
+        "eval": "measured",
+        "checkpoint": "measured",
+    }
 
 
 def test_predict_inside_training_is_a_phase(runs: Runs) -> None:
