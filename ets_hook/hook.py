@@ -195,7 +195,8 @@ class ETSHook:
             eval_dataloader: the loader one evaluation runs over (anything with ``len()``):
                 until the first evaluation is measured, each is priced at its batches x a
                 forward pass (``FORWARD_SHARE`` of a training micro-batch, scaled by the two
-                loaders' ``batch_size``), instead of 0 (``expect_phase_cost``).
+                loaders' ``batch_size``), instead of 0 (``expect_phase_cost``); used with a
+                known period (``eval_every``): a phase is not projected before it has one.
             checkpoint_every: period in steps of the phase ``"checkpoint"`` (int >= 1); None:
                 learned. With it, until the first checkpoint is measured each is priced at
                 the model's and optimizers' state (read after the first step) written at

@@ -13,7 +13,8 @@ callback creates an ``ETSHook`` on the Trainer's model and optimizer with what t
   dataloader and the accumulation; ``best``: saves can only follow evaluations; ``no``: none).
   With a period and a sized ``eval_dataset``, evaluations are priced before the first is
   measured: its batches at ``eval_batch_size`` x a forward of a training micro-batch
-  (``forecast.job.eval_cost_prior``; ``ETSHook.expect_phase_cost``).
+  (``forecast.job.eval_cost_prior``; ``ETSHook.expect_phase_cost``); with ``checkpoint_every``
+  the hook prices each save from the model's and optimizer's state until the first is measured.
 
 Early stopping: when the Trainer's callbacks include a ``transformers.EarlyStoppingCallback``,
 the hook follows its rule (``early_stopping=EarlyStoppingRule.from_hf(early_stopping_patience,
