@@ -28,7 +28,7 @@ from ..trace.events import DeviceInfo, IterationTrace, OpEvent, Phase, Trace
 from ..trace.names import canonical_op_name, is_backward_name
 from .flops import OpCost, is_tensor_dtype, op_cost
 from .rows import ets_rows, op_direction
-from .targets import iteration_targets
+from .targets import TargetScaler, iteration_targets
 
 FEATURE_SCHEMA_VERSION = 1
 DEFAULT_VOCAB_SIZE = 25
@@ -159,6 +159,51 @@ class FeatureSchema:
             raise ValueError("this feature schema has no measured early-time features")
         names = self.feature_names
         return (names.index(MEASURED_FEATURES[0]), names.index(MEASURED_FEATURES[1]))
+
+    def column_indices(self, names: Sequence[str], argument: str) -> tuple[int, ...]:
+        """Indices of the feature columns ``names``, in their order.
+
+        Args:
+            names: column names.
+            argument: the setting that named them, for the error message.
+
+        Returns:
+            One index per name.
+
+        Raises:
+            ValueError: naming ``argument`` and the names this schema lacks.
+        """
+        unknown = sorted(set(names) - set(self.feature_names))
+        if unknown:
+            raise ValueError(f"{argument}: no such feature columns {unknown}")
+        return tuple(self.feature_names.index(n) for n in names)
+
+    def fit_target_scaler(
+        self, targets_ns: np.ndarray, kind: str, rows: np.ndarray
+    ) -> TargetScaler:
+        """``TargetScaler.fit`` on training rows of this schema, with the FLOPs, bytes and
+        (if present) measured early-time columns the transforms read.
+
+        Args:
+            targets_ns: [n, 2] (duration, gap) ns.
+            kind: one of ``ets.targets.TARGET_TRANSFORMS``.
+            rows: [n, F] unscaled feature rows aligned with ``targets_ns``.
+
+        Returns:
+            The fitted scaler.
+
+        Raises:
+            ValueError: from ``TargetScaler.fit`` (an unknown ``kind``, or ``"measured"``
+                without measured columns).
+        """
+        return TargetScaler.fit(
+            targets_ns,
+            kind,
+            rows,
+            flops_col=self.feature_names.index("log_flops"),
+            bytes_col=self.feature_names.index("log_bytes"),
+            measured_cols=self.measured_columns if self.measured_features else (-1, -1),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable form, with ``feature_names`` for checking on load."""

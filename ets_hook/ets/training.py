@@ -601,23 +601,15 @@ def fit_encoded(
     val_set = [encoded[i] for i in val_pos]
     rows = np.concatenate([e.features for e in train_set])
     targets = np.concatenate([e.targets_ns for e in train_set])
-    unknown = sorted(set(config.ignore_features) - set(schema.feature_names))
-    if unknown:
-        raise ValueError(f"ignore_features: no such feature columns {unknown}")
+    ignore = np.zeros(schema.n_features, dtype=bool)
+    ignore[list(schema.column_indices(config.ignore_features, "ignore_features"))] = True
     fscale = Standardizer.fit(
         rows,
         schema.continuous,
         clamp_margin=config.clamp_margin if config.clamp_features else None,
-        ignore=np.isin(schema.feature_names, config.ignore_features),
+        ignore=ignore,
     )
-    tscale = TargetScaler.fit(
-        targets,
-        config.target_transform,
-        rows,
-        flops_col=schema.feature_names.index("log_flops"),
-        bytes_col=schema.feature_names.index("log_bytes"),
-        measured_cols=schema.measured_columns if schema.measured_features else (-1, -1),
-    )
+    tscale = schema.fit_target_scaler(targets, config.target_transform, rows)
     width, stride = config.window()
     train_data = _windows(train_set, fscale, tscale, schema, width, stride)
     val_data = _windows(val_set, fscale, tscale, schema, width, stride) if val_set else None

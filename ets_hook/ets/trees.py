@@ -244,11 +244,7 @@ class TreePredictor:
 
     def tree_inputs(self, features: np.ndarray) -> np.ndarray:
         """The rows the trees read: ``features`` with the ignored columns set to 0."""
-        if not self.ignored:
-            return features
-        out = np.array(features, dtype=np.float64)
-        out[:, list(self.ignored)] = 0.0
-        return out
+        return _zeroed(features, self.ignored) if self.ignored else features
 
     def predict_ops(self, features: np.ndarray) -> np.ndarray:
         """Calibrated per-op (duration, gap) ns for unscaled rows [n, F] → float64 [n, 2]."""
@@ -280,6 +276,13 @@ class TreePredictor:
         return out
 
 
+def _zeroed(features: np.ndarray, columns: Sequence[int]) -> np.ndarray:
+    """A float64 copy of ``features`` with ``columns`` set to 0."""
+    out = np.array(features, dtype=np.float64)
+    out[:, list(columns)] = 0.0
+    return out
+
+
 def fit_tree_predictor(
     encoded: Sequence[EncodedIteration], schema: FeatureSchema, config: TreeConfig = TreeConfig()
 ) -> TreePredictor:
@@ -299,10 +302,7 @@ def fit_tree_predictor(
     """
     if not encoded:
         raise ValueError("no training iterations")
-    unknown = sorted(set(config.ignore_features) - set(schema.feature_names))
-    if unknown:
-        raise ValueError(f"ignore_features: no such feature columns {unknown}")
-    ignored = tuple(schema.feature_names.index(n) for n in config.ignore_features)
+    ignored = schema.column_indices(config.ignore_features, "ignore_features")
     for e in encoded:
         if e.features.shape[1] != schema.n_features:
             raise ValueError(
@@ -311,17 +311,10 @@ def fit_tree_predictor(
     started = time.perf_counter()
     rows = np.concatenate([e.features for e in encoded])
     targets = np.concatenate([e.targets_ns for e in encoded])
-    scaler = TargetScaler.fit(
-        targets,
-        config.target_transform,
-        rows,
-        flops_col=schema.feature_names.index("log_flops"),
-        bytes_col=schema.feature_names.index("log_bytes"),
-    )
+    scaler = schema.fit_target_scaler(targets, config.target_transform, rows)
     known = np.isfinite(targets).all(axis=1)
     z = scaler.transform(targets[known], rows[known]).astype(np.float64)
-    x = np.array(rows[known], dtype=np.float64)
-    x[:, list(ignored)] = 0.0
+    x = _zeroed(rows[known], ignored)
     trees = (BoostedTrees.fit(x, z[:, 0], config), BoostedTrees.fit(x, z[:, 1], config))
     predictor = TreePredictor(schema, scaler, trees, ignored=ignored)
     if config.calibrate:

@@ -300,6 +300,20 @@ def checkpoint_cost_prior(state_bytes: int) -> PhaseCostPrior:
     return PhaseCostPrior(seconds=seconds, rel_ci=CHECKPOINT_PRIOR_REL_CI)
 
 
+def loader_batch_size(loader: Any) -> int | None:
+    """A loader's ``batch_size`` when it is an int >= 1 (a ``DataLoader`` with a batch
+    sampler), else None.
+
+    Args:
+        loader: anything, usually a ``torch.utils.data.DataLoader``.
+
+    Returns:
+        The batch size, or None.
+    """
+    size = getattr(loader, "batch_size", None)
+    return size if isinstance(size, int) and size > 0 else None
+
+
 def eval_prior_from_loaders(
     eval_dataloader: Any, dataloader: Any = None, grad_accum_steps: int = 1
 ) -> PhaseCostPrior | None:
@@ -327,16 +341,8 @@ def eval_prior_from_loaders(
         ) from None
     if batches < 1:
         return None
-    eval_size = getattr(eval_dataloader, "batch_size", None)
-    train_size = getattr(dataloader, "batch_size", None)
-    ratio = 1.0
-    if (
-        isinstance(eval_size, int)
-        and isinstance(train_size, int)
-        and eval_size > 0
-        and train_size > 0
-    ):
-        ratio = eval_size / train_size
+    eval_size, train_size = loader_batch_size(eval_dataloader), loader_batch_size(dataloader)
+    ratio = eval_size / train_size if eval_size and train_size else 1.0
     return eval_cost_prior(batches, ratio, grad_accum_steps)
 
 

@@ -125,7 +125,7 @@ import torch  # noqa: E402
 
 from ..capture.steps import optimizer_list  # noqa: E402
 from ..forecast.early_stop import EarlyStoppingRule  # noqa: E402
-from ..forecast.job import CHECKPOINT, EVAL, eval_cost_prior  # noqa: E402
+from ..forecast.job import CHECKPOINT, EVAL, eval_cost_prior, loader_batch_size  # noqa: E402
 from ..hook import ETSHook  # noqa: E402
 from ..reporters.format import format_duration  # noqa: E402
 from .common import HOOK_ARGUMENTS, LOG_KEYS, prediction_metrics, whole_number  # noqa: E402
@@ -301,8 +301,7 @@ def _loader_batch_size(loaders: Any) -> int | None:
     """The ``batch_size`` of a loader, or of the first of a list of loaders; None if unknown."""
     if isinstance(loaders, (list, tuple)):
         loaders = loaders[0] if loaders else None
-    size = getattr(loaders, "batch_size", None)
-    return size if isinstance(size, int) and size > 0 else None
+    return loader_batch_size(loaders)
 
 
 def _trainer_optimizers(trainer: Any) -> tuple[Any, str | None]:

@@ -52,6 +52,7 @@ import logging
 import math
 import sys
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -637,20 +638,28 @@ def _trainer_options(
     return found
 
 
+def _caller_self(matches: Callable[[Any], bool], frames: int) -> Any:
+    """The first ``self`` that ``matches`` among the ``frames`` callers of this function's
+    caller (innermost first); None if none does."""
+    frame = sys._getframe(2)
+    for _ in range(frames):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if owner is not None and matches(owner):
+            return owner
+        frame = frame.f_back
+    return None
+
+
 def _running_trainer(handler: Any) -> Any:
     """The ``Trainer`` whose callback handler is ``handler``, found among the few callers of
     the event being dispatched (callbacks are not given the Trainer); None if not found."""
     if handler is None:
         return None
-    frame = sys._getframe(1)
-    for _ in range(2 * _HANDLER_FRAMES):
-        if frame is None:
-            return None
-        owner = frame.f_locals.get("self")
-        if owner is not None and getattr(owner, "callback_handler", None) is handler:
-            return owner
-        frame = frame.f_back
-    return None
+    return _caller_self(
+        lambda owner: getattr(owner, "callback_handler", None) is handler, 2 * _HANDLER_FRAMES
+    )
 
 
 def _eval_batches(trainer: Any, args: Any) -> int | None:
@@ -746,17 +755,12 @@ def _describe(value: Any) -> str:
 
 def _calling_handler(callback: ETSTrainerCallback) -> CallbackHandler | None:
     """The ``CallbackHandler`` dispatching the current event to ``callback``, from the stack."""
-    frame = sys._getframe(1)
-    for _ in range(_HANDLER_FRAMES):
-        if frame is None:
-            return None
-        candidate = frame.f_locals.get("self")
-        if isinstance(candidate, CallbackHandler) and any(
-            cb is callback for cb in candidate.callbacks
-        ):
-            return candidate
-        frame = frame.f_back
-    return None
+    return _caller_self(
+        lambda owner: (
+            isinstance(owner, CallbackHandler) and any(cb is callback for cb in owner.callbacks)
+        ),
+        _HANDLER_FRAMES,
+    )
 
 
 def _loop_phase() -> str:
