@@ -311,7 +311,7 @@ def varied_lengths(
         yield at_length(x, length), at_length(y, length) if y.dim() == 2 else y
 
 
-def _batches(job: Job, spec: JobSpec, seed: int = 0) -> Iterator[Batch]:
+def job_batches(job: Job, spec: JobSpec, seed: int = 0) -> Iterator[Batch]:
     """The job's batch stream: the workload's synthetic batches, or a DataLoader's."""
     if spec.loader is not None:
         loader_spec = spec.loader
@@ -400,7 +400,7 @@ def _run_rank(
         job = dataclasses.replace(job, model=DistributedDataParallel(job.model))
     if spec.compiled:
         job = dataclasses.replace(job, model=torch.compile(job.model))
-    batches = _batches(job, spec, seed)
+    batches = job_batches(job, spec, seed)
     run = Run(spec, steps)
     checkpoint_dir = tempfile.mkdtemp(prefix="ets-accuracy-")
     autocast = (

@@ -59,8 +59,7 @@ from ets_hook.trace.events import Trace
 from ets_hook.trace.io import save_trace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from accuracy import EpochBatches, JobSpec, LoaderSpec, steady_statistic
-from accuracy import _batches as spec_batches
+from accuracy import EpochBatches, JobSpec, LoaderSpec, job_batches, steady_statistic
 
 EARLY_SKIP, WINDOW = 1, 5
 LOADER_EPOCH_STEPS = 30  # a loader job's epoch: non-persistent workers restart every 30 steps
@@ -142,7 +141,7 @@ def _step_function(job: Job, spec: JobSpec | None, seed: int) -> tuple[Callable[
         plain = job.batches()
         return lambda: job.train_step(next(plain)), plain
     # A seed per job: variable-length jobs each draw their own lengths.
-    batches: Iterator[Any] = spec_batches(job, spec, seed + zlib.crc32(spec.name.encode()))
+    batches: Iterator[Any] = job_batches(job, spec, seed + zlib.crc32(spec.name.encode()))
 
     def step() -> None:
         for _ in range(spec.grad_accum):
