@@ -206,7 +206,7 @@ def test_variable_length_batches_are_seeded_and_within_bounds() -> None:
     job = bench.workloads()[spec.workload].with_batch_size(2).build("cpu")
 
     def lengths(seed: int) -> list[int]:
-        batches = bench._batches(job, spec, seed)
+        batches = bench.job_batches(job, spec, seed)
         out = []
         for _ in range(40):
             x, y = next(batches)
