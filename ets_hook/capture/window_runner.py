@@ -71,6 +71,10 @@ class WindowSink(Protocol):
     ) -> None:
         """Steps ``[start_step, end_step)`` ran inside the capture window, at these costs."""
 
+    def set_window_measure(self, source: Callable[[], dict[str, Any] | None] | None) -> None:
+        """Where the window's measured costs come from (``WindowRunner.window_measure``):
+        read when a prediction is built, not at every window step."""
+
     def set_perturbed_steps(self, end_step: int) -> None:
         """Steps before ``end_step`` ran with capture cost in them (capture, decode thread)."""
 
@@ -206,7 +210,9 @@ class WindowRunner:
         self._budget_may_drop = budget_may_drop
         self._budget_verdict = WindowBudget.CONTINUE  # of the latest window step
         self._dropped = False  # the budget dropped the window's ops (nothing decoded)
-        self._window_measure: dict[str, Any] = {}  # the sink's latest measured window facts
+        # The window's measured costs (``window_measure``) and what they were computed from.
+        self._window_measure: dict[str, Any] | None = None
+        self._measure_key: tuple[int, int, bool] = (0, 0, False)
         self.window_ops: list[int] = []  # ops recorded per window step (native path)
         self._window_records = 0
         self._remove_capture_hooks = remove_capture_hooks
@@ -418,7 +424,7 @@ class WindowRunner:
             if verdict == WindowBudget.DROP and not self._budget_may_drop:
                 verdict = WindowBudget.FINISH  # the trace asked for keeps its first step
             if verdict == WindowBudget.DROP:
-                self._shorten_window(completed, decode=False)
+                self._shorten_window(completed)
                 self._drop_window()
             elif completed == self.skip_steps + self.capture_steps:
                 self.finish(truncated=False)
@@ -440,32 +446,60 @@ class WindowRunner:
                     self._restart_pending = True
 
     def _measure_window_step(self) -> None:
-        """Ops this window step recorded -> the job's own window slowdown and the one-off cost
-        of its decode, for the sink (instead of the priors' medians over other jobs)."""
+        """Count the ops this window step recorded: O(1) on the training thread. What the
+        counts mean for predictions is worked out when one is built (``window_measure``); only
+        the adaptive window's budget is checked at every step."""
         count = self._ops.records()
         self.window_ops.append((count - self._window_records) // 2)
         self._window_records = count
-        us_per_op = self._ops.us_per_op[self.record_shapes != "none"]
-        recent_s = self._step_times_s[-len(self.window_ops) :]
-        ratio = measured_capture_ratio(recent_s, self.window_ops, us_per_op)
-        if ratio is None:
-            return
         if self._budget_job_steps is not None:
-            next_us_per_op = self._ops.us_per_op[self.record_shapes == "all"]
             self._budget_verdict = window_budget(
-                recent_s,
+                self._step_times_s[-len(self.window_ops) :],
                 self.window_ops,
-                us_per_op,
-                next_us_per_op,
+                self._ops.us_per_op[self.record_shapes != "none"],
+                self._ops.us_per_op[self.record_shapes == "all"],
                 self._ops.decode_us_per_op,
                 self._budget_job_steps,
             )
+        if len(self.window_ops) == 1:
+            self._sink.set_window_measure(self.window_measure)
+
+    def window_measure(self) -> dict[str, Any] | None:
+        """The job's own window slowdown and the one-off cost of its decode (none once the ops
+        were dropped), from the steps measured so far, as ``WindowSink.set_capture_window``'s
+        keyword arguments; the same object while nothing changed. Any thread; never calls the
+        sink.
+
+        Returns:
+            ``capture_ratio``, ``capture_spike_steps``, ``measured`` (True) and
+            ``window_step_s`` (the median window step, seconds); None before a step with a
+            positive time was measured (native observer on the CPU only).
+        """
+        ops, window_ops = self._ops, self.window_ops[:]
+        key = (len(window_ops), self.capture_steps, self._dropped)
+        if key == self._measure_key or ops is None or not isinstance(ops, NativeOpCapture):
+            return self._window_measure
+        recent_s = self._step_times_s[-len(window_ops) :] if window_ops else []
+        ratio = measured_capture_ratio(
+            recent_s, window_ops, ops.us_per_op[self.record_shapes != "none"]
+        )
+        if ratio is None:
+            return self._window_measure
+        spike = measured_spike_steps(
+            recent_s,
+            window_ops,
+            self.capture_steps,
+            ratio,
+            (0.0, 0.0) if self._dropped else ops.decode_us_per_op,
+        )
         self._window_measure = {
             "capture_ratio": ratio,
+            "capture_spike_steps": spike,
             "measured": True,
             "window_step_s": statistics.median(recent_s),
         }
-        self._tell_sink_window()
+        self._measure_key = key
+        return self._window_measure
 
     @property
     def predicted_cost_s(self) -> float | None:
@@ -486,31 +520,11 @@ class WindowRunner:
         decode_s = sum(self.window_ops) * decode_us * 1e-6
         return window_s + decode_s
 
-    def _tell_sink_window(self, decode: bool = True) -> None:
-        """The window's steps and its measured costs (decode: of the ops the whole window will
-        have recorded; none when ``decode`` is false) for the sink."""
-        measure = self._window_measure
-        spike = measured_spike_steps(
-            self._step_times_s[-len(self.window_ops) :],
-            self.window_ops,
-            self.capture_steps,
-            measure["capture_ratio"],
-            self._ops.decode_us_per_op if self._ops is not None and decode else (0.0, 0.0),
-        )
-        self._sink.set_capture_window(
-            self.skip_steps,
-            self.skip_steps + self.capture_steps,
-            capture_spike_steps=spike,
-            **measure,
-        )
-
-    def _shorten_window(self, completed: int, *, decode: bool = True) -> None:
-        """The adaptive window ends after ``completed`` steps: its length, and the sink's
-        (``decode``: its ops will be decoded)."""
+    def _shorten_window(self, completed: int) -> None:
+        """The adaptive window ends after ``completed`` steps: its length, and the sink's."""
         self.capture_steps = completed - self.skip_steps
         self._sink.set_perturbed_steps(completed + 1)
-        if self._window_measure:
-            self._tell_sink_window(decode)
+        self._sink.set_capture_window(self.skip_steps, self.skip_steps + self.capture_steps)
 
     def _drop_window(self) -> None:
         """Even one step's decode would cost more than the budget: stop, decode nothing."""

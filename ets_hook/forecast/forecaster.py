@@ -38,8 +38,8 @@ import sys
 import threading
 import time
 from bisect import bisect_right
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -138,6 +138,11 @@ class _NoReports:
         return None
 
 
+#: ``Forecaster.set_window_measure``'s costs: ``set_capture_window``'s keyword arguments
+#: besides the steps (``capture_ratio``, ``capture_spike_steps``, ``measured``, ``window_step_s``).
+WindowMeasure = Mapping[str, Any]
+
+
 class Forecaster:
     """Turns step and phase events into predictions; drives the reporters. See module docstring.
 
@@ -206,7 +211,10 @@ class Forecaster:
         self._job = job if job is not None else JobModel()
         self.start_s = start_s
         self.wall_start_s = time.time() if wall_start_s is None else wall_start_s
-        self.prior = prior or StepTimePrior()
+        self._prior = prior or StepTimePrior()
+        # The capture window's measured costs, applied to the prior when it is read.
+        self._measure_source: Callable[[], WindowMeasure | None] | None = None
+        self._measure_applied: WindowMeasure | None = None
         self.level = level
         self.converge_rel_ci = converge_rel_ci
         self.min_warmup_steps = min_warmup_steps
@@ -381,6 +389,21 @@ class Forecaster:
             self._trace = estimate
             self._version += 1
 
+    @property
+    def prior(self) -> StepTimePrior:
+        """The warm-up/noise prior, with the capture window's latest measured costs applied
+        (``set_window_measure``). Any thread."""
+        with self._lock:
+            self._apply_window_measure()
+            return self._prior
+
+    @prior.setter
+    def prior(self, prior: StepTimePrior) -> None:
+        with self._lock:
+            self._prior = prior
+            self._measure_applied = None  # the source's costs go onto the new prior too
+            self._version += 1
+
     def set_low_precision(self) -> None:
         """The job's forward runs under low-precision autocast: from now on the prior is
         ``StepTimePrior.for_low_precision()`` (a slower first step). Any thread;
@@ -466,23 +489,67 @@ class Forecaster:
         """
         if not 0 <= start_step <= end_step:
             raise ValueError(f"need 0 <= start_step <= end_step, got {start_step}, {end_step}")
-        if capture_ratio is not None and measured and self.prior.early_in_window:
-            # The window's steps are early steps too: they still carry the job's own warm-up
-            # on top of the capture's cost.
-            early_lo, early_hi = self.prior.early_ratio_at(
-                window_step_s if window_step_s is not None else math.nan
-            )
-            capture_ratio = (capture_ratio[0] * early_lo, capture_ratio[1] * early_hi)
-        prior = dataclasses.replace(
-            self.prior,
-            capture_ratio=capture_ratio or self.prior.capture_ratio,
-            capture_spike_steps=capture_spike_steps or self.prior.capture_spike_steps,
-        )
         with self._lock:
-            self.prior = prior
+            self._set_capture_costs(capture_ratio, capture_spike_steps, measured, window_step_s)
             self._capture = (start_step, end_step)
             self._perturbed_end = max(self._perturbed_end, end_step)
             self._version += 1
+
+    def set_window_measure(self, source: Callable[[], WindowMeasure | None] | None) -> None:
+        """Where the capture window's measured costs come from, asked only when a prediction
+        (or ``prior``) is built: the window's steps then pay nothing to keep them current.
+
+        Args:
+            source: returns the keyword arguments of ``set_capture_window`` besides the steps
+                (``capture_ratio``, ``capture_spike_steps``, ``measured``, ``window_step_s``),
+                the same object while they have not changed, or None while nothing was
+                measured; called under this forecaster's lock, from any thread, so it must
+                not call back into it. None: no source (what was applied stays).
+        """
+        with self._lock:
+            self._measure_source = source
+            self._measure_applied = None
+            self._version += 1
+
+    def _apply_window_measure(self) -> None:
+        """Apply the window measure source's latest costs to the prior (under the lock)."""
+        source = self._measure_source
+        if source is None:
+            return
+        measure = source()
+        if measure is None or measure is self._measure_applied:
+            return
+        self._measure_applied = measure
+        self._set_capture_costs(
+            measure.get("capture_ratio"),
+            measure.get("capture_spike_steps"),
+            bool(measure.get("measured", False)),
+            measure.get("window_step_s"),
+        )
+
+    def _set_capture_costs(
+        self,
+        capture_ratio: tuple[float, float] | None,
+        capture_spike_steps: tuple[float, float] | None,
+        measured: bool,
+        window_step_s: float | None,
+    ) -> None:
+        """``set_capture_window``'s costs into the prior (under the lock)."""
+        prior = self._prior
+        if capture_ratio is not None and measured and prior.early_in_window:
+            # The window's steps are early steps too: they still carry the job's own warm-up
+            # on top of the capture's cost.
+            early_lo, early_hi = prior.early_ratio_at(
+                window_step_s if window_step_s is not None else math.nan
+            )
+            capture_ratio = (capture_ratio[0] * early_lo, capture_ratio[1] * early_hi)
+        if capture_ratio is None and capture_spike_steps is None:
+            return
+        self._prior = dataclasses.replace(
+            prior,
+            capture_ratio=capture_ratio or prior.capture_ratio,
+            capture_spike_steps=capture_spike_steps or prior.capture_spike_steps,
+        )
 
     def set_perturbed_steps(self, end_step: int) -> None:
         """Steps before ``end_step`` (0-based index) ran with capture cost in them (profiler on,
@@ -563,7 +630,7 @@ class Forecaster:
                 capture = (start, end)
             self._measured = estimate_measured(
                 values,
-                self.prior,
+                self._prior,
                 self.level,
                 min_warmup=min_warmup,
                 stride=series.stride,
@@ -585,8 +652,8 @@ class Forecaster:
         if done > end or remaining < end - done + 1:
             return 0.0, 0.0
         window_left = max(0, end - max(done, start))
-        r_lo, r_hi = self.prior.capture_ratio
-        s_lo, s_hi = self.prior.capture_spike_steps
+        r_lo, r_hi = self._prior.capture_ratio
+        s_lo, s_hi = self._prior.capture_spike_steps
         centre_steps = (0.5 * (r_lo + r_hi) - 1.0) * window_left + 0.5 * (s_lo + s_hi)
         half_steps = 0.5 * (r_hi - r_lo) * window_left + 0.5 * (s_hi - s_lo)
         scale = normal_quantile(0.5 + self.level / 2) / normal_quantile(0.975)
@@ -612,6 +679,7 @@ class Forecaster:
         return self._phase_cum_s[i - 1] if i else 0.0
 
     def _build(self) -> Prediction | None:
+        self._apply_window_measure()
         measured = self._measured_estimate()
         trace = self._trace.as_estimate(self.level) if self._trace is not None else None
         est = fuse([measured, trace], level=self.level)

@@ -385,6 +385,7 @@ def test_total_includes_the_capture_cost_still_to_come() -> None:
     assert f.prediction.remaining_capture_s == pytest.approx(f.prediction.iteration_s * 15.0)
     drive(f, durations[6:7], start=now, first_index=6)
     assert f.prediction.remaining_capture_s == 0.0
+
     # a job that ends inside the window never reaches the spike
     short = Forecaster(JobModel(total_steps=4), start_s=0.0, wall_start_s=WALL_START, prior=prior)
     short.set_capture_window(1, 6)
@@ -392,6 +393,47 @@ def test_total_includes_the_capture_cost_still_to_come() -> None:
     assert short.prediction.remaining_capture_s == 0.0
     with pytest.raises(ValueError, match="capture_spike_steps"):
         estimators.StepTimePrior(capture_spike_steps=(5.0, 1.0))
+
+
+def test_the_window_measure_is_read_when_a_prediction_is_built_not_at_every_step() -> None:
+    """The window's measured costs come from a source asked only when a prediction (or the
+    prior) is built: steps alone never call it, and its latest costs are the ones applied, the
+    same as pushing them with ``set_capture_window``."""
+    prior = estimators.StepTimePrior(
+        capture_ratio=(1.0, 1.4), capture_spike_steps=(10.0, 20.0), early_in_window=False
+    )
+    durations = noisy(12, mean=0.2, cv=0.02, seed=3)
+    measures = [
+        {"capture_ratio": (1.1, 1.2), "capture_spike_steps": (2.0, 3.0), "measured": True},
+        {"capture_ratio": (1.3, 1.5), "capture_spike_steps": (4.0, 6.0), "measured": True},
+    ]
+    calls = []
+
+    def source() -> dict | None:
+        calls.append(1)
+        return measures[0] if len(calls) < 3 else measures[1]
+
+    pulled = Forecaster(
+        JobModel(total_steps=300), start_s=0.0, wall_start_s=WALL_START, prior=prior
+    )
+    pulled.set_capture_window(1, 6)
+    pulled.set_window_measure(source)
+    now = drive(pulled, durations[:3])
+    assert calls == []  # three steps, no prediction read: the source was never asked
+    first = pulled.prediction
+    assert len(calls) == 1 and pulled.prior.capture_ratio == (1.1, 1.2)
+    pushed = Forecaster(
+        JobModel(total_steps=300), start_s=0.0, wall_start_s=WALL_START, prior=prior
+    )
+    pushed.set_capture_window(1, 6, **measures[0])
+    drive(pushed, durations[:3])
+    assert first.total_s == pytest.approx(pushed.prediction.total_s)
+    assert first.remaining_capture_s == pytest.approx(pushed.prediction.remaining_capture_s)
+    drive(pulled, durations[3:5], start=now, first_index=3)
+    assert pulled.prediction.remaining_capture_s == pytest.approx(
+        pulled.prediction.iteration_s * ((1.4 - 1.0) * 1 + 5.0)
+    )
+    assert pulled.prior.capture_spike_steps == (4.0, 6.0)
 
 
 # ----------------------------------------------------------------------------------------------
