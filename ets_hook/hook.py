@@ -456,6 +456,7 @@ class ETSHook:
                 grad_scaler=grad_scaler,
                 on_first_activity=self._guarded(self._on_first_activity),
                 on_forward=self._guarded(self._window.on_forward),
+                on_inputs_vary=self._guarded(self._on_inputs_vary),
             )
         )
         if not disabled:
@@ -760,6 +761,14 @@ class ETSHook:
             if self._cuda_timer is not None:
                 self._cuda_timer = CudaStepTimer()
                 self._cuda_timer.record(0)
+
+    def _on_inputs_vary(self) -> None:
+        # The batches change shape beyond their batch dimension: steps of different lengths.
+        logger.info(
+            "ets-hook: the batches change shape from step to step; the step time is predicted "
+            "as the mean over steps of every length seen (the trace estimate is left out)"
+        )
+        self._forecaster.set_variable_steps()
 
     def _on_boundary(self, source: str) -> None:
         # Timing first, with nothing that can fail: the step count must survive any error below.

@@ -51,6 +51,8 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
+from .input_shapes import InputShapeWatch
+
 #: True while dynamo traces (``torch.compile``/``torch.export``), a constant False eagerly;
 #: ``torch.compiler`` comes with ``import torch`` (``torch._dynamo`` does not, nor is it needed).
 _is_compiling = torch.compiler.is_compiling
@@ -245,6 +247,7 @@ class StepDetector:
         grad_scaler: Any = None,
         on_first_activity: Callable[[], None] | None = None,
         on_forward: Callable[[], None] | None = None,
+        on_inputs_vary: Callable[[], None] | None = None,
     ) -> None:
         """Install the hooks for the authority the arguments select.
 
@@ -257,12 +260,18 @@ class StepDetector:
                 ``update`` is wrapped on the instance until ``close()``.
             on_first_activity: called at the first training forward.
             on_forward: called at each later training forward that did not end a step.
+            on_inputs_vary: called once when the training forwards' tensor inputs change shape
+                beyond the batch dimension (``capture.input_shapes``); watched while the module
+                hook is installed (up to the capture window's end), for at most
+                ``WATCHED_FORWARDS`` forwards. None: not watched.
         """
         self._model = model
         self._optimizers = list(optimizers)
         self._on_boundary = on_boundary
         self._on_first_activity = on_first_activity
         self._on_forward = on_forward
+        self._on_inputs_vary = on_inputs_vary
+        self._shape_watch = InputShapeWatch() if on_inputs_vary is not None else None
         self._scaler = grad_scaler
         self._handles: list[Any] = []
         self._pre_handles: list[Any] = []  # only needed while the forward hook is installed
@@ -297,7 +306,7 @@ class StepDetector:
             self.authority = Authority.FORWARD
             self._pre_handles.append(register_optimizer_step_pre_hook(self._optimizer_pre))
             self._handles.append(register_optimizer_step_post_hook(self._optimizer_post))
-        self._forward_handle = model.register_forward_pre_hook(self._forward_pre)
+        self._forward_handle = model.register_forward_pre_hook(self._forward_pre, with_kwargs=True)
 
     # -- hooks -----------------------------------------------------------------------------
 
@@ -356,7 +365,7 @@ class StepDetector:
             self._stepped_since_boundary.clear()
             self._on_boundary(self.authority.value)
 
-    def _forward_pre(self, module: Any, args: Any) -> None:
+    def _forward_pre(self, module: Any, args: Any, kwargs: Any) -> None:
         if _is_compiling():
             return
         if (
@@ -368,6 +377,9 @@ class StepDetector:
         ):
             return
         self._forward_since_explicit = True
+        watch = self._shape_watch
+        if watch is not None and watch.active and watch.observe(args, kwargs):
+            self._on_inputs_vary()  # type: ignore[misc]  # set with the watch
         if not self._forward_started:
             self._forward_started = True
             if self._on_first_activity is not None:
@@ -440,7 +452,9 @@ class StepDetector:
         """(Re)install the module hook and the optimizer pre-hooks if the window removed them."""
         if self._forward_handle is not None or not self._active:
             return
-        self._forward_handle = self._model.register_forward_pre_hook(self._forward_pre)
+        self._forward_handle = self._model.register_forward_pre_hook(
+            self._forward_pre, with_kwargs=True
+        )
         for optimizer in self._optimizers:
             self._pre_handles.append(optimizer.register_step_pre_hook(self._optimizer_pre))
 

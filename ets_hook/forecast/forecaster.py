@@ -215,6 +215,7 @@ class Forecaster:
         # The capture window's measured costs, applied to the prior when it is read.
         self._measure_source: Callable[[], WindowMeasure | None] | None = None
         self._measure_applied: WindowMeasure | None = None
+        self._variable_steps = False  # steps differ in length by design (set_variable_steps)
         self.level = level
         self.converge_rel_ci = converge_rel_ci
         self.min_warmup_steps = min_warmup_steps
@@ -249,8 +250,8 @@ class Forecaster:
 
         self._lock = threading.RLock()
         self._measured: Estimate | None = None
-        # (id of the series used, its count, min_warmup used, perturbed end used)
-        self._measured_key: tuple[int, int, int, int] = (0, -1, -1, -1)
+        # (id of the series used, its count, min_warmup used, perturbed end used, variable)
+        self._measured_key: tuple[int, int, int, int, bool] = (0, -1, -1, -1, False)
         self._measured_at_s = -math.inf
         self._cached: Prediction | None = None
         self._cached_key: tuple[int, int, int] | None = None
@@ -412,6 +413,16 @@ class Forecaster:
             if not self._low_precision:
                 self._low_precision = True
                 self.prior = self.prior.for_low_precision()
+                self._version += 1
+
+    def set_variable_steps(self) -> None:
+        """The job's steps differ in length by design (its batches change shape): from now on
+        the measured estimate is their plain mean (``estimate_measured(variable=True)``), and
+        the trace estimate -- a few captured steps of whatever lengths they had -- is left out
+        of the prediction. Any thread; idempotent."""
+        with self._lock:
+            if not self._variable_steps:
+                self._variable_steps = True
                 self._version += 1
 
     def set_warmup_steps(self, end_step: int) -> None:
@@ -609,7 +620,7 @@ class Forecaster:
         clean = series.stride == 1 and count - self._perturbed_end >= CLEAN_STEPS_NEEDED
         if clean:
             min_warmup = max(min_warmup, self._perturbed_end)
-        key = (id(series), count, min_warmup, self._perturbed_end)
+        key = (id(series), count, min_warmup, self._perturbed_end, self._variable_steps)
         if key != self._measured_key and (
             count <= DENSE_REFRESH_STEPS
             or count - self._measured_key[1] >= REFRESH_GROWTH * count
@@ -635,6 +646,7 @@ class Forecaster:
                 min_warmup=min_warmup,
                 stride=series.stride,
                 capture=capture,
+                variable=self._variable_steps,
             )
             self._measured_key = key
             self._measured_at_s = self._last_step_end_s
@@ -681,7 +693,11 @@ class Forecaster:
     def _build(self) -> Prediction | None:
         self._apply_window_measure()
         measured = self._measured_estimate()
-        trace = self._trace.as_estimate(self.level) if self._trace is not None else None
+        trace = (
+            self._trace.as_estimate(self.level)
+            if self._trace is not None and not self._variable_steps
+            else None
+        )
         est = fuse([measured, trace], level=self.level)
         if est is None:
             return None

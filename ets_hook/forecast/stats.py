@@ -376,6 +376,12 @@ _DRIFT_MIN_SAMPLES = 10
 _SMALL_SAMPLE_MIN = 3
 _SMALL_SAMPLE_MAX = 6
 _SMALL_SAMPLE_CAP = 1.5
+#: Steps that differ in length by design (``estimate_measured(variable=True)``): the prior on
+#: their coefficient of variation is this wide and this weak (pseudo-df), not the steady
+#: state's few percent: a handful of such steps has a wide interval until their own spread is
+#: known.
+VARIABLE_STEPS_CV_SCALE = 0.3
+VARIABLE_STEPS_CV_WEIGHT = 1.0
 # Drift beyond this many long-run standard errors counts (3: ~0.3% false alarms if stationary).
 _DRIFT_Z = 3.0
 _RHO_MAX = 0.95
@@ -486,6 +492,7 @@ def estimate_measured(
     min_warmup: int = 1,
     stride: int = 1,
     capture: tuple[int, int] | None = None,
+    variable: bool = False,
 ) -> Estimate | None:
     """Measured estimate from per-step times ``y`` (seconds, oldest first). Pure; O(len(y)).
 
@@ -520,6 +527,11 @@ def estimate_measured(
         capture: ``(start, end)`` indices of raw steps that ran inside the capture window;
             kept ones are corrected by the prior's ``capture_ratio`` (instead of its early
             ratio), with its systematic uncertainty.
+        variable: the steps differ in length by design (the batches change shape,
+            ``capture.input_shapes``): their plain mean is the steady state, so only the
+            ``min_warmup`` leading steps are dropped, and no step is left out or capped as a
+            burst, a spike or a drift; the interval is the mean's, from their own spread
+            pooled with a wide CV prior (``VARIABLE_STEPS_CV_SCALE``) instead of the prior's.
 
     Returns:
         The estimate (source "prior" for one sample, else "measured"; ``samples`` and
@@ -535,26 +547,36 @@ def estimate_measured(
     raw = stride == 1
     if raw and n == 1:
         return _first_step_estimate(float(y[0]), prior, level)
-    d, warmup_ongoing = truncation_point(y, min_warmup if raw else 1)
+    if variable:
+        d, warmup_ongoing = min(min_warmup if raw else 1, n - 1), False
+    else:
+        d, warmup_ongoing = truncation_point(y, min_warmup if raw else 1)
     x = y[d:]
     index = np.arange(d, n)  # raw step index of each element of x (stride 1)
     burst_excess = 0.0
-    if raw and len(x) >= MIN_BURST_SERIES:
+    if raw and not variable and len(x) >= MIN_BURST_SERIES:
         # A noisy host: bursts out of the mean (their excess widens the interval), and after a
         # lasting shift of the level only the steps at the new level (forecast.contention).
         split = split_contention(x)
         if split.shift_index is not None:
             warmup_ongoing = False  # the level moved and stayed: that is not warm-up
         x, index, burst_excess = x[split.keep], index[split.keep], split.burst_excess_s
-    if raw and _SMALL_SAMPLE_MIN <= len(x) <= _SMALL_SAMPLE_MAX:
+    if raw and not variable and _SMALL_SAMPLE_MIN <= len(x) <= _SMALL_SAMPLE_MAX:
         # A handful of steps: one far above the others is far more often a one-off (collector
         # pause, allocator growth, profiler buffer) than a share of the steady state; cap it.
         x = np.minimum(x, _SMALL_SAMPLE_CAP * float(np.median(x)))
-    iv = _mean_interval(x, level, prior, stride)
+    interval_prior = (
+        dataclasses.replace(
+            prior, cv_scale=VARIABLE_STEPS_CV_SCALE, cv_weight=VARIABLE_STEPS_CV_WEIGHT
+        )
+        if variable
+        else prior
+    )
+    iv = _mean_interval(x, level, interval_prior, stride)
     mean, ci = iv.mean, iv.ci
     m = len(x)
     drifting = False
-    if m >= _DRIFT_MIN_SAMPLES:
+    if m >= _DRIFT_MIN_SAMPLES and not variable:
         # Stationarity check on the kept part (Geweke-style): its first 40% against its last
         # half. A difference beyond _DRIFT_Z long-run standard errors means the warm-up is not over
         # (or MSER could not cut far enough): estimate from the recent half and count the drift
@@ -596,7 +618,7 @@ def estimate_measured(
         samples=len(x) * stride,
         warmup_steps=d * stride,
     )
-    if not raw or measured.samples >= prior.early_steps:
+    if not raw or variable or measured.samples >= prior.early_steps:
         # The first-step prior only helps while the kept steps are few. Later it can only hurt:
         # a short kept series with a bump gets a very wide interval, inside which a first step
         # far off the steady state (e.g. 0.07x when the data loader had batches ready) would

@@ -288,6 +288,32 @@ def test_a_lone_spike_among_a_handful_of_steps_is_capped() -> None:
     assert est_many.ci_s >= 0.8 / 7
 
 
+def test_steps_of_different_lengths_by_design_are_averaged_not_capped_or_split() -> None:
+    """``variable=True`` (the batches change shape): the long steps are the job's own, so the
+    estimate is the plain mean of the steps after the first, with an interval from their spread
+    (not the steady state's few-percent CV prior); the same series read as noise is capped
+    (few steps) or split into bursts (many)."""
+    prior = StepTimePrior(early_ratio=(1.0, 1.0), early_excess_s=(0.0, 0.0), early_steps=5)
+    few = np.array([0.5, 0.2, 0.2, 1.0, 0.2, 0.2])
+    varied = estimate_measured(few, prior, variable=True)
+    noisy = estimate_measured(few, prior)
+    assert varied is not None and noisy is not None
+    assert varied.samples == 5 and varied.iteration_s == pytest.approx(1.8 / 5, rel=1e-6)
+    assert noisy.iteration_s < 0.3
+    assert varied.ci_s > 2 * noisy.ci_s  # the spread of the lengths, not a capped series
+    # Mostly short batches and every fifth a long one: to a noise reading, bursts.
+    rng = np.random.default_rng(3)
+    lengths = np.tile([0.1, 0.1, 0.1, 0.1, 0.6], 8) * rng.uniform(0.95, 1.05, 40)
+    many = np.concatenate([[1.0], lengths])
+    varied_many = estimate_measured(many, prior, variable=True)
+    split_many = estimate_measured(many, prior)
+    assert varied_many is not None and split_many is not None
+    assert varied_many.samples == 40
+    assert varied_many.iteration_s == pytest.approx(float(lengths.mean()), rel=1e-6)
+    assert abs(varied_many.iteration_s - 0.2) <= varied_many.ci_s  # the lengths' true mean
+    assert split_many.iteration_s < 0.15  # the long steps left out as bursts
+
+
 def test_trace_estimate_validation_and_level_conversion() -> None:
     with pytest.raises(ValueError, match="iteration_s must be finite and > 0, got 0"):
         TraceEstimate(0.0, 0.1)

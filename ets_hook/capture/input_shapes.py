@@ -1,0 +1,99 @@
+"""Whether a job's batches change shape from step to step: steps of different lengths by design.
+
+A loader that pads each batch to its own longest sequence (Hugging Face's dynamic padding,
+bucketing, variable image sizes) makes steps whose lengths differ by design, not by noise: their
+mean is the steady state, and a step far above the others is not a burst to leave out. The step
+detector shows the model's training forward inputs to an ``InputShapeWatch`` for the first steps;
+the watch says once whether a tensor's shape changed in any dimension but the first (the batch
+dimension, which a last partial batch of an epoch changes without the steps varying).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+#: Training forwards a watch looks at before it stops (the decision is needed early).
+WATCHED_FORWARDS = 64
+
+Signature = tuple[tuple[int, ...], ...]
+
+
+def input_signature(args: tuple[Any, ...], kwargs: Mapping[str, Any] | None) -> Signature:
+    """The shapes of a forward's tensor inputs, without their first (batch) dimension.
+
+    Tensors directly among ``args`` and ``kwargs`` values count, and those one level down in a
+    mapping, list or tuple argument (a batch dict passed as one argument); keyword inputs in
+    name order. A 0-dimensional tensor counts as ``()``.
+
+    Args:
+        args: the forward's positional arguments.
+        kwargs: its keyword arguments, or None.
+
+    Returns:
+        One tuple of sizes per tensor found, in a deterministic order.
+    """
+    shapes: list[tuple[int, ...]] = []
+
+    def add(value: Any, depth: int) -> None:
+        if isinstance(value, torch.Tensor):
+            shapes.append(tuple(value.shape[1:]))
+        elif depth == 0 and isinstance(value, Mapping):
+            for key in sorted(value, key=str):
+                add(value[key], 1)
+        elif depth == 0 and isinstance(value, (list, tuple)):
+            for item in value:
+                add(item, 1)
+
+    for value in args:
+        add(value, 0)
+    if kwargs:
+        for key in sorted(kwargs):
+            add(kwargs[key], 0)
+    return tuple(shapes)
+
+
+class InputShapeWatch:
+    """Looks at the first ``WATCHED_FORWARDS`` training forwards' inputs; ``varies`` turns True
+    (and stays) once an input's shape beyond the batch dimension differs from the first one's.
+    Training thread only.
+
+    Attributes:
+        varies: the inputs changed shape beyond the batch dimension.
+        active: still looking (neither decided nor past ``WATCHED_FORWARDS``).
+    """
+
+    def __init__(self, forwards: int = WATCHED_FORWARDS) -> None:
+        """Args:
+            forwards: training forwards to look at, >= 1.
+
+        Raises:
+            ValueError: ``forwards`` is not an int >= 1.
+        """
+        if isinstance(forwards, bool) or not isinstance(forwards, int) or forwards < 1:
+            raise ValueError(f"forwards must be an int >= 1, got {forwards!r}")
+        self._left = forwards
+        self._first: Signature | None = None
+        self.varies = False
+        self.active = True
+
+    def observe(self, args: tuple[Any, ...], kwargs: Mapping[str, Any] | None) -> bool:
+        """One training forward's inputs.
+
+        Returns:
+            True exactly once: at the forward whose inputs first differ in shape.
+        """
+        signature = input_signature(args, kwargs)
+        self._left -= 1
+        if self._left <= 0:
+            self.active = False
+        if self._first is None:
+            self._first = signature
+            return False
+        if signature != self._first:
+            self.varies = True
+            self.active = False
+            return True
+        return False
