@@ -83,38 +83,38 @@ def test_the_step_detector_reports_varying_keyword_inputs_once(
     assert len(boundaries) == len(lengths)  # the kwargs-aware hook still marks every step
 
 
-def test_a_hook_on_varying_batches_predicts_from_the_mean_without_the_trace_estimate() -> None:
-    """Batches of random lengths: the forecaster is told, its estimate is the plain mean of the
-    kept steps, and the prediction never fuses the trace estimate (the trace is still made)."""
+def _hooked_run(lengths: list[int]) -> tuple[bool, str | None, bool]:
+    """Train on batches of these lengths under a hook (a fixed 3-step window): whether the
+    forecaster was told the steps vary, the prediction's source, and whether the trace and its
+    estimate were made."""
     model = TokenModel()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    window = {"capture_steps": 3, "skip_steps": 1}
     hook = ETSHook(
-        model, optimizer=optimizer, total_steps=100, log_every=None, deadline=False, **window
-    )
-    try:
-        _train(model, optimizer, [8, 16, 4, 32, 8, 64, 4, 16, 8, 32, 4, 16])
-        assert hook.wait_for_trace(60) is not None  # captured and decoded as usual
-        assert hook._forecaster._trace is not None  # ... with its estimate, left out:
-        prediction = hook.prediction
-        assert hook._forecaster._variable_steps
-        assert prediction is not None and prediction.source == "measured"
-    finally:
-        hook.close()
-    fixed_model = TokenModel()
-    fixed_optimizer = torch.optim.SGD(fixed_model.parameters(), lr=0.01)
-    fixed = ETSHook(
-        fixed_model,
-        optimizer=fixed_optimizer,
+        model,
+        optimizer=optimizer,
         total_steps=100,
         log_every=None,
         deadline=False,
-        **window,
+        capture_steps=3,
+        skip_steps=1,
     )
     try:
-        _train(fixed_model, fixed_optimizer, [8] * 12)
-        assert fixed.wait_for_trace(60) is not None
-        assert not fixed._forecaster._variable_steps
-        assert fixed.prediction is not None and fixed.prediction.source == "fused"
+        _train(model, optimizer, lengths)
+        traced = hook.wait_for_trace(60) is not None and hook._forecaster._trace is not None
+        prediction = hook.prediction
+        return (
+            hook._forecaster._variable_steps,
+            prediction.source if prediction is not None else None,
+            traced,
+        )
     finally:
-        fixed.close()
+        hook.close()
+
+
+def test_a_hook_on_varying_batches_predicts_from_the_mean_without_the_trace_estimate() -> None:
+    """Batches of random lengths: the forecaster is told, and the prediction rests on the
+    measured mean alone, though the trace and its estimate were made; batches of one length
+    fuse the trace estimate as usual."""
+    varying = _hooked_run([8, 16, 4, 32, 8, 64, 4, 16, 8, 32, 4, 16])
+    assert varying == (True, "measured", True)
+    assert _hooked_run([8] * 12) == (False, "fused", True)
