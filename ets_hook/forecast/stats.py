@@ -114,8 +114,14 @@ class StepTimePrior:
     # -9.7% in all 5 runs; 0-0.5 ms: +0.2 to +5.9% in 3 runs; 0-1 ms: -1.7 to +2.0% in 2 runs
     # (total-time median at step 5: 8.0-13.3% / 7.6-11.8% / 4.6-8.6%; the sub-ms MLP and the
     # embedding model, whose early excess is larger, do worse with the smaller range).
+    # On a slower VM of the same kind later that day (its steps ~1.4x longer, early steps of
+    # 3-8 ms jobs 1.25-1.45x the steady state) 0-1 ms under-corrected: total-time signed
+    # median +9.7 / +4.6% at steps 3 / 5 (3 runs, 72 job runs), coverage of the 95% interval
+    # 72 / 78%; 0-2 ms, alternated with it: +9.1 / +2.9%, coverage 77 / 88%, total-time
+    # median at step 5 6.3% against 8.0%, half-width 13.2% against 12.3% (2 runs). The
+    # excess is the machine's as much as the job's: 0-2 ms spans both VMs.
     early_ratio: tuple[float, float] = (0.95, 1.05)
-    early_excess_s: tuple[float, float] = (0.0, 0.001)
+    early_excess_s: tuple[float, float] = (0.0, 0.002)
     # Steps inside ets-hook's own capture window (profiler on, shapes recorded) against the
     # steady state: on CPU 1.01-1.64 (10-90%), median 1.21, over the 72 jobs of
     # benchmarks/collect.py; the range's inverse midpoint is 1/1.2.
