@@ -282,21 +282,24 @@ def eval_cost_prior(
     return PhaseCostPrior(train_steps=steps, rel_ci=EVAL_PRIOR_REL_CI)
 
 
-def checkpoint_cost_prior(state_bytes: int) -> PhaseCostPrior:
-    """The prior cost of one checkpoint: its fixed cost plus ``state_bytes`` written at
-    ``CHECKPOINT_WRITE_BYTES_PER_S``, ±``CHECKPOINT_PRIOR_REL_CI``.
+def checkpoint_cost_prior(state_bytes: int, files: int = 1) -> PhaseCostPrior:
+    """The prior cost of one checkpoint: per file it writes, the fixed cost plus
+    ``state_bytes`` at ``CHECKPOINT_WRITE_BYTES_PER_S``; ±``CHECKPOINT_PRIOR_REL_CI``.
 
     Args:
-        state_bytes: bytes the checkpoint writes (the model's and optimizers' state), >= 0.
+        state_bytes: bytes one file holds (the model's and optimizers' state), >= 0.
+        files: files each save writes, >= 1 (Lightning's ``ModelCheckpoint(save_last=True)``
+            writes the state twice: its own file and ``last.ckpt``).
 
     Returns:
         The prior, in seconds.
 
     Raises:
-        ValueError: ``state_bytes`` is negative or not an int.
+        ValueError: ``state_bytes`` is negative, ``files`` < 1, or either is not an int.
     """
     _positive_int("state_bytes", state_bytes, minimum=0)
-    seconds = CHECKPOINT_FIXED_S + state_bytes / CHECKPOINT_WRITE_BYTES_PER_S
+    _positive_int("files", files)
+    seconds = files * (CHECKPOINT_FIXED_S + state_bytes / CHECKPOINT_WRITE_BYTES_PER_S)
     return PhaseCostPrior(seconds=seconds, rel_ci=CHECKPOINT_PRIOR_REL_CI)
 
 

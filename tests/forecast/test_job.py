@@ -258,6 +258,7 @@ def test_an_evaluation_is_priced_at_a_forward_per_batch() -> None:
         (lambda: eval_cost_prior(3, grad_accum_steps=0), "grad_accum_steps"),
         (lambda: eval_prior_from_loaders(iter([1, 2])), "eval_dataloader has no len"),
         (lambda: checkpoint_cost_prior(-1), "state_bytes"),
+        (lambda: checkpoint_cost_prior(10, files=0), "files"),
     ],
 )
 def test_bad_phase_priors_raise_naming_the_value(make, message: str) -> None:
@@ -270,6 +271,8 @@ def test_a_checkpoint_is_priced_at_its_bytes_written() -> None:
     assert prior.seconds == pytest.approx(CHECKPOINT_FIXED_S + 3e9 / CHECKPOINT_WRITE_BYTES_PER_S)
     assert prior.train_steps == 0.0
     assert checkpoint_cost_prior(0).seconds == pytest.approx(CHECKPOINT_FIXED_S)
+    # A save that writes the state twice (Lightning's own file and last.ckpt) costs twice.
+    assert checkpoint_cost_prior(3 * 10**9, files=2).seconds == pytest.approx(2 * prior.seconds)
 
 
 def test_a_priced_evaluation_brings_the_early_total_closer() -> None:

@@ -40,6 +40,7 @@ from ets_hook.integrations.lightning import (
     LOG_KEYS,
     ETSCallback,
     trainer_checkpoint_every,
+    trainer_checkpoint_files,
     trainer_eval_every,
 )
 
@@ -275,12 +276,13 @@ def test_validations_are_priced_before_the_first_one(runs: Runs) -> None:
     assert validation.mean_s == pytest.approx(prediction.iteration_s / 3)
     assert validation.remaining == 2  # after steps 8 and 16 (the last, at 24, is after the job)
     # The ModelCheckpoint's saves (after every validation), priced from the state they write:
-    # the module's parameters and SGD's (empty: no momentum) state.
+    # the module's parameters and SGD's (empty: no momentum) state, twice (the epoch's file
+    # and last.ckpt).
     checkpoint = {p.name: p for p in prediction.phases}["checkpoint"]
     assert checkpoint.cost_source == "prior" and checkpoint.remaining == 2
     state_bytes = sum(t.numel() * t.element_size() for t in runs.first.module.parameters())
     assert checkpoint.mean_s == pytest.approx(
-        CHECKPOINT_FIXED_S + state_bytes / CHECKPOINT_WRITE_BYTES_PER_S
+        2 * (CHECKPOINT_FIXED_S + state_bytes / CHECKPOINT_WRITE_BYTES_PER_S)
     )
     assert prediction.remaining_phase_s == pytest.approx(
         2 * validation.mean_s + 2 * checkpoint.mean_s
@@ -533,6 +535,22 @@ def test_validation_period_in_optimizer_steps(
     for key, value in settings.items():
         setattr(trainer, key, value)
     assert trainer_eval_every(trainer) == expected
+
+
+@pytest.mark.parametrize(
+    ("checkpoints", "files"),
+    [
+        ([{}], 1),  # the best file only (save_top_k=1)
+        ([{"save_top_k": -1, "save_last": True}], 2),  # its file and a copy in last.ckpt
+        ([{"save_last": "link"}], 1),  # last.ckpt a link: written once
+        ([{"save_top_k": 0, "save_last": True}], 1),  # last.ckpt only
+        ([{}, {"save_last": True}], 3),  # two callbacks
+        ([], 1),
+    ],
+)
+def test_checkpoint_files_per_save(checkpoints: list[dict[str, Any]], files: int) -> None:
+    trainer = SimpleNamespace(callbacks=[ModelCheckpoint(**kwargs) for kwargs in checkpoints])
+    assert trainer_checkpoint_files(trainer) == files
 
 
 @pytest.mark.parametrize(
