@@ -17,6 +17,8 @@ import torch
 
 #: Training forwards a watch looks at before it stops (the decision is needed early).
 WATCHED_FORWARDS = 64
+#: Tensors a signature reads at most (a forward given a list of thousands stays cheap).
+MAX_SIGNATURE_TENSORS = 32
 
 Signature = tuple[tuple[int, ...], ...]
 
@@ -26,7 +28,8 @@ def input_signature(args: tuple[Any, ...], kwargs: Mapping[str, Any] | None) -> 
 
     Tensors directly among ``args`` and ``kwargs`` values count, and those one level down in a
     mapping, list or tuple argument (a batch dict passed as one argument); keyword inputs in
-    name order. A 0-dimensional tensor counts as ``()``.
+    name order; the first ``MAX_SIGNATURE_TENSORS`` found. A 0-dimensional tensor counts as
+    ``()``.
 
     Args:
         args: the forward's positional arguments.
@@ -38,6 +41,8 @@ def input_signature(args: tuple[Any, ...], kwargs: Mapping[str, Any] | None) -> 
     shapes: list[tuple[int, ...]] = []
 
     def add(value: Any, depth: int) -> None:
+        if len(shapes) >= MAX_SIGNATURE_TENSORS:
+            return
         if isinstance(value, torch.Tensor):
             shapes.append(tuple(value.shape[1:]))
         elif depth == 0 and isinstance(value, Mapping):

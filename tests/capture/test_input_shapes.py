@@ -8,7 +8,11 @@ import torch
 from torch import nn
 
 from ets_hook import ETSHook
-from ets_hook.capture.input_shapes import InputShapeWatch, input_signature
+from ets_hook.capture.input_shapes import (
+    MAX_SIGNATURE_TENSORS,
+    InputShapeWatch,
+    input_signature,
+)
 from ets_hook.capture.steps import StepDetector
 
 
@@ -23,6 +27,8 @@ def test_the_signature_leaves_the_batch_dimension_out_and_reads_kwargs_and_batch
     # A partial last batch differs in its first dimension only: the same signature.
     assert input_signature((ids[:3],), None) == input_signature((ids,), None)
     assert input_signature((torch.tensor(1.0),), None) == ((),)
+    many = [torch.zeros(2, 3)] * 1000
+    assert len(input_signature((many,), None)) == MAX_SIGNATURE_TENSORS  # bounded work
 
 
 def test_the_watch_says_once_when_a_shape_beyond_the_batch_dimension_changes() -> None:
