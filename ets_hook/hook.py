@@ -128,6 +128,7 @@ class ETSHook:
         eval_every: int | None = None,
         eval_dataloader: Any = None,
         checkpoint_every: int | None = None,
+        checkpoint_files: int = 1,
         phase_every: Mapping[str, int] | None = None,
         initial_step: int = 0,
         early_stopping: tuple[int, float, str] | EarlyStoppingRule | None = None,
@@ -201,6 +202,9 @@ class ETSHook:
                 learned. With it, until the first checkpoint is measured each is priced at
                 the model's and optimizers' state (read after the first step) written at
                 ``CHECKPOINT_WRITE_BYTES_PER_S`` (``forecast.job.checkpoint_cost_prior``).
+            checkpoint_files: files each checkpoint writes the state to (int >= 1; the
+                Lightning callback passes 2 for ``ModelCheckpoint(save_last=True)``, its own
+                file and ``last.ckpt``): the checkpoint price is per file.
             phase_every: period in steps of any named phase (int >= 0; 0: one-off).
             initial_step: steps already done before this process (resumed jobs; int >= 0).
             early_stopping: ``(patience, min_delta, mode)`` or an ``EarlyStoppingRule``: the
@@ -263,7 +267,8 @@ class ETSHook:
             ValueError: naming the argument and its value: an int argument not an int in its
                 range (bools rejected); ``initial_step`` > ``total_steps``; ``epochs`` not a
                 finite number > 0 or without steps per epoch; ``dataloader`` without ``len()``
-                or contradicting ``steps_per_epoch``; ``eval_dataloader`` without ``len()``; a
+                or contradicting ``steps_per_epoch``; ``eval_dataloader`` without ``len()``;
+                ``checkpoint_files`` not an int >= 1; a
                 string argument not one of its values (``deadline_policy`` too without a
                 deadline); ``model`` not an ``nn.Module``;
                 ``optimizer`` not optimizers; ``progress`` not a tqdm bar; ``trace_path`` or
@@ -284,6 +289,12 @@ class ETSHook:
         rank_trace = checked_trace_path(trace_path, rank, world_size)
         disabled = hooks_disabled()
         rule = EarlyStoppingRule.coerce(early_stopping)
+        if (
+            isinstance(checkpoint_files, bool)
+            or not isinstance(checkpoint_files, int)
+            or checkpoint_files < 1
+        ):
+            raise ValueError(f"checkpoint_files must be an int >= 1, got {checkpoint_files!r}")
         eval_prior = (
             eval_prior_from_loaders(eval_dataloader, dataloader, grad_accum_steps)
             if eval_dataloader is not None
@@ -391,6 +402,7 @@ class ETSHook:
         # first optimizer step has created the optimizers' state; expect_phase_cost wins.
         self._optimizers = optimizers
         self._price_checkpoints = bool(job.phase_periods.get(CHECKPOINT))
+        self._checkpoint_files = checkpoint_files
         self._ranks: RankCoordinator | None = None
         if world_size > 1 and exchange_timeout_s and not disabled:
             self._ranks = RankCoordinator(
@@ -805,7 +817,9 @@ class ETSHook:
             if step_index == 0 and self._price_checkpoints:
                 self._price_checkpoints = False
                 state_bytes = training_state_bytes(self.model, self._optimizers)
-                self._forecaster.set_phase_prior(CHECKPOINT, checkpoint_cost_prior(state_bytes))
+                self._forecaster.set_phase_prior(
+                    CHECKPOINT, checkpoint_cost_prior(state_bytes, self._checkpoint_files)
+                )
             if self._host_load is not None:
                 load = self._host_load.sample()  # at most once a second
                 if load is not None:

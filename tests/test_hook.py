@@ -405,6 +405,8 @@ def test_bad_arguments_name_the_value():
         ETSHook(model, total_steps=0)
     with pytest.raises(ValueError, match="record_shapes"):
         ETSHook(model, record_shapes="some")
+    with pytest.raises(ValueError, match="checkpoint_files must be an int >= 1, got 0"):
+        ETSHook(model, checkpoint_files=0)
     with pytest.raises(ValueError, match="optimizer"):
         ETSHook(model, optimizer="adam")
     with pytest.raises(ValueError, match="model"):

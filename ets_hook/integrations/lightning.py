@@ -30,7 +30,8 @@ Trainer's optimizers with what the Trainer knows:
 - ``checkpoint_every``: the period of the ``ModelCheckpoint`` saves where it is one
   (``trainer_checkpoint_every``); the hook then prices each save from the model's and
   optimizers' state until the first is measured, once per file the save writes
-  (``trainer_checkpoint_files``: ``save_last=True`` writes the state twice).
+  (``checkpoint_files``, from ``trainer_checkpoint_files``: ``save_last=True`` writes the
+  state twice).
 
 Anything passed to ``ETSCallback(**hook_options)`` goes to ``ETSHook`` and wins over what the
 Trainer says (one log line when the two disagree).
@@ -125,15 +126,8 @@ if not installed_packages():
 import torch  # noqa: E402
 
 from ..capture.steps import optimizer_list  # noqa: E402
-from ..capture.sysinfo import training_state_bytes  # noqa: E402
 from ..forecast.early_stop import EarlyStoppingRule  # noqa: E402
-from ..forecast.job import (  # noqa: E402
-    CHECKPOINT,
-    EVAL,
-    checkpoint_cost_prior,
-    eval_cost_prior,
-    loader_batch_size,
-)
+from ..forecast.job import CHECKPOINT, EVAL, eval_cost_prior, loader_batch_size  # noqa: E402
 from ..hook import ETSHook  # noqa: E402
 from ..reporters.format import format_duration  # noqa: E402
 from .common import HOOK_ARGUMENTS, LOG_KEYS, prediction_metrics, whole_number  # noqa: E402
@@ -436,7 +430,6 @@ class BaseETSCallback:
         self._in_eval = False
         self._logged_steps = -1
         self._logging_failed = False
-        self._checkpoint_files_pending = 0  # files per save still to price (> 1), or 0
         self._sanity_started_ns: int | None = None
         self._trainer_patch: tuple[Any, Callable[..., Any], Any] | None = None
         self._early_stopping: Any = None  # the EarlyStopping callback whose monitor is reported
@@ -498,12 +491,6 @@ class BaseETSCallback:
         if "eval_dataloader" not in options and options.get("eval_every"):
             self._price_validation(trainer, options.get("grad_accum_steps", 1))
         self._open, self._in_eval, self._logged_steps = True, False, -1
-        # Saves that write the state more than once are priced by files after the first step
-        # (the optimizers' state exists by then); the hook prices one file otherwise.
-        files = trainer_checkpoint_files(trainer)
-        self._checkpoint_files_pending = (
-            files if files > 1 and options.get("checkpoint_every") else 0
-        )
         self._logging_failed = False
         self._patch_save_checkpoint(trainer)
         notes += self._length_notes(trainer, trainer_total)
@@ -535,11 +522,7 @@ class BaseETSCallback:
         """Log the prediction after each optimizer step (Lightning writes it to the loggers at
         its logging steps, and shows the ETA in the progress bar)."""
         hook = self._hook
-        if not self._open or hook is None:
-            return
-        if self._checkpoint_files_pending and hook.steps_completed >= 1:
-            self._price_checkpoint_files(trainer, pl_module)
-        if self._logging_failed:
+        if not self._open or hook is None or self._logging_failed:
             return
         steps = hook.steps_completed
         if steps == self._logged_steps:
@@ -578,21 +561,6 @@ class BaseETSCallback:
         self._close(outcome="closed")
 
     # -- internals -----------------------------------------------------------------------------
-
-    def _price_checkpoint_files(self, trainer: Any, pl_module: Any) -> None:
-        """Price each checkpoint save as the files it writes (``trainer_checkpoint_files``) of
-        the module's and optimizers' state (``ETSHook.expect_phase_cost``), replacing the
-        hook's one-file price. Once; never raises."""
-        files, self._checkpoint_files_pending = self._checkpoint_files_pending, 0
-        try:
-            state_bytes = training_state_bytes(pl_module, list(trainer.optimizers))
-            prior = checkpoint_cost_prior(state_bytes, files)
-            assert self._hook is not None
-            self._hook.expect_phase_cost(
-                CHECKPOINT_PHASE, seconds=prior.seconds, rel_ci=prior.rel_ci
-            )
-        except Exception as exc:  # never into the training loop: the one-file price stays
-            logger.info("ets-hook: pricing the checkpoint files failed: %r", exc)
 
     def _price_validation(self, trainer: Any, grad_accum_steps: int) -> None:
         """Price the validations before the first is measured (``ETSHook.expect_phase_cost``):
@@ -658,6 +626,7 @@ class BaseETSCallback:
             derived["eval_every"] = eval_every
         if checkpoint_every is not None:
             derived["checkpoint_every"] = checkpoint_every
+            derived["checkpoint_files"] = trainer_checkpoint_files(trainer)
         rule = _early_stopping_rule(self._early_stopping)
         if rule is not None:
             derived["early_stopping"] = rule

@@ -242,6 +242,7 @@ def test_job_is_read_from_the_trainer(runs: Runs) -> None:
     assert options["initial_step"] == 0
     assert options["eval_every"] == STEPS_PER_EPOCH  # validation every epoch
     assert options["checkpoint_every"] == STEPS_PER_EPOCH  # ModelCheckpoint after each one
+    assert options["checkpoint_files"] == 2  # its own file and last.ckpt
     assert runs.first.callback.hook.total_steps == 24
     assert runs.first.callback.prediction.total_steps == 24
     assert runs.first.callback.hook_options == {
