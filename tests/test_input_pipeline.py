@@ -132,17 +132,24 @@ def test_a_loader_that_restarts_its_workers_seeds_the_phase_from_the_first_step(
         model, optimizer=opt, dataloader=loader, epochs=3, capture_steps=0, log_every=None
     )
     seen: list[int] = []
+    predictions = []
     for _epoch in range(3):
         for x, y in loader:
             opt.zero_grad()
             nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
             prediction = hook.prediction
+            predictions.append(prediction)
             phase = _phase(prediction, EPOCH_START)
             seen.append(phase.occurrences if phase is not None else 0)
     hook.close()
     assert prediction.total_steps == 18
     # Seeded once 1 + SEED_STEPS steps exist, then one occurrence per later epoch.
     assert seen[:3] == [0, 0, 0] and seen[3] == 1
+    # The seed happened inside the first step: it is not taken out of the later steps' wall
+    # time (counted there, the per-step overhead would go negative by seed / 3).
+    seed_s = _phase(predictions[3], EPOCH_START).spent_s
+    assert seed_s > 0
+    assert predictions[3].overhead_per_step_s > -0.1 * seed_s / 3
     assert seen[6] == 2 and seen[12] == 3
     assert phase.remaining == 0

@@ -317,16 +317,25 @@ class Forecaster:
         Args:
             name: the phase name (e.g. "eval", "checkpoint").
             duration_s: its duration, seconds (negative counts as 0).
-            now_s: its end time, seconds on the ``start_s`` clock.
+            now_s: its end time, seconds on the ``start_s`` clock; may be earlier than phases
+                already recorded (a phase measured late: give the time it really ended).
             at_step: the global step count it belongs after, when known better than now (a
                 phase measured later, e.g. the first epoch's start-up); None: the steps done.
         """
         try:
             with self._lock:
                 step = self._job.initial_step + self._steps_done if at_step is None else at_step
+                before_s = self._phases.total_s
                 self._phases.record(name, duration_s, step)
-                self._phase_ends_s.append(now_s)
-                self._phase_cum_s.append(self._phases.total_s)
+                added_s = self._phases.total_s - before_s
+                # Kept in end-time order: a phase measured late (the first epoch's start-up,
+                # inside the first step) ends before phases already recorded.
+                ends, cums = self._phase_ends_s, self._phase_cum_s
+                i = bisect_right(ends, now_s)
+                ends.insert(i, now_s)
+                cums.insert(i, (cums[i - 1] if i else 0.0) + added_s)
+                for j in range(i + 1, len(cums)):
+                    cums[j] += added_s
                 self._last_phase_end_s = max(self._last_phase_end_s, now_s)
         except Exception as exc:
             self._fail(exc)

@@ -172,6 +172,21 @@ def test_time_outside_step_durations_is_projected() -> None:
     assert p.total_s == pytest.approx(actual_total, rel=0.02)
 
 
+def test_a_phase_recorded_late_counts_where_it_ended() -> None:
+    # Steps of 0.2 s back to back, the first one 0.3 s longer (a start-up measured later and
+    # recorded after step 4 with the first step's end time, as the epoch seed is): nothing
+    # between steps 1 and 10 is left uncovered, so the per-step overhead stays 0.
+    f = Forecaster(JobModel(total_steps=100), start_s=0.0)
+    now = drive(f, [0.5, 0.2, 0.2, 0.2])
+    f.on_phase_end("eval", 0.1, now + 0.1)
+    now = drive(f, [0.2] * 6, start=now + 0.1, first_index=4)
+    f.on_phase_end("epoch start", 0.3, 0.5, at_step=0)
+    p = f.prediction
+    assert p is not None
+    assert abs(p.overhead_per_step_s) < 1e-9
+    assert p.elapsed_s == pytest.approx(now)
+
+
 def test_long_jobs_use_bounded_memory() -> None:
     f = Forecaster(JobModel(total_steps=400_000), start_s=0.0, series_capacity=1024)
     y = noisy(200_000, seed=5)
