@@ -34,6 +34,7 @@ from typing import Any, Literal
 import torch
 
 from . import __version__, exits
+from .capture.batch_clock import BatchClock
 from .capture.compile_events import CompileWatcher
 from .capture.device_timer import CudaStepTimer
 from .capture.host_load import HostLoadSampler
@@ -45,6 +46,7 @@ from .capture.sysinfo import (
     hooks_disabled,
     model_device,
     training_state_bytes,
+    usable_cpu_count,
 )
 from .capture.window import MAX_ADAPTIVE_CAPTURE_STEPS, WindowState, check_window_settings
 from .capture.window_runner import WindowRunner
@@ -190,7 +192,10 @@ class ETSHook:
                 ``steps_per_epoch`` or ``dataloader``.
             steps_per_epoch: optimizer steps per epoch (int >= 1).
             dataloader: anything with ``len()`` (micro-batches per epoch); steps per epoch are
-                ``ceil(len(dataloader) / grad_accum_steps)``.
+                ``ceil(len(dataloader) / grad_accum_steps)``. A ``torch.utils.data.DataLoader``
+                with worker processes also has their batch rate timed from its next ``iter()``
+                on (its ``collate_fn`` wrapped until ``close``, ``capture.batch_clock``): the
+                floor under the predicted step time while prefetched batches hide it.
             grad_accum_steps: micro-batches per optimizer step (int >= 1).
             eval_every: period in steps of the phase named ``"eval"`` (int >= 1); None: learned.
             eval_dataloader: the loader one evaluation runs over (anything with ``len()``):
@@ -397,6 +402,15 @@ class ETSHook:
             world_size=world_size,
         )
         self._forecaster.set_early_stopping(rule)
+        # A loader with worker processes: their batch rate is timed from its next iter() on
+        # (capture.batch_clock); the forecaster reads it when it builds a prediction.
+        self._batch_clock = BatchClock.attach(dataloader) if not disabled else None
+        if self._batch_clock is not None:
+            self._forecaster.set_input_supply(
+                self._batch_clock.read,
+                cores=usable_cpu_count(),
+                main_threads=torch.get_num_threads() if self._device.type == "cpu" else 1,
+            )
         if eval_prior is not None:
             self._forecaster.set_phase_prior(EVAL, eval_prior)
         # Checkpoints with a known period are priced from the state they write, read once the
@@ -717,6 +731,8 @@ class ETSHook:
                 return
             self._closed = True
         exits.unregister(self)
+        if self._batch_clock is not None:
+            self._batch_clock.detach()
         if self._ranks is not None:
             self._ranks.close()
         if self._compiles is not None:

@@ -57,6 +57,15 @@ def host_info() -> HostInfo:
     return info
 
 
+def usable_cpu_count() -> int:
+    """CPUs this process may run on: its affinity mask (what ``taskset``, cgroups' cpusets
+    and Slurm's binding leave it), else ``os.cpu_count()``; at least 1."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except (AttributeError, OSError):  # not on Linux
+        return max(os.cpu_count() or 1, 1)
+
+
 def _nvml_facts(uuid: str) -> dict[str, Any]:
     """Driver version and memory of the GPU with this UUID; {} without NVML or a driver."""
     if not uuid:

@@ -17,6 +17,11 @@ def normal_quantile(p: float) -> float:
     return NormalDist().inv_cdf(p)
 
 
+def normal_cdf(x: float) -> float:
+    """Standard normal cumulative probability at ``x`` (``erfc``-based: accurate in the tails)."""
+    return 0.5 * math.erfc(-x / math.sqrt(2.0))
+
+
 def _betacf(a: float, b: float, x: float) -> float:
     # Continued fraction of the regularised incomplete beta function (modified Lentz).
     tiny = 1e-300

@@ -38,13 +38,14 @@ import sys
 import threading
 import time
 from bisect import bisect_right
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
 from ..errors import DeadlineExceededError
 from .early_stop import EarlyStoppingRule, EarlyStopTracker, total_range_s
+from .input_supply import SupplyEstimate, bound_by_supply, supply_from_worker_clocks
 from .job import JobModel, PhaseCostPrior, PhaseTracker, remaining_phase_time
 from .prediction import Prediction, utc_from_timestamp
 from .ranks import JobView
@@ -216,6 +217,8 @@ class Forecaster:
         self._measure_source: Callable[[], WindowMeasure | None] | None = None
         self._measure_applied: WindowMeasure | None = None
         self._variable_steps = False  # steps differ in length by design (set_variable_steps)
+        self._worker_clocks: Callable[[], Any] | None = None  # set_input_supply
+        self._supply_cores: tuple[int | None, int] = (None, 1)
         self.level = level
         self.converge_rel_ci = converge_rel_ci
         self.min_warmup_steps = min_warmup_steps
@@ -619,6 +622,44 @@ class Forecaster:
             self._fail(exc)
             return self._cached
 
+    def set_input_supply(
+        self,
+        worker_clocks: Callable[[], tuple[Sequence[Sequence[float]], Sequence[Sequence[float]]]]
+        | None,
+        *,
+        cores: int | None = None,
+        main_threads: int = 1,
+    ) -> None:
+        """Where the DataLoader workers' batch clocks come from (``capture.batch_clock``), read
+        only when a prediction is built; their pace is a floor under the step time
+        (``forecast.input_supply``). Any thread.
+
+        Args:
+            worker_clocks: returns each worker's batch finish times and CPU times so far
+                (seconds, in order); None: no input floor. A source that raises counts as no
+                floor, never as a failure.
+            cores: CPUs the job may use (``supply_from_worker_clocks``); None: unknown.
+            main_threads: computing threads of the training process.
+        """
+        with self._lock:
+            self._worker_clocks = worker_clocks
+            self._supply_cores = (cores, main_threads)
+            self._version += 1
+
+    def _input_supply(self) -> SupplyEstimate | None:
+        source = self._worker_clocks
+        if source is None:
+            return None
+        try:
+            finish_s, cpu_s = source()
+            cores, main_threads = self._supply_cores
+            return supply_from_worker_clocks(
+                finish_s, cpu_s, cores=cores, main_threads=main_threads, level=self.level
+            )
+        except Exception as exc:
+            logger.debug("ets-hook: DataLoader batch times unreadable: %r", exc)
+            return None
+
     def _measured_estimate(self) -> Estimate | None:
         device = self._device_series
         device.flush()
@@ -707,10 +748,15 @@ class Forecaster:
             if self._trace is not None and not self._variable_steps
             else None
         )
+        job = self._job
+        supply = self._input_supply()
+        if trace is not None:
+            # The trace prices the model's work only: a step fed by slower workers waits.
+            trace = bound_by_supply(trace, supply, job.grad_accum_steps)
         est = fuse([measured, trace], level=self.level)
         if est is None:
             return None
-        job = self._job
+        est = bound_by_supply(est, supply, job.grad_accum_steps)
         step = job.initial_step + self._steps_done
         remaining = job.remaining_steps(step)
         as_of_s = max(self._last_step_end_s, self._last_phase_end_s)
@@ -786,6 +832,7 @@ class Forecaster:
             straggler_rank=view.straggler_rank if view is not None else None,
             host_foreign_cpu=self._host_load[0] if self._host_load is not None else None,
             host_steal=self._host_load[1] if self._host_load is not None else None,
+            input_period_s=(job.grad_accum_steps * supply.period_s if supply is not None else None),
         )
 
     def _job_lag_s(self, view: JobView | None) -> float | None:

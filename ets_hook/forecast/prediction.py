@@ -24,6 +24,9 @@ def utc_from_timestamp(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, tz=timezone.utc)
 
 
+#: ``Prediction.source`` of a step time set by the DataLoader workers' pace
+#: (``forecast.input_supply``).
+SOURCE_INPUT = "input"
 #: ``Prediction.host_busy`` from this share of the machine's CPU used by other processes...
 BUSY_FOREIGN_CPU = 0.25
 #: ... or this share taken as steal time.
@@ -91,6 +94,10 @@ class Prediction:
             psutil cannot read it.
         host_steal: share of the machine's CPU the hypervisor took (steal) over that sample;
             None alike.
+        input_period_s: the DataLoader workers' measured time per optimizer step's batches
+            (``forecast.input_supply``): ``iteration_s`` is the expected slower of it and the
+            loop's own pace (source ``"input"`` where the workers' is the slower); None
+            without a timed loader or before enough batches.
     """
 
     step: int
@@ -130,6 +137,7 @@ class Prediction:
     straggler_rank: int | None = None
     host_foreign_cpu: float | None = None
     host_steal: float | None = None
+    input_period_s: float | None = None
 
     @property
     def host_busy(self) -> bool:
@@ -138,6 +146,12 @@ class Prediction:
         return (self.host_foreign_cpu or 0.0) >= BUSY_FOREIGN_CPU or (
             self.host_steal or 0.0
         ) >= BUSY_STEAL
+
+    @property
+    def input_bound(self) -> bool:
+        """The step time is the DataLoader workers' pace (source ``SOURCE_INPUT``): the loop
+        will wait for its batches."""
+        return self.source == SOURCE_INPUT
 
     @property
     def iteration_rel_ci(self) -> float:

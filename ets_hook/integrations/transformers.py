@@ -10,7 +10,10 @@ callback creates an ``ETSHook`` on the Trainer's model and optimizer with what t
   optimizer step it skipped);
 - ``eval_every`` / ``checkpoint_every`` from ``eval_strategy`` / ``save_strategy`` (``steps``: the
   Trainer's ``eval_steps`` / ``save_steps``; ``epoch``: optimizer steps per epoch from the train
-  dataloader and the accumulation; ``best``: saves can only follow evaluations; ``no``: none).
+  dataloader and the accumulation; ``best``: saves can only follow evaluations; ``no``: none);
+- ``dataloader`` (a sized train dataloader): epoch start-up as a phase and, with
+  ``dataloader_num_workers > 0``, the workers' batch pace as a floor under the step time (the
+  Trainer starts iterating after ``on_train_begin``, so their first batches are timed).
   With a period and a sized ``eval_dataset``, evaluations are priced before the first is
   measured: its batches at ``eval_batch_size`` x a forward of a training micro-batch
   (``forecast.job.eval_cost_prior``; ``ETSHook.expect_phase_cost``); with ``checkpoint_every``
@@ -604,6 +607,10 @@ def _trainer_options(
         per_epoch: int | None = max(math.ceil(len(dataloader) / accum), 1)
     except TypeError:  # an iterable dataset (or no dataloader): no epoch length
         per_epoch = None
+    else:
+        # Its epochs (start-up at each) and, with worker processes, their pace: the Trainer
+        # starts iterating it after on_train_begin, so the hook can time its workers.
+        found["dataloader"] = dataloader
     eval_every = _period(
         _strategy(args, "eval_strategy", "evaluation_strategy"),
         _first_count(getattr(state, "eval_steps", None), getattr(args, "eval_steps", None)),

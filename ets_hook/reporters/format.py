@@ -104,7 +104,8 @@ def format_prediction(p: Prediction) -> str:
         multi-process job once a rank exchange has given the job's end, `` · job of 8 ranks,
         waits for rank 3`` (ETA and total are then the job's); while other work loads the
         machine (``Prediction.host_busy``), `` · host busy: other processes 40% CPU,
-        steal 6%``.
+        steal 6%``; when the step time is the DataLoader workers' pace (source ``"input"``),
+        `` · input-bound: DataLoader workers``.
     """
     steps = f"step {p.step}/{p.total_steps}" if p.total_steps is not None else f"step {p.step}"
     text = f"{steps} · {format_step_time(p.iteration_s)} {format_relative(p.iteration_rel_ci)}"
@@ -116,6 +117,8 @@ def format_prediction(p: Prediction) -> str:
             f" · early stop ~step {p.expected_stop_step}"
             f" · total {format_duration(low)}–{format_duration(high)}"
         )
+    if p.input_bound:
+        text += " · input-bound: DataLoader workers"
     if p.world_size > 1 and p.slowest_rank is not None:
         text += f" · job of {p.world_size} ranks, waits for rank {p.slowest_rank}"
     foreign, steal = p.host_foreign_cpu or 0.0, p.host_steal or 0.0

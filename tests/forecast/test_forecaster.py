@@ -614,3 +614,35 @@ def test_set_job_view_refuses_other_objects() -> None:
 def test_rank_must_be_inside_the_world(rank: int, world_size: int) -> None:
     with pytest.raises(ValueError, match="rank"):
         Forecaster(start_s=0.0, rank=rank, world_size=world_size)
+
+
+def test_workers_slower_than_the_early_steps_set_the_step_time() -> None:
+    # Prefetched batches make the first steps 4 ms; two workers at 20 ms a batch deliver one
+    # every 10 ms, and the loop will run at that pace once the prefetched batches are gone.
+    f = Forecaster(JobModel(total_steps=300), start_s=0.0)
+    finish_times = [[0.02 * i for i in range(8)], [0.01 + 0.02 * i for i in range(8)]]
+    f.set_input_supply(lambda: (finish_times, [[], []]))
+    drive(f, [0.004] * 6)
+    p = f.prediction
+    assert p is not None
+    assert p.source == "input"
+    assert p.input_period_s == pytest.approx(0.010)
+    assert p.iteration_s == pytest.approx(0.010)
+    assert p.measured_iteration_s < 0.005
+    assert p.total_s == pytest.approx(p.elapsed_s + 294 * 0.010 + p.remaining_capture_s)
+    f.set_input_supply(None)
+    assert f.prediction.iteration_s < 0.005
+
+
+def test_an_unreadable_batch_clock_is_no_floor_and_no_failure() -> None:
+    f = Forecaster(JobModel(total_steps=100), start_s=0.0)
+
+    def broken() -> tuple[list[list[float]], list[list[float]]]:
+        raise OSError("shared memory gone")
+
+    f.set_input_supply(broken)
+    drive(f, [0.004] * 6)
+    p = f.prediction
+    assert p is not None and p.source == "measured" and p.input_period_s is None
+    drive(f, [0.004] * 3, first_index=6)
+    assert f.prediction.step == 9  # still predicting: the forecaster did not fail

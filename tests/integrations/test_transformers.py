@@ -37,8 +37,10 @@ from transformers import (
 from transformers.integrations import integration_utils
 from transformers.trainer_callback import ProgressCallback
 
+from ets_hook.capture.batch_clock import TimedCollate
 from ets_hook.capture.sysinfo import training_state_bytes
 from ets_hook.forecast.early_stop import EarlyStoppingRule
+from ets_hook.forecast.epochs import EPOCH_START
 from ets_hook.forecast.job import CHECKPOINT_FIXED_S, CHECKPOINT_WRITE_BYTES_PER_S
 from ets_hook.integrations.transformers import (
     LOG_KEYS,
@@ -338,7 +340,8 @@ def test_eval_and_save_are_phases_not_step_time(runs: Runs) -> None:
     prediction = runs.first.callback.prediction
     assert prediction is not None
     phases = {p.name: p for p in prediction.phases}
-    assert set(phases) == {"eval", "checkpoint"}
+    # The train dataloader's epochs (16 steps each) begin with their start-up as a phase.
+    assert set(phases) - {EPOCH_START} == {"eval", "checkpoint"}
     assert phases["eval"].occurrences == 3  # steps 10, 20, 30
     assert phases["checkpoint"].occurrences == 2  # steps 20, 30 (the final save)
     assert phases["eval"].spent_s >= SLOW_S
@@ -376,7 +379,7 @@ def test_evaluations_are_priced_before_the_first_one(runs: Runs) -> None:
     # Once measured, the measurement replaces the prior.
     after = runs.first.callback.prediction
     assert after is not None
-    assert {p.name: p.cost_source for p in after.phases} == {
+    assert {p.name: p.cost_source for p in after.phases if p.name != EPOCH_START} == {
         "eval": "measured",
         "checkpoint": "measured",
     }
@@ -518,6 +521,34 @@ def test_readme_snippet(tmp_path: Path) -> None:
     assert "eval_loss" in trainer.state.log_history[-1]
     assert not set(LOG_KEYS) & set(trainer.state.log_history[-1])
     assert not model._forward_pre_hooks
+
+
+class SlowTokenSet(TokenSet):
+    """Each sample takes ``SLOW_ITEM_S`` to load (in the DataLoader's worker)."""
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        time.sleep(SLOW_ITEM_S)
+        return super().__getitem__(i)
+
+
+SLOW_ITEM_S = 0.010
+
+
+def test_the_trainers_dataloader_workers_are_timed(tmp_path: Path) -> None:
+    args = training_args(
+        tmp_path, max_steps=8, gradient_accumulation_steps=1, eval_strategy="no",
+        save_strategy="no", dataloader_num_workers=1,
+    )  # fmt: skip
+    ets = ETSTrainerCallback(capture_steps=0)
+    trainer = Trainer(model=tiny_gpt2(), args=args, train_dataset=SlowTokenSet(32), callbacks=[ets])
+    trainer.train()
+    prediction = ets.prediction
+    assert prediction is not None and prediction.step == 8
+    # The worker's pace: two samples a batch, each sleeping SLOW_ITEM_S, bound it from below.
+    assert prediction.input_period_s is not None
+    assert prediction.input_period_s >= 0.9 * 2 * SLOW_ITEM_S
+    assert ets.hook is not None and ets.hook._batch_clock is not None
+    assert not isinstance(ets.hook._batch_clock.loader.collate_fn, TimedCollate)  # given back
 
 
 def test_added_after_init_still_reaches_report_to(tmp_path: Path) -> None:

@@ -73,6 +73,12 @@ def test_log_line_format() -> None:
     assert format_prediction(unknown) == "step 30 · 0.412 s/step ±1.1%"
 
 
+def test_an_input_bound_step_time_says_so() -> None:
+    text = format_prediction(prediction(source="input", input_period_s=0.412))
+    assert text == format_prediction(prediction()) + " · input-bound: DataLoader workers"
+    assert "input-bound" not in format_prediction(prediction(source="fused"))
+
+
 def test_job_suffix_names_the_rank_the_job_waits_for() -> None:
     local = format_prediction(prediction(rank=2, world_size=8))
     text = format_prediction(prediction(rank=2, world_size=8, slowest_rank=3, job_view_step=30))

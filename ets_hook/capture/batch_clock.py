@@ -1,0 +1,173 @@
+"""When each DataLoader worker finishes each batch: the input pipeline's own rate, measured.
+
+A ``DataLoader`` with worker processes prefetches ``prefetch_factor`` batches per worker, so a
+training loop faster than its workers does not wait in its first steps: the batches are ready.
+Its early step times are the model's; only once the prefetched batches are used up does the loop
+run at the workers' pace, often several times slower. No step time can show that rate before
+then; the workers' own clocks can.
+
+``BatchClock.attach`` wraps the loader's ``collate_fn`` (public and settable; the iterator hands
+it to every worker it starts) with ``TimedCollate``: inside a worker, after each batch is
+collated, the worker writes ``time.monotonic()`` and its own CPU time (``time.process_time()``)
+into its own slots of shared memory (one writer per slot: no lock). Each worker's consecutive
+finish times are its batch production times while it is busy; the CPU times are what a batch
+costs it whatever else competes for the cores (the training process, ets-hook's own capture).
+The wrapper is picklable while a worker process is spawned (``spawn`` and
+``forkserver`` contexts) and inherited under ``fork``; in the training process itself (a loader
+without workers, or a worker-less iterator) it records nothing. It stops recording after
+``SLOTS_PER_WORKER`` batches per worker (the window's early steps are what it is for) and never
+raises from its own bookkeeping: the user's ``collate_fn`` is called exactly as before.
+
+Interpretation (the rate, and what it bounds) lives in ``forecast.input_supply``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from multiprocessing.sharedctypes import RawArray
+from typing import Any
+
+import torch.utils.data
+
+logger = logging.getLogger(__name__)
+
+#: Finish times kept per worker (ids above ``MAX_WORKERS - 1`` are not recorded).
+SLOTS_PER_WORKER = 64
+#: Workers whose batches are timed.
+MAX_WORKERS = 32
+
+
+class TimedCollate:
+    """A ``collate_fn`` that calls the user's and, inside a worker, records when it finished.
+
+    Attributes:
+        collate_fn: the wrapped callable (the loader's original ``collate_fn``).
+    """
+
+    def __init__(
+        self, collate_fn: Any, times: Any, cpu_times: Any, counts: Any, workers: int
+    ) -> None:
+        """Wrap ``collate_fn``.
+
+        Args:
+            collate_fn: the loader's ``collate_fn``.
+            times: shared ``double`` array of ``workers * SLOTS_PER_WORKER`` finish times.
+            cpu_times: shared ``double`` array alike, the worker's CPU time at each finish.
+            counts: shared ``int`` array of ``workers`` counts.
+            workers: worker ids recorded: ``0 .. workers - 1``.
+        """
+        self.collate_fn = collate_fn
+        self._times = times
+        self._cpu_times = cpu_times
+        self._counts = counts
+        self._workers = workers
+
+    def __call__(self, batch: Any) -> Any:
+        out = self.collate_fn(batch)
+        try:
+            info = torch.utils.data.get_worker_info()
+            if info is not None and 0 <= info.id < self._workers:
+                n = self._counts[info.id]
+                if n < SLOTS_PER_WORKER:
+                    slot = info.id * SLOTS_PER_WORKER + n
+                    self._times[slot] = time.monotonic()
+                    self._cpu_times[slot] = time.process_time()
+                    self._counts[info.id] = n + 1
+        except Exception:  # never the user's batch's problem
+            pass
+        return out
+
+
+class BatchClock:
+    """The finish times of the batches a loader's workers produced (module docs).
+
+    Attributes:
+        loader: the ``DataLoader`` it is attached to.
+        workers: the loader's ``num_workers`` (those recorded: at most ``MAX_WORKERS``).
+    """
+
+    def __init__(self, loader: torch.utils.data.DataLoader) -> None:
+        """Prefer ``attach``, which checks the loader first.
+
+        Args:
+            loader: a ``DataLoader`` with ``num_workers > 0``.
+        """
+        self.loader = loader
+        self.workers = min(int(loader.num_workers), MAX_WORKERS)
+        self._times = RawArray("d", self.workers * SLOTS_PER_WORKER)
+        self._cpu_times = RawArray("d", self.workers * SLOTS_PER_WORKER)
+        self._counts = RawArray("i", self.workers)
+        self._original = loader.collate_fn
+        self._wrapper = TimedCollate(
+            self._original, self._times, self._cpu_times, self._counts, self.workers
+        )
+        loader.collate_fn = self._wrapper
+
+    @classmethod
+    def attach(cls, loader: Any) -> BatchClock | None:
+        """Time ``loader``'s worker batches from its next ``iter()`` on.
+
+        Args:
+            loader: anything (the hook's ``dataloader`` argument); an adapter that iterates
+                another loader (Accelerate's ``DataLoaderShard``: ``base_dataloader``) is timed
+                through that one.
+
+        Returns:
+            The clock; None when there is nothing to time or it cannot be done: not a
+            ``torch.utils.data.DataLoader``, no worker processes, or persistent workers already
+            started (their iterator exists: it holds the old ``collate_fn``). Never raises.
+        """
+        try:
+            loader = _iterated_loader(loader)
+            if not isinstance(loader, torch.utils.data.DataLoader):
+                return None
+            workers = loader.num_workers
+            if not isinstance(workers, int) or workers < 1:
+                return None
+            if getattr(loader, "_iterator", None) is not None:
+                return None
+            if isinstance(loader.collate_fn, TimedCollate):  # another hook's clock: read it
+                return None
+            return cls(loader)
+        except Exception as exc:  # a loader subclass that refuses the attribute, no shm, ...
+            logger.debug("ets-hook: DataLoader batch clock not attached: %r", exc)
+            return None
+
+    def read(self) -> tuple[list[list[float]], list[list[float]]]:
+        """Each worker's batch finish times and CPU times so far.
+
+        Returns:
+            ``(finish_times_s, cpu_times_s)``: one list per worker id, in recording order, of
+            ``time.monotonic()`` and of the worker's ``time.process_time()`` at each batch's
+            finish, seconds (increasing within an iterator; a non-persistent loader's workers
+            start again at each epoch under the same ids, their CPU times from 0).
+        """
+        finish: list[list[float]] = []
+        cpu: list[list[float]] = []
+        for worker in range(self.workers):
+            n = min(max(self._counts[worker], 0), SLOTS_PER_WORKER)
+            base = worker * SLOTS_PER_WORKER
+            finish.append(list(self._times[base : base + n]))
+            cpu.append(list(self._cpu_times[base : base + n]))
+        return finish, cpu
+
+    def detach(self) -> None:
+        """Give the loader its own ``collate_fn`` back (iterators started since keep timing
+        until their slots are full). Idempotent; never raises."""
+        try:
+            if self.loader.collate_fn is self._wrapper:
+                self.loader.collate_fn = self._original
+        except Exception as exc:
+            logger.debug("ets-hook: DataLoader collate_fn not restored: %r", exc)
+
+
+def _iterated_loader(loader: Any) -> Any:
+    """The loader whose iterator really runs: ``loader``, or the ``base_dataloader`` it wraps
+    (Accelerate's adapters iterate that one and only forward attribute reads to it)."""
+    for _ in range(4):
+        base = getattr(loader, "__dict__", {}).get("base_dataloader")
+        if base is None or base is loader:
+            return loader
+        loader = base
+    return loader

@@ -1,0 +1,105 @@
+"""The DataLoader workers' batch finish times (``capture.batch_clock``), on real loaders."""
+
+from __future__ import annotations
+
+import time
+from itertools import pairwise
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data._utils.collate import default_collate
+
+from ets_hook.capture.batch_clock import SLOTS_PER_WORKER, BatchClock, TimedCollate
+
+SAMPLE_SLEEP_S = 0.002
+BATCH = 4
+
+
+class SlowSamples(Dataset):
+    """Each sample sleeps ``SAMPLE_SLEEP_S``: a worker needs at least BATCH x that per batch."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        time.sleep(SAMPLE_SLEEP_S)
+        return torch.full((3,), float(index))
+
+
+def test_each_worker_records_when_it_finished_each_batch() -> None:
+    loader = DataLoader(SlowSamples(), batch_size=BATCH, num_workers=2)
+    original = loader.collate_fn
+    clock = BatchClock.attach(loader)
+    assert clock is not None and clock.workers == 2
+    assert isinstance(loader.collate_fn, TimedCollate)
+    batches = list(loader)
+    # The user's batches, unchanged.
+    assert torch.equal(torch.cat(batches)[:, 0], torch.arange(64, dtype=torch.float32))
+    times, cpu_times = clock.read()
+    assert [len(t) for t in times] == [8, 8]  # 16 batches, round-robin over two workers
+    assert [len(t) for t in cpu_times] == [8, 8]
+    for worker_times, worker_cpu in zip(times, cpu_times, strict=True):
+        gaps = [b - a for a, b in pairwise(worker_times)]
+        # Each gap is at least one batch's sleeps (the clock is the worker's own) ...
+        assert min(gaps) >= 0.9 * BATCH * SAMPLE_SLEEP_S
+        # ... of which a sleeping worker spends little on the CPU (its own process's time).
+        cpu_gaps = [b - a for a, b in pairwise(worker_cpu)]
+        assert min(cpu_gaps) >= 0
+        assert sum(cpu_gaps) < sum(gaps)
+    clock.detach()
+    assert loader.collate_fn is original
+    clock.detach()  # idempotent
+    assert loader.collate_fn is original
+
+
+def test_recording_stops_when_a_workers_slots_are_full() -> None:
+    loader = DataLoader(TensorDataset(torch.arange(SLOTS_PER_WORKER + 8)), num_workers=1)
+    clock = BatchClock.attach(loader)
+    assert clock is not None
+    assert len(list(loader)) == SLOTS_PER_WORKER + 8
+    assert [len(t) for t in clock.read()[0]] == [SLOTS_PER_WORKER]
+
+
+def test_the_users_collate_errors_reach_the_user_unchanged() -> None:
+    def refuse(batch):
+        raise KeyError("bad sample")
+
+    loader = DataLoader(TensorDataset(torch.arange(4)), collate_fn=refuse, num_workers=1)
+    assert BatchClock.attach(loader) is not None
+    with pytest.raises(KeyError, match="bad sample"):
+        next(iter(loader))
+
+
+def test_nothing_is_attached_where_nothing_can_be_timed() -> None:
+    data = TensorDataset(torch.arange(8))
+    assert BatchClock.attach(DataLoader(data, num_workers=0)) is None
+    assert BatchClock.attach(range(8)) is None
+    assert BatchClock.attach(None) is None
+    persistent = DataLoader(data, num_workers=1, persistent_workers=True)
+    iterator = iter(persistent)  # workers started: they hold the old collate_fn
+    assert BatchClock.attach(persistent) is None
+    assert persistent.collate_fn is default_collate
+    del iterator
+    twice = DataLoader(data, num_workers=1)
+    assert BatchClock.attach(twice) is not None
+    assert BatchClock.attach(twice) is None  # a second hook reads no clock of its own
+    # In the training process (no worker) the wrapper only collates.
+    clock_less = DataLoader(data, num_workers=1)
+    clock = BatchClock.attach(clock_less)
+    assert clock_less.collate_fn([torch.tensor(1)]).tolist() == [1]
+    assert clock.read() == ([[]], [[]])
+
+
+def test_spawned_workers_get_the_clock_too() -> None:
+    # Under "spawn" the wrapper and its shared arrays are pickled into each worker.
+    loader = DataLoader(
+        TensorDataset(torch.arange(12)),
+        batch_size=2,
+        num_workers=1,
+        multiprocessing_context="spawn",
+    )
+    clock = BatchClock.attach(loader)
+    assert clock is not None
+    assert sum(len(b[0]) for b in loader) == 12
+    assert [len(t) for t in clock.read()[0]] == [6]
