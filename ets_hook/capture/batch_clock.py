@@ -84,7 +84,8 @@ class BatchClock:
 
     Attributes:
         loader: the ``DataLoader`` it is attached to.
-        workers: the loader's ``num_workers`` (those recorded: at most ``MAX_WORKERS``).
+        num_workers: the loader's ``num_workers``.
+        workers: the workers recorded (the first ``MAX_WORKERS``).
     """
 
     def __init__(self, loader: torch.utils.data.DataLoader) -> None:
@@ -94,7 +95,8 @@ class BatchClock:
             loader: a ``DataLoader`` with ``num_workers > 0``.
         """
         self.loader = loader
-        self.workers = min(int(loader.num_workers), MAX_WORKERS)
+        self.num_workers = int(loader.num_workers)
+        self.workers = min(self.num_workers, MAX_WORKERS)
         self._times = RawArray("d", self.workers * SLOTS_PER_WORKER)
         self._cpu_times = RawArray("d", self.workers * SLOTS_PER_WORKER)
         self._counts = RawArray("i", self.workers)
@@ -138,7 +140,8 @@ class BatchClock:
         """Each worker's batch finish times and CPU times so far.
 
         Returns:
-            ``(finish_times_s, cpu_times_s)``: one list per worker id, in recording order, of
+            ``(finish_times_s, cpu_times_s)``: one list per worker id (empty for ids from
+            ``MAX_WORKERS`` on), in recording order, of
             ``time.monotonic()`` and of the worker's ``time.process_time()`` at each batch's
             finish, seconds (increasing within an iterator; a non-persistent loader's workers
             start again at each epoch under the same ids, their CPU times from 0).
@@ -150,7 +153,8 @@ class BatchClock:
             base = worker * SLOTS_PER_WORKER
             finish.append(list(self._times[base : base + n]))
             cpu.append(list(self._cpu_times[base : base + n]))
-        return finish, cpu
+        unrecorded = self.num_workers - self.workers  # they count, at the others' pace
+        return finish + [[] for _ in range(unrecorded)], cpu + [[] for _ in range(unrecorded)]
 
     def detach(self) -> None:
         """Give the loader its own ``collate_fn`` back (iterators started since keep timing

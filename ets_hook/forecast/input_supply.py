@@ -85,11 +85,12 @@ def supply_from_worker_clocks(
     job, when the training process computes flat out and ets-hook's capture runs too. Where the
     workers are short of cores (``workers + main_threads + 1 > cores``: the training process's
     threads and one for ets-hook's window) they then ran slower than they will once the loop
-    mostly waits for them; their CPU time per batch bounds the pace from below (no worker can
-    deliver faster than its CPU work allows, nor all of them faster than the cores allow). The
-    steady pace lies between: the estimate is the geometric mean of the two, its interval
-    spanning both. With cores to spare the wall-clock pace stands (I/O-bound workers, whose
-    gaps are mostly waiting, are then read right).
+    mostly waits for them. A lower bound: no worker delivers faster than its CPU time per batch
+    plus the part of its gap that waiting for a core cannot explain (I/O, sleeps: with every
+    thread runnable a worker still gets ``cores / threads`` of a core), and no set of workers
+    faster than the cores allow. The steady pace lies between: the estimate is the geometric
+    mean of the two, its interval spanning both (an I/O-bound worker's two nearly agree). With
+    cores to spare the wall-clock pace stands.
 
     Args:
         finish_times_s: per worker, its batch finish times in order (seconds, any clock shared

@@ -61,6 +61,19 @@ def test_recording_stops_when_a_workers_slots_are_full() -> None:
     assert [len(t) for t in clock.read()[0]] == [SLOTS_PER_WORKER]
 
 
+def test_workers_beyond_the_recorded_ones_still_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ets_hook.capture.batch_clock as batch_clock
+
+    monkeypatch.setattr(batch_clock, "MAX_WORKERS", 1)
+    loader = DataLoader(TensorDataset(torch.arange(8)), num_workers=2)
+    clock = BatchClock.attach(loader)
+    assert clock is not None and (clock.workers, clock.num_workers) == (1, 2)
+    assert len(list(loader)) == 8
+    finish, cpu = clock.read()
+    assert [len(t) for t in finish] == [4, 0]  # worker 1 unrecorded, but there
+    assert [len(t) for t in cpu] == [4, 0]
+
+
 def test_the_users_collate_errors_reach_the_user_unchanged() -> None:
     def refuse(batch):
         raise KeyError("bad sample")

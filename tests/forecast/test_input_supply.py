@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 
 from ets_hook.forecast.distributions import normal_quantile
@@ -154,6 +155,21 @@ def test_workers_clearly_faster_than_the_loop_leave_it_alone() -> None:
     assert bound_by_supply(slow, None) is slow
     with pytest.raises(ValueError, match="batches_per_step"):
         bound_by_supply(slow, supply, 0)
+
+
+def test_the_expected_maximum_matches_a_simulation_of_it() -> None:
+    # The workers' pace a little above the loop's: the mean and spread of the maximum of the
+    # two normal paces, checked against a simulation of that maximum.
+    supply = supply_from_worker_clocks([times_every(0.020, 9), times_every(0.020, 9)])
+    assert supply is not None
+    result = bound_by_supply(estimate(0.0085, 0.001), supply)
+    assert result.source == SOURCE_INPUT
+    z = normal_quantile(0.975)
+    draws = np.random.default_rng(0).standard_normal((2, 400_000))
+    loop = 0.0085 + 0.001 / z * draws[0]
+    maxima = np.maximum(loop, supply.period_s + supply.ci_s / z * draws[1])
+    assert result.iteration_s == pytest.approx(maxima.mean(), rel=2e-3)
+    assert result.ci_s == pytest.approx(z * maxima.std(), rel=2e-2)
 
 
 def test_close_paces_give_the_expected_maximum() -> None:
