@@ -36,7 +36,7 @@ CLEAR_OF_SUPPLY = 3.0
 #: A worker's gap above this multiple of its median gap is not production time.
 OUTLIER_RATIO = 3.0
 #: Production gaps (all workers) needed before the period is estimated.
-MIN_GAPS = 3
+MIN_GAPS = 2
 #: Relative 95% half-width floor: the workers' pace while the loop also computes (early, when
 #: it is measured) differs from their pace once the loop mostly waits for them (CPU shared).
 REL_CI_FLOOR = 0.10
