@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+from multiprocessing.context import get_spawning_popen
 from multiprocessing.sharedctypes import RawArray
 from typing import Any
 
@@ -63,6 +64,17 @@ class TimedCollate:
         self._counts = counts
         self._workers = workers
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Pickled while a worker process is spawned: the whole clock (its shared arrays may
+        # travel then). Any other pickle or copy (``copy.deepcopy(loader)``, a loader saved
+        # with the model) gets the user's ``collate_fn`` alone: shared memory cannot be stored.
+        if get_spawning_popen() is not None:
+            return (
+                TimedCollate,
+                (self.collate_fn, self._times, self._cpu_times, self._counts, self._workers),
+            )
+        return (_untimed, (self.collate_fn,))
+
     def __call__(self, batch: Any) -> Any:
         out = self.collate_fn(batch)
         try:
@@ -77,6 +89,11 @@ class TimedCollate:
         except Exception:  # never the user's batch's problem
             pass
         return out
+
+
+def _untimed(collate_fn: Any) -> Any:
+    """A ``TimedCollate`` copied outside a worker's spawning: the user's ``collate_fn``."""
+    return collate_fn
 
 
 class BatchClock:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
 import time
 from itertools import pairwise
 
@@ -102,6 +104,21 @@ def test_nothing_is_attached_where_nothing_can_be_timed() -> None:
     clock = BatchClock.attach(clock_less)
     assert clock_less.collate_fn([torch.tensor(1)]).tolist() == [1]
     assert clock.read() == ([[]], [[]])
+
+
+def test_a_copied_or_pickled_loader_gets_the_users_collate_fn() -> None:
+    # Shared memory cannot be stored: outside a worker's spawning the clock copies as the
+    # user's collate_fn alone, and the copy works as the original did.
+    loader = DataLoader(TensorDataset(torch.arange(8)), batch_size=4, num_workers=1)
+    clock = BatchClock.attach(loader)
+    assert clock is not None
+    copied = copy.deepcopy(loader)
+    assert copied.collate_fn is not loader.collate_fn
+    assert not isinstance(copied.collate_fn, TimedCollate)
+    assert [b[0].tolist() for b in copied] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    restored = pickle.loads(pickle.dumps(loader.collate_fn))
+    assert restored is default_collate
+    assert [len(t) for t in clock.read()[0]] == [0]  # the copy's batches were not timed
 
 
 def test_spawned_workers_get_the_clock_too() -> None:
