@@ -92,6 +92,7 @@ _DTYPE_BYTES: dict[str, int] = {
 }
 
 
+@functools.lru_cache(maxsize=256)
 def _dtype_key(dtype: str) -> str:
     key = dtype.strip().lower()
     return key[len("torch.") :] if key.startswith("torch.") else key
@@ -149,12 +150,13 @@ class _Args:
         self.sizes: list[int] = []
         have_dtypes = len(dtypes) == len(shapes)
         for i, raw in enumerate(shapes):
-            shape = tuple(int(d) for d in raw)
-            if any(d < 0 for d in shape):
+            shape = tuple(map(int, raw))
+            if shape and min(shape) < 0:
                 raise ValueError(f"input shape {i} has a negative dimension: {shape}")
             if have_dtypes:
-                tensor = is_tensor_dtype(dtypes[i])
-                size = dtype_size_bytes(dtypes[i]) if tensor else 0
+                known = _DTYPE_BYTES.get(_dtype_key(dtypes[i]))
+                tensor = known is not None
+                size = known or 0
             else:  # no dtypes recorded: a non-empty shape is a tensor, assume 4-byte elements
                 tensor = len(shape) > 0
                 size = 4 if tensor else 0

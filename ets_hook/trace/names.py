@@ -8,6 +8,7 @@ values, kept here as plain ints so that nothing below the capture stage imports 
 
 from __future__ import annotations
 
+import functools
 import re
 
 #: The engine's wrapper event around each autograd node ("...: AddmmBackward0").
@@ -58,6 +59,10 @@ def is_autograd_node(name: str, scope: int) -> bool:
     return name.startswith(AUTOGRAD_NODE_PREFIX) or scope == BACKWARD_SCOPE
 
 
+#: Distinct names whose answers are kept (a trace repeats a few hundred names thousands of
+#: times; a hostile one with millions of distinct names only evicts).
+NAME_CACHE_SIZE = 4096
+
 _NAMESPACES = ("aten::", "torch::autograd::", "prim::", "c10d::", "torchvision::", "autograd::")
 
 _BACKWARD_RE = re.compile(r"^([A-Za-z0-9_]+?)Backward\d*$")
@@ -69,6 +74,7 @@ def _camel_to_snake(name: str) -> str:
     return name.lower()
 
 
+@functools.lru_cache(maxsize=NAME_CACHE_SIZE)
 def is_backward_name(name: str) -> bool:
     """True for an autograd node (``AddmmBackward0``, ``AccumulateGrad``) or its engine wrapper.
 
@@ -86,6 +92,7 @@ def is_backward_name(name: str) -> bool:
     return bool(_BACKWARD_RE.match(stripped)) or stripped == "AccumulateGrad"
 
 
+@functools.lru_cache(maxsize=NAME_CACHE_SIZE)
 def canonical_op_name(name: str) -> str:
     """A short, stable op type: namespaces stripped, backward nodes mapped to the forward op.
 
