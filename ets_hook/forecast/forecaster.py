@@ -20,6 +20,8 @@ Call contract (the hook must follow it; all calls from the training thread unles
   (outermost phase only; nested phases are the caller's business).
 - ``set_trace_estimate(estimate)`` whenever the trace-based estimator has a (new) estimate; any
   thread.
+- ``set_input_supply(worker_clocks)`` once, when the job's DataLoader workers are timed
+  (``capture.batch_clock``); any thread. The clocks are read only when a prediction is built.
 - ``prediction`` (property): any thread; cached, rebuilt only when something changed.
 - ``close()`` once, at the end: final prediction to every reporter (never raises).
 
