@@ -402,15 +402,7 @@ class ETSHook:
             world_size=world_size,
         )
         self._forecaster.set_early_stopping(rule)
-        # A loader with worker processes: their batch rate is timed from its next iter() on
-        # (capture.batch_clock); the forecaster reads it when it builds a prediction.
-        self._batch_clock = BatchClock.attach(dataloader) if not disabled else None
-        if self._batch_clock is not None:
-            self._forecaster.set_input_supply(
-                self._batch_clock.read,
-                cores=usable_cpu_count(),
-                main_threads=torch.get_num_threads() if self._device.type == "cpu" else 1,
-            )
+        self._batch_clock: BatchClock | None = None  # attached last (below)
         if eval_prior is not None:
             self._forecaster.set_phase_prior(EVAL, eval_prior)
         # Checkpoints with a known period are priced from the state they write, read once the
@@ -489,6 +481,16 @@ class ETSHook:
         if not disabled:
             _hook_of_model[model] = weakref.ref(self)
             exits.register(self)
+            # A loader with worker processes: their batch rate is timed from its next iter()
+            # on (capture.batch_clock); the forecaster reads it when it builds a prediction.
+            # Last, so that a constructor that raised never leaves the loader wrapped.
+            self._batch_clock = BatchClock.attach(dataloader)
+            if self._batch_clock is not None:
+                self._forecaster.set_input_supply(
+                    self._batch_clock.read,
+                    cores=usable_cpu_count(),
+                    main_threads=torch.get_num_threads() if self._device.type == "cpu" else 1,
+                )
         if self._window.state == WindowState.WAITING and skip_steps == 0:
             self._guarded(self._window.start)()
 

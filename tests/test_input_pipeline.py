@@ -200,3 +200,14 @@ def test_prefetched_batches_do_not_hide_slower_workers() -> None:
     assert prediction.iteration_s == pytest.approx(prediction.input_period_s)
     assert prediction.iteration_s > 3 * prediction.measured_iteration_s
     assert loader.collate_fn is original_collate  # given back at close
+
+
+@pytest.mark.parametrize(
+    "bad", [{"optimizer": object()}, {"grad_accum_steps": 0}, {"record_shapes": "bogus"}]
+)
+def test_a_hook_that_refuses_its_arguments_leaves_the_loader_alone(bad) -> None:
+    loader = DataLoader(SlowBatches(), batch_size=1, num_workers=1)
+    original = loader.collate_fn
+    with pytest.raises(ValueError):
+        ETSHook(nn.Linear(16, 4), dataloader=loader, log_every=None, **bad)
+    assert loader.collate_fn is original
