@@ -121,6 +121,30 @@ def test_a_copied_or_pickled_loader_gets_the_users_collate_fn() -> None:
     assert [len(t) for t in clock.read()[0]] == [0]  # the copy's batches were not timed
 
 
+class Counting(torch.utils.data.IterableDataset):
+    """An iterable dataset split between the workers (each yields its share)."""
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        start, step = (info.id, info.num_workers) if info is not None else (0, 1)
+        return iter(range(start, 16, step))
+
+
+def test_iterable_datasets_and_unbatched_loaders_are_timed_and_unchanged() -> None:
+    batched = DataLoader(Counting(), batch_size=4, num_workers=2)
+    clock = BatchClock.attach(batched)
+    assert clock is not None
+    batches = [b.tolist() for b in batched]
+    assert sorted(x for b in batches for x in b) == list(range(16))
+    assert [len(t) for t in clock.read()[0]] == [2, 2]  # two batches of four per worker
+    # batch_size=None: no collation, collate_fn converts each sample; each one is timed.
+    unbatched = DataLoader(TensorDataset(torch.arange(6)), batch_size=None, num_workers=1)
+    clock = BatchClock.attach(unbatched)
+    assert clock is not None
+    assert [s[0].item() for s in unbatched] == list(range(6))
+    assert [len(t) for t in clock.read()[0]] == [6]
+
+
 def test_spawned_workers_get_the_clock_too() -> None:
     # Under "spawn" the wrapper and its shared arrays are pickled into each worker.
     loader = DataLoader(
