@@ -7,8 +7,9 @@ Early on the loop does not feel it: the workers have prefetched batches (``prefe
 so its first steps run at the model's pace and a step-time estimate from them alone is too low by
 as much as the workers are slower (2-4x on a loader-bound job). ``capture.batch_clock`` records
 when each worker finished each batch and its CPU time then; ``supply_from_worker_clocks`` turns
-those into the workers' period, and ``bound_by_supply`` lifts a step-time estimate below it to
-it.
+those into the workers' period (between their wall-clock pace and a CPU-time bound where they
+are short of cores), and ``bound_by_supply`` makes a step-time estimate the expected maximum of
+it and that period.
 
 A worker is busy while the loop is faster than the workers (it always has prefetch requests
 queued), so its gaps between finishes are its production times; once the loop is the slower
