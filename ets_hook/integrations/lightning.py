@@ -27,6 +27,11 @@ Trainer's optimizers with what the Trainer knows:
   With a period and a finite ``trainer.num_val_batches``, validations are priced before the
   first is measured: their batches x a forward of a training micro-batch
   (``forecast.job.eval_cost_prior``; ``ETSHook.expect_phase_cost``).
+- ``steps_per_epoch``: optimizer steps per epoch (``trainer_steps_per_epoch``; not with a
+  ``GradientAccumulationScheduler``, nor when ``steps_per_epoch``, ``epochs`` or ``dataloader``
+  is given): each epoch's start-up (a fresh iterator; worker processes started again unless
+  ``persistent_workers``) is the phase ``"epoch start"``, as in a plain loop. The loader's
+  workers are not timed: Lightning starts the first epoch's iterator before any callback runs.
 - ``checkpoint_every``: the period of the ``ModelCheckpoint`` saves where it is one
   (``trainer_checkpoint_every``); the hook then prices each save from the model's and
   optimizers' state until the first is measured, once per file the save writes
@@ -94,6 +99,8 @@ PACKAGES = {
 #: The metrics logged through ``pl_module.log`` (``Prediction`` fields of the same name).
 # Options that describe the job's length; with any of them given, the Trainer's total is not.
 _LENGTH_OPTIONS = ("total_steps", "epochs", "dataloader")
+#: Options that set the epoch length themselves: the Trainer's steps per epoch are not derived.
+_EPOCH_OPTIONS = ("steps_per_epoch", "epochs", "dataloader")
 
 _MISSING = object()
 
@@ -622,6 +629,11 @@ class BaseETSCallback:
         else:
             eval_every = trainer_eval_every(trainer)
             checkpoint_every = trainer_checkpoint_every(trainer, eval_every)
+            per_epoch = trainer_steps_per_epoch(trainer)
+            if per_epoch is not None and not any(k in given for k in _EPOCH_OPTIONS):
+                # Each epoch's start-up (a fresh iterator: workers started again when not
+                # persistent) becomes the phase "epoch start", as in a plain loop.
+                derived["steps_per_epoch"] = per_epoch
         if eval_every is not None:
             derived["eval_every"] = eval_every
         if checkpoint_every is not None:

@@ -36,6 +36,7 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from ets_hook.forecast.early_stop import EarlyStoppingRule
+from ets_hook.forecast.epochs import EPOCH_START
 from ets_hook.forecast.job import CHECKPOINT_FIXED_S, CHECKPOINT_WRITE_BYTES_PER_S
 from ets_hook.integrations.lightning import (
     LOG_KEYS,
@@ -243,6 +244,7 @@ def test_job_is_read_from_the_trainer(runs: Runs) -> None:
     assert options["eval_every"] == STEPS_PER_EPOCH  # validation every epoch
     assert options["checkpoint_every"] == STEPS_PER_EPOCH  # ModelCheckpoint after each one
     assert options["checkpoint_files"] == 2  # its own file and last.ckpt
+    assert options["steps_per_epoch"] == STEPS_PER_EPOCH  # epoch start-up as a phase
     assert runs.first.callback.hook.total_steps == 24
     assert runs.first.callback.prediction.total_steps == 24
     assert runs.first.callback.hook_options == {
@@ -262,7 +264,11 @@ def test_resumed_fit_starts_at_the_restored_step(runs: Runs) -> None:
 def test_validation_and_checkpoints_are_phases_not_step_time(runs: Runs) -> None:
     for run, epochs in ((runs.first, 3), (runs.resumed, 2)):
         phases = {p.name: p for p in run.callback.prediction.phases}
-        assert set(phases) == {"eval", "checkpoint"}  # the sanity check is before the hook
+        # The sanity check is before the hook; each epoch after the first starts a phase.
+        assert set(phases) == {"eval", "checkpoint", EPOCH_START}
+        # Epochs 2-3 of the first fit, epoch 5 of the resumed one (its first step is warm-up).
+        assert phases[EPOCH_START].occurrences == epochs - 1
+        assert phases[EPOCH_START].period_steps == STEPS_PER_EPOCH
         assert phases["eval"].occurrences == epochs
         assert phases["eval"].spent_s >= epochs * VAL_SLEEP_S
         assert phases["eval"].period_steps == STEPS_PER_EPOCH
