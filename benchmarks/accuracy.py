@@ -13,7 +13,9 @@ jobs and its compiled / bf16 / DDP twins come jobs unlike the zoo (issue 16):
 - short jobs with their own length (``JobSpec.steps``, which wins over ``--steps``): 60 steps,
   100 steps with an evaluation phase, 120 steps with gradient accumulation and checkpoints;
 - ``transformer-small-varlen``: steps of varying length, a token batch whose sequence length is
-  drawn per batch from a fixed-seed uniform 16..128.
+  drawn per batch from a fixed-seed uniform 16..128;
+- ``mlp-loader-w2-balanced``: 2 restarting workers with a tenth of the per-sample work, at
+  about the training loop's own pace.
 
 Ground truth, per job:
 
@@ -225,6 +227,13 @@ JOBS = (
     ),
     # Steps of varying length: each batch's sequence length drawn from 16..128.
     JobSpec("transformer-small-varlen", "transformer-d64-l2-b16-t32", seq_lengths=(16, 128)),
+    # Workers at about the loop's pace (a tenth of the per-sample work): where the workers'
+    # early pace, measured while everything competes for the cores, can overstate.
+    JobSpec(
+        "mlp-loader-w2-balanced",
+        "mlp-w512-d3-b64",
+        loader=LoaderSpec(60 * 64, num_workers=2, work=1_000),
+    ),
 )
 ZOO_JOBS = 14  # JOBS[:14] is "the zoo" of earlier runs: names and order kept
 

@@ -167,7 +167,7 @@ def test_accuracy_rounds_run_each_job_in_fresh_processes_and_report_per_job(
 NEW_JOBS = (
     "mlp-loader-w0-epochs", "mlp-loader-w2-epochs", "mlp-loader-w2-persistent",
     "resnet-small-60steps", "mobilenet-small-100steps+eval", "gpt-small-120steps+accum2+ckpt",
-    "transformer-small-varlen",
+    "transformer-small-varlen", "mlp-loader-w2-balanced",
 )  # fmt: skip
 
 
@@ -185,6 +185,7 @@ def test_the_zoo_keeps_its_order_and_the_new_jobs_are_in_the_default_set() -> No
     w2 = specs["mlp-loader-w2-epochs"].loader
     assert w2.num_workers == 2 and not w2.persistent_workers
     assert specs["mlp-loader-w0-epochs"].loader.num_workers == 0
+    assert specs["mlp-loader-w2-balanced"].loader.work * 10 == w2.work
 
 
 def test_last_step_baseline_is_elapsed_plus_last_iteration_times_remaining() -> None:
