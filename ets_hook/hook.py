@@ -361,7 +361,6 @@ class ETSHook:
         self._created_ns = time.perf_counter_ns()
         self._epoch_offset_ns = time.time_ns() - time.perf_counter_ns()
         self._step_start_ns = self._created_ns
-        self._first_step_end_ns = self._created_ns  # set at the first step's end
         self._phase_ns_in_step = 0
         # ets-hook's own time on the training thread inside the current step (its boundary
         # work, reporters, prediction reads): not step time (see _on_boundary).
@@ -824,8 +823,6 @@ class ETSHook:
         if step_index < MAX_KEPT_STEP_TIMES:
             self._step_times_s.append(duration_ns / 1e9)
         self.steps_completed = step_index + 1
-        if step_index == 0:
-            self._first_step_end_ns = now_ns
         self._step_start_ns = now_ns
         self._phase_ns_in_step = 0
         self._own_ns_in_step = 0
@@ -888,7 +885,10 @@ class ETSHook:
             # It happened inside the first step: it ends there, not now (counted now, it would
             # be subtracted from the wall time of steps it is not part of).
             self._forecaster.on_phase_end(
-                EPOCH_START, seed_s, self._first_step_end_ns / 1e9, at_step=epochs.initial_step
+                EPOCH_START,
+                seed_s,
+                self._forecaster.first_step_end_s,
+                at_step=epochs.initial_step,
             )
 
     def _take_compile_ns(self, compiles: CompileWatcher, start_ns: int, end_ns: int) -> int:

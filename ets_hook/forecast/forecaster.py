@@ -595,6 +595,11 @@ class Forecaster:
             self._version += 1
 
     @property
+    def first_step_end_s(self) -> float:
+        """When the first training step ended (``start_s``'s clock); NaN before it."""
+        return self._first_step_end_s
+
+    @property
     def job(self) -> JobModel:
         """The job's schedule."""
         return self._job
