@@ -117,6 +117,8 @@ class BatchClock:
         self._times = RawArray("d", self.workers * SLOTS_PER_WORKER)
         self._cpu_times = RawArray("d", self.workers * SLOTS_PER_WORKER)
         self._counts = RawArray("i", self.workers)
+        self._reading: tuple[list[list[float]], list[list[float]]] = ([], [])
+        self._reading_counts: list[int] | None = None  # the counts ``_reading`` was made at
         self._original = loader.collate_fn
         self._wrapper = TimedCollate(
             self._original, self._times, self._cpu_times, self._counts, self.workers
@@ -157,21 +159,30 @@ class BatchClock:
         """Each worker's batch finish times and CPU times so far.
 
         Returns:
-            ``(finish_times_s, cpu_times_s)``: one list per worker id (empty for ids from
-            ``MAX_WORKERS`` on), in recording order, of
+            ``(finish_times_s, cpu_times_s)`` (the same object while no worker recorded a
+            batch): one list per worker id (empty for ids from ``MAX_WORKERS`` on), in
+            recording order, of
             ``time.monotonic()`` and of the worker's ``time.process_time()`` at each batch's
             finish, seconds (increasing within an iterator; a non-persistent loader's workers
             start again at each epoch under the same ids, their CPU times from 0).
         """
+        counts = self._counts[:]
+        if counts == self._reading_counts:
+            return self._reading
         finish: list[list[float]] = []
         cpu: list[list[float]] = []
         for worker in range(self.workers):
-            n = min(max(self._counts[worker], 0), SLOTS_PER_WORKER)
+            n = min(max(counts[worker], 0), SLOTS_PER_WORKER)
             base = worker * SLOTS_PER_WORKER
             finish.append(list(self._times[base : base + n]))
             cpu.append(list(self._cpu_times[base : base + n]))
         unrecorded = self.num_workers - self.workers  # they count, at the others' pace
-        return finish + [[] for _ in range(unrecorded)], cpu + [[] for _ in range(unrecorded)]
+        self._reading = (
+            finish + [[] for _ in range(unrecorded)],
+            cpu + [[] for _ in range(unrecorded)],
+        )
+        self._reading_counts = counts
+        return self._reading
 
     def detach(self) -> None:
         """Give the loader its own ``collate_fn`` back (iterators started since keep timing

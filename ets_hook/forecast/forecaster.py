@@ -221,6 +221,8 @@ class Forecaster:
         self._variable_steps = False  # steps differ in length by design (set_variable_steps)
         self._worker_clocks: Callable[[], Any] | None = None  # set_input_supply
         self._supply_cores: tuple[int | None, int] = (None, 1)
+        self._supply_read: Any = None  # the clocks' reading the supply below was made from
+        self._supply: SupplyEstimate | None = None
         self.level = level
         self.converge_rel_ci = converge_rel_ci
         self.min_warmup_steps = min_warmup_steps
@@ -643,14 +645,16 @@ class Forecaster:
 
         Args:
             worker_clocks: returns each worker's batch finish times and CPU times so far
-                (seconds, in order); None: no input floor. A source that raises counts as no
-                floor, never as a failure.
+                (seconds, in order), the same object while no worker finished a batch (the
+                workers' pace is worked out again only from a new one); None: no input floor.
+                A source that raises counts as no floor, never as a failure.
             cores: CPUs the job may use (``supply_from_worker_clocks``); None: unknown.
             main_threads: computing threads of the training process.
         """
         with self._lock:
             self._worker_clocks = worker_clocks
             self._supply_cores = (cores, main_threads)
+            self._supply_read = self._supply = None
             self._version += 1
 
     def _input_supply(self) -> SupplyEstimate | None:
@@ -658,11 +662,15 @@ class Forecaster:
         if source is None:
             return None
         try:
-            finish_s, cpu_s = source()
-            cores, main_threads = self._supply_cores
-            return supply_from_worker_clocks(
-                finish_s, cpu_s, cores=cores, main_threads=main_threads, level=self.level
-            )
+            reading = source()
+            if reading is not self._supply_read:
+                finish_s, cpu_s = reading
+                cores, main_threads = self._supply_cores
+                self._supply = supply_from_worker_clocks(
+                    finish_s, cpu_s, cores=cores, main_threads=main_threads, level=self.level
+                )
+                self._supply_read = reading
+            return self._supply
         except Exception as exc:
             logger.debug("ets-hook: DataLoader batch times unreadable: %r", exc)
             return None

@@ -38,7 +38,9 @@ def test_each_worker_records_when_it_finished_each_batch() -> None:
     batches = list(loader)
     # The user's batches, unchanged.
     assert torch.equal(torch.cat(batches)[:, 0], torch.arange(64, dtype=torch.float32))
-    times, cpu_times = clock.read()
+    reading = clock.read()
+    assert clock.read() is reading  # no batch since: the same reading
+    times, cpu_times = reading
     assert [len(t) for t in times] == [8, 8]  # 16 batches, round-robin over two workers
     assert [len(t) for t in cpu_times] == [8, 8]
     for worker_times, worker_cpu in zip(times, cpu_times, strict=True):

@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 import numpy as np
 import pytest
 
+import ets_hook.forecast.forecaster as forecaster_module
 from ets_hook.forecast import stats as estimators
 from ets_hook.forecast.forecaster import Forecaster
 from ets_hook.forecast.job import JobModel
@@ -616,12 +617,15 @@ def test_rank_must_be_inside_the_world(rank: int, world_size: int) -> None:
         Forecaster(start_s=0.0, rank=rank, world_size=world_size)
 
 
-def test_workers_slower_than_the_early_steps_set_the_step_time() -> None:
+def test_workers_slower_than_the_early_steps_set_the_step_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # Prefetched batches make the first steps 4 ms; two workers at 20 ms a batch deliver one
     # every 10 ms, and the loop will run at that pace once the prefetched batches are gone.
     f = Forecaster(JobModel(total_steps=300), start_s=0.0)
     finish_times = [[0.02 * i for i in range(8)], [0.01 + 0.02 * i for i in range(8)]]
-    f.set_input_supply(lambda: (finish_times, [[], []]))
+    reading = (finish_times, [[], []])
+    f.set_input_supply(lambda: reading)
     drive(f, [0.004] * 6)
     p = f.prediction
     assert p is not None
@@ -630,6 +634,22 @@ def test_workers_slower_than_the_early_steps_set_the_step_time() -> None:
     assert p.iteration_s == pytest.approx(0.010)
     assert p.measured_iteration_s < 0.005
     assert p.total_s == pytest.approx(p.elapsed_s + 294 * 0.010 + p.remaining_capture_s)
+    # The same reading (no worker finished a batch since) is not worked out again.
+    calls = []
+    original = forecaster_module.supply_from_worker_clocks
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(forecaster_module, "supply_from_worker_clocks", counted)
+    drive(f, [0.004] * 3, start=p.elapsed_s, first_index=6)
+    assert f.prediction.iteration_s == pytest.approx(0.010)
+    assert calls == []
+    reading = ([[*t, t[-1] + 0.02] for t in finish_times], [[], []])  # a new batch each
+    drive(f, [0.004], start=p.elapsed_s + 0.012, first_index=9)
+    assert f.prediction.input_period_s == pytest.approx(0.010)
+    assert calls == [1]
     f.set_input_supply(None)
     assert f.prediction.iteration_s < 0.005
 
