@@ -483,13 +483,7 @@ class ETSHook:
             # A loader with worker processes: their batch rate is timed from its next iter()
             # on (capture.batch_clock); the forecaster reads it when it builds a prediction.
             # Last, so that a constructor that raised never leaves the loader wrapped.
-            self._batch_clock = BatchClock.attach(dataloader)
-            if self._batch_clock is not None:
-                self._forecaster.set_input_supply(
-                    self._batch_clock.read,
-                    cores=usable_cpu_count(),
-                    main_threads=torch.get_num_threads() if self._device.type == "cpu" else 1,
-                )
+            self._use_batch_clock(BatchClock.attach(dataloader))
         if self._window.state == WindowState.WAITING and skip_steps == 0:
             self._guarded(self._window.start)()
 
@@ -599,6 +593,44 @@ class ETSHook:
         self._monitor = self._monitor or name
         if name == self._monitor:
             self._forecaster.on_metric(value)
+
+    def time_dataloader_workers(self, dataloader: Any) -> bool:
+        """Time the worker processes of a loader not given as ``dataloader=``: one a framework
+        builds (the Lightning callback passes the Trainer's train loader).
+
+        Their batch pace is a floor under the predicted step time while prefetched batches
+        hide it (``capture.batch_clock``, ``forecast.input_supply``). Whether the loader starts
+        its workers again at each epoch also decides how the first epoch's start-up is seeded
+        (with ``steps_per_epoch``), as for a ``dataloader=``.
+
+        Args:
+            dataloader: a ``torch.utils.data.DataLoader`` (or an adapter with a
+                ``base_dataloader``); timed from its next ``iter()``, or from its first where a
+                clock was attached before it (``BatchClock.attach``).
+
+        Returns:
+            True when its workers are timed from now on; False when the hook is closed or
+            disabled, already times a loader, or this one cannot be timed (not a
+            ``DataLoader``, no worker processes, persistent workers started untimed). Never
+            raises.
+        """
+        if self._closed or self._batch_clock is not None or hooks_disabled():
+            return False
+        if self._epochs is not None and self._forecaster.steps_done == 0:
+            self._epochs.restarts = loader_restarts_workers(dataloader)
+        return self._use_batch_clock(BatchClock.attach(dataloader))
+
+    def _use_batch_clock(self, clock: BatchClock | None) -> bool:
+        """Read ``clock`` (if any) for the workers' pace from now on; True when there is one."""
+        self._batch_clock = clock
+        if clock is None:
+            return False
+        self._forecaster.set_input_supply(
+            clock.read,
+            cores=usable_cpu_count(),
+            main_threads=torch.get_num_threads() if self._device.type == "cpu" else 1,
+        )
+        return True
 
     @property
     def prediction(self) -> Prediction | None:

@@ -202,6 +202,31 @@ def test_prefetched_batches_do_not_hide_slower_workers() -> None:
     assert loader.collate_fn is original_collate  # given back at close
 
 
+def test_a_loader_given_after_creation_is_timed_and_its_restarts_known() -> None:
+    """``time_dataloader_workers``: a framework's loader, built after the hook, is timed as a
+    ``dataloader=`` would be, and its worker restarts seed the first epoch's start-up."""
+    model = nn.Linear(16, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(model, optimizer=opt, steps_per_epoch=16, total_steps=32, log_every=None)
+    assert hook.time_dataloader_workers(DataLoader(SlowBatches(), num_workers=0)) is False
+    loader = DataLoader(SlowBatches(), batch_size=1, num_workers=1)
+    original_collate = loader.collate_fn
+    assert hook._epochs is not None and not hook._epochs.restarts
+    assert hook.time_dataloader_workers(loader) is True
+    assert hook._epochs.restarts  # non-persistent workers start again each epoch
+    assert hook.time_dataloader_workers(DataLoader(SlowBatches(), num_workers=1)) is False
+    for x, y in loader:
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y.view(1)).backward()
+        opt.step()
+    prediction = hook.prediction
+    hook.close()
+    assert prediction is not None and prediction.input_period_s is not None
+    assert prediction.input_period_s >= 0.9 * SLOW_SAMPLE_S
+    assert loader.collate_fn is original_collate  # given back at close
+    assert hook.time_dataloader_workers(loader) is False  # closed
+
+
 @pytest.mark.parametrize(
     "bad", [{"optimizer": object()}, {"grad_accum_steps": 0}, {"record_shapes": "bogus"}]
 )

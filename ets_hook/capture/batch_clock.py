@@ -44,6 +44,7 @@ class TimedCollate:
 
     Attributes:
         collate_fn: the wrapped callable (the loader's original ``collate_fn``).
+        clock: the ``BatchClock`` that reads what it records (None in a worker process).
     """
 
     def __init__(
@@ -63,6 +64,7 @@ class TimedCollate:
         self._cpu_times = cpu_times
         self._counts = counts
         self._workers = workers
+        self.clock: BatchClock | None = None
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # Pickled while a worker process is spawned: the whole clock (its shared arrays may
@@ -123,6 +125,7 @@ class BatchClock:
         self._wrapper = TimedCollate(
             self._original, self._times, self._cpu_times, self._counts, self.workers
         )
+        self._wrapper.clock = self
         loader.collate_fn = self._wrapper
 
     @classmethod
@@ -135,9 +138,12 @@ class BatchClock:
                 through that one.
 
         Returns:
-            The clock; None when there is nothing to time or it cannot be done: not a
-            ``torch.utils.data.DataLoader``, no worker processes, or persistent workers already
-            started (their iterator exists: it holds the old ``collate_fn``). Never raises.
+            The clock; the clock already attached where the loader's ``collate_fn`` is timed
+            (attached earlier, e.g. by a framework callback before the loader's first
+            ``iter()``: both read the same batches); None when there is nothing to time or it
+            cannot be done: not a ``torch.utils.data.DataLoader``, no worker processes, or
+            persistent workers already started (their iterator exists: it holds the old
+            ``collate_fn``). Never raises.
         """
         try:
             loader = _iterated_loader(loader)
@@ -146,9 +152,9 @@ class BatchClock:
             workers = loader.num_workers
             if not isinstance(workers, int) or workers < 1:
                 return None
+            if isinstance(loader.collate_fn, TimedCollate):  # attached before: read that one
+                return loader.collate_fn.clock
             if getattr(loader, "_iterator", None) is not None:
-                return None
-            if isinstance(loader.collate_fn, TimedCollate):  # another hook's clock: read it
                 return None
             return cls(loader)
         except Exception as exc:  # a loader subclass that refuses the attribute, no shm, ...

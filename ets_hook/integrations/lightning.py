@@ -30,8 +30,16 @@ Trainer's optimizers with what the Trainer knows:
 - ``steps_per_epoch``: optimizer steps per epoch (``trainer_steps_per_epoch``; not with a
   ``GradientAccumulationScheduler``, nor when ``steps_per_epoch``, ``epochs`` or ``dataloader``
   is given): each epoch's start-up (a fresh iterator; worker processes started again unless
-  ``persistent_workers``) is the phase ``"epoch start"``, as in a plain loop. The loader's
-  workers are not timed: Lightning starts the first epoch's iterator before any callback runs.
+  ``persistent_workers``) is the phase ``"epoch start"``, as in a plain loop.
+- the train loader's worker processes (``ETSHook.time_dataloader_workers``; not when the
+  options give a ``dataloader``): Lightning builds the loader and starts its first iterator
+  (its workers) before ``on_train_start``, so from ``setup`` until training starts the callback
+  wraps the fit loop's loader source (``trainer.fit_loop._data_source``: Lightning keeps no
+  public handle on it before the loader exists) and attaches a ``BatchClock`` to the loader it
+  returns, before the loader's first ``iter()``; the hook then reads that clock. One
+  ``DataLoader`` only (not several train loaders); a loader Lightning re-creates for a
+  distributed sampler keeps the clock (Lightning replays attribute writes made while it built
+  the loader).
 - ``checkpoint_every``: the period of the ``ModelCheckpoint`` saves where it is one
   (``trainer_checkpoint_every``); the hook then prices each save from the model's and
   optimizers' state until the first is measured, once per file the save writes
@@ -81,22 +89,44 @@ import functools
 import importlib
 import importlib.util
 import logging
-import math
 import time
 from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-INSTALL_HINT = "pip install 'ets-hook[lightning]'"
+from .lightning_packages import INSTALL_HINT, PACKAGES, installed_packages, is_a, package_of
 
-#: The Lightning packages an ``ETSCallback`` class can be made for, preferred first, with the
-#: module of ours that names that class ``ETSCallback`` (so instances pickle by reference).
-PACKAGES = {
-    "lightning.pytorch": "ets_hook.integrations.lightning",
-    "pytorch_lightning": "ets_hook.integrations.pytorch_lightning",
-}
+# Checked before torch and the hook are imported: without Lightning, the error comes at once.
+if not installed_packages():
+    raise ImportError(
+        "ets_hook.integrations.lightning needs PyTorch Lightning (the `lightning` or "
+        f"`pytorch_lightning` package): {INSTALL_HINT}"
+    )
 
-#: The metrics logged through ``pl_module.log`` (``Prediction`` fields of the same name).
+import torch
+
+from ..capture.batch_clock import BatchClock, TimedCollate
+from ..forecast.early_stop import EarlyStoppingRule
+from ..forecast.job import CHECKPOINT, EVAL, eval_cost_prior
+from ..hook import ETSHook
+from ..reporters.format import format_duration
+from .common import HOOK_ARGUMENTS, LOG_KEYS, prediction_metrics, whole_number
+from .lightning_trainer import (
+    checks_on_train_epoch_end,
+    early_stopping_callback,
+    early_stopping_rule,
+    loaders_batch_size,
+    single_train_loader,
+    trainer_checkpoint_every,
+    trainer_checkpoint_files,
+    trainer_eval_every,
+    trainer_grad_scaler,
+    trainer_optimizers,
+    trainer_steps_per_epoch,
+    trainer_total_steps,
+    trainer_val_batches,
+)
+
 # Options that describe the job's length; with any of them given, the Trainer's total is not.
 _LENGTH_OPTIONS = ("total_steps", "epochs", "dataloader")
 #: Options that set the epoch length themselves: the Trainer's steps per epoch are not derived.
@@ -104,40 +134,6 @@ _EPOCH_OPTIONS = ("steps_per_epoch", "epochs", "dataloader")
 
 _MISSING = object()
 
-
-def _installed(top_level: str) -> bool:
-    """Whether a top-level package can be imported (without importing it)."""
-    try:
-        return importlib.util.find_spec(top_level) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def installed_packages() -> list[str]:
-    """The Lightning packages installed, in ``PACKAGES`` order (nothing is imported).
-
-    Returns:
-        ``"lightning.pytorch"`` when ``lightning`` is installed, ``"pytorch_lightning"`` when
-        that is.
-    """
-    return [name for name in PACKAGES if _installed(name.split(".")[0])]
-
-
-if not installed_packages():
-    raise ImportError(
-        "ets_hook.integrations.lightning needs PyTorch Lightning (the `lightning` or "
-        f"`pytorch_lightning` package): {INSTALL_HINT}"
-    )
-
-# After the check: without Lightning, the ImportError comes before torch is imported.
-import torch  # noqa: E402
-
-from ..capture.steps import optimizer_list  # noqa: E402
-from ..forecast.early_stop import EarlyStoppingRule  # noqa: E402
-from ..forecast.job import CHECKPOINT, EVAL, eval_cost_prior, loader_batch_size  # noqa: E402
-from ..hook import ETSHook  # noqa: E402
-from ..reporters.format import format_duration  # noqa: E402
-from .common import HOOK_ARGUMENTS, LOG_KEYS, prediction_metrics, whole_number  # noqa: E402
 
 if TYPE_CHECKING:
     from ..forecast.prediction import Prediction
@@ -154,204 +150,8 @@ HOOK_OPTIONS = HOOK_ARGUMENTS
 
 
 # --------------------------------------------------------------------------------------------
-# What the Trainer knows
+# Options
 # --------------------------------------------------------------------------------------------
-
-
-def trainer_total_steps(trainer: Any) -> int | None:
-    """Optimizer steps in the whole fit, as the Trainer bounds it (global, resumed steps included).
-
-    ``trainer.max_steps`` when > 0 and ``trainer.estimated_stepping_batches``, the smaller;
-    None when neither bounds it (``max_epochs=-1`` with ``max_steps=-1``, or an iterable
-    dataset without ``len()``). ``max_time`` is not a step count and is not used.
-
-    Args:
-        trainer: a Lightning ``Trainer`` whose train data is set up (``on_train_start``).
-
-    Returns:
-        The step count (>= 1), or None.
-    """
-    candidates = []
-    max_steps = whole_number(getattr(trainer, "max_steps", None))
-    if max_steps is not None and max_steps > 0:
-        candidates.append(max_steps)
-    try:
-        estimated = whole_number(trainer.estimated_stepping_batches)
-    except Exception as exc:  # e.g. accumulation scheduled to vary per epoch
-        logger.debug("ets-hook: estimated_stepping_batches unavailable: %r", exc)
-        estimated = None
-    if estimated is not None and estimated > 0:
-        candidates.append(estimated)
-    return min(candidates) if candidates else None
-
-
-def trainer_steps_per_epoch(trainer: Any) -> int | None:
-    """Optimizer steps per epoch: ``ceil(num_training_batches / accumulate_grad_batches)``
-    (Lightning steps on an epoch's last batch even when its accumulation is incomplete).
-
-    Args:
-        trainer: a Lightning ``Trainer`` whose train data is set up.
-
-    Returns:
-        The count, or None when the number of batches is unknown or zero.
-    """
-    batches = whole_number(getattr(trainer, "num_training_batches", None))
-    accumulate = whole_number(getattr(trainer, "accumulate_grad_batches", 1)) or 1
-    if batches is None or batches <= 0:
-        return None
-    return math.ceil(batches / accumulate)
-
-
-def trainer_eval_every(trainer: Any) -> int | None:
-    """The validation period in optimizer steps, where validation is periodic in steps.
-
-    Computable cases: validation at the end of every ``check_val_every_n_epoch``-th epoch
-    (``val_check_interval=1.0``, or an int equal to the epoch's batches): that many epochs of
-    steps; ``val_check_interval`` batches within each epoch (``check_val_every_n_epoch=1``) or
-    across epochs (``None``), when the accumulation divides it (and the epoch's batches).
-
-    Args:
-        trainer: a Lightning ``Trainer`` whose train data is set up.
-
-    Returns:
-        The period (>= 1), or None: no validation, time-based ``val_check_interval``, an
-        iterable dataset, or a schedule that is not periodic in optimizer steps.
-    """
-    if not getattr(trainer, "enable_validation", False):
-        return None
-    if getattr(trainer, "_val_check_time_interval", None) is not None:
-        return None  # time-based validation
-    steps_per_epoch = trainer_steps_per_epoch(trainer)
-    batches = whole_number(getattr(trainer, "num_training_batches", None))
-    every = whole_number(getattr(trainer, "val_check_batch", None))
-    accumulate = whole_number(getattr(trainer, "accumulate_grad_batches", 1)) or 1
-    epochs = getattr(trainer, "check_val_every_n_epoch", 1)
-    if steps_per_epoch is None or batches is None or every is None or every <= 0:
-        return None
-    if epochs is None:  # every `every` batches counted over the whole fit
-        divisible = every % accumulate == 0 and batches % accumulate == 0
-        return every // accumulate if divisible else None
-    epochs = whole_number(epochs)
-    if epochs is None or epochs <= 0:
-        return None
-    if every == batches:
-        return epochs * steps_per_epoch
-    if epochs == 1 and batches % every == 0 and every % accumulate == 0:
-        return every // accumulate
-    return None
-
-
-def trainer_checkpoint_every(trainer: Any, eval_every: int | None) -> int | None:
-    """The period in optimizer steps of the Trainer's ``ModelCheckpoint`` saves, where it is one.
-
-    Computable cases, per ``ModelCheckpoint``: ``every_n_train_steps`` (a global-step period);
-    ``every_n_epochs`` = n saving after validations that end whole epochs (``eval_every`` a
-    multiple k of the steps per epoch: every lcm(k, n) epochs), after every validation (n = 1),
-    or at the end of every n-th epoch without validation. Several callbacks: the shortest
-    period (their saves are one phase when they fall on the same step).
-
-    Args:
-        trainer: a Lightning ``Trainer`` whose train data is set up.
-        eval_every: the validation period in optimizer steps (``trainer_eval_every``), or None.
-
-    Returns:
-        The period (>= 1), or None: no ``ModelCheckpoint``, time-based saving, or a schedule
-        not periodic in optimizer steps.
-    """
-    steps_per_epoch = trainer_steps_per_epoch(trainer)
-    validates = bool(getattr(trainer, "enable_validation", False))
-    periods = []
-    for callback in getattr(trainer, "callbacks", None) or []:
-        if not _is_a(callback, "ModelCheckpoint"):
-            continue
-        if getattr(callback, "_train_time_interval", None) is not None:
-            return None
-        steps = whole_number(getattr(callback, "_every_n_train_steps", 0), 0) or 0
-        epochs = whole_number(getattr(callback, "_every_n_epochs", 0), 0) or 0
-        if steps > 0:
-            periods.append(steps)
-        elif epochs > 0:
-            if validates and eval_every is None:
-                return None  # saves follow validations whose period is unknown
-            if not validates or eval_every is None:
-                period = epochs * steps_per_epoch if steps_per_epoch else None
-            elif steps_per_epoch and eval_every % steps_per_epoch == 0:
-                period = math.lcm(eval_every // steps_per_epoch, epochs) * steps_per_epoch
-            else:
-                period = eval_every if epochs == 1 else None
-            if period is None:
-                return None
-            periods.append(period)
-    return min(periods) if periods else None
-
-
-def trainer_checkpoint_files(trainer: Any) -> int:
-    """Files one checkpoint save writes in full: per ``ModelCheckpoint``, its own file (unless
-    ``save_top_k=0``) and ``last.ckpt`` when ``save_last=True`` (``"link"`` makes a link, not a
-    copy); summed over the callbacks, at least 1.
-
-    Args:
-        trainer: a Lightning ``Trainer``.
-
-    Returns:
-        The file count (>= 1).
-    """
-    files = 0
-    for callback in getattr(trainer, "callbacks", None) or []:
-        if not _is_a(callback, "ModelCheckpoint"):
-            continue
-        files += 0 if getattr(callback, "save_top_k", 1) == 0 else 1
-        files += 1 if getattr(callback, "save_last", None) is True else 0
-    return max(files, 1)
-
-
-def trainer_val_batches(trainer: Any) -> int | None:
-    """Batches in one validation run during training: the sum of ``trainer.num_val_batches``
-    (every validation loader, ``limit_val_batches`` applied), or None where it is not known yet
-    or not finite (an iterable loader without length).
-
-    Args:
-        trainer: a Lightning ``Trainer``.
-
-    Returns:
-        The batch count (>= 1), or None.
-    """
-    counts = getattr(trainer, "num_val_batches", None)
-    if not isinstance(counts, (list, tuple)) or not counts:
-        return None
-    whole = [whole_number(c, 0) for c in counts]
-    if any(c is None for c in whole):
-        return None
-    total = sum(c for c in whole if c is not None)
-    return total if total >= 1 else None
-
-
-def _loader_batch_size(loaders: Any) -> int | None:
-    """The ``batch_size`` of a loader, or of the first of a list of loaders; None if unknown."""
-    if isinstance(loaders, (list, tuple)):
-        loaders = loaders[0] if loaders else None
-    return loader_batch_size(loaders)
-
-
-def _trainer_optimizers(trainer: Any) -> tuple[Any, str | None]:
-    """The Trainer's optimizers for ``ETSHook(optimizer=...)`` and a note when unusable."""
-    optimizers = list(getattr(trainer, "optimizers", None) or [])
-    if not optimizers:
-        return None, None
-    try:
-        optimizer_list(optimizers)
-    except ValueError as exc:
-        return (
-            None,
-            f"the Trainer's optimizers are not usable ({exc}); any optimizer's step marks steps",
-        )
-    return (optimizers[0] if len(optimizers) == 1 else optimizers), None
-
-
-def _grad_scaler(trainer: Any) -> Any:
-    """The precision plugin's ``GradScaler`` (fp16 mixed precision), or None."""
-    scaler = getattr(getattr(trainer, "precision_plugin", None), "scaler", None)
-    return scaler if callable(getattr(scaler, "update", None)) else None
 
 
 def _short(value: Any) -> str:
@@ -440,6 +240,10 @@ class BaseETSCallback:
         self._sanity_started_ns: int | None = None
         self._trainer_patch: tuple[Any, Callable[..., Any], Any] | None = None
         self._early_stopping: Any = None  # the EarlyStopping callback whose monitor is reported
+        # The fit loop's loader source while it is wrapped (setup .. train start), and the
+        # clock attached to the loader it built, until the hook takes it.
+        self._source_patch: tuple[Any, Callable[..., Any]] | None = None
+        self._early_clock: BatchClock | None = None
 
     # -- public --------------------------------------------------------------------------------
 
@@ -463,7 +267,7 @@ class BaseETSCallback:
         """Warn when the Trainer comes from another Lightning package than this class's
         ``Callback`` (Lightning then only duck-types it; ``Trainer(callbacks=cb)`` without a
         list, for one, would not take it)."""
-        trainer_package = _package_of(trainer)
+        trainer_package = package_of(trainer)
         if trainer_package and self.lightning_package and trainer_package != self.lightning_package:
             logger.warning(
                 "ets-hook: this ETSCallback is a %s Callback but the Trainer is from %s: use "
@@ -473,6 +277,8 @@ class BaseETSCallback:
                 PACKAGES[trainer_package],
                 trainer_package,
             )
+        if stage == "fit" and "dataloader" not in self.hook_options:
+            self._watch_train_loader(trainer)
 
     def on_sanity_check_start(self, trainer: Any, pl_module: Any) -> None:
         """Time the sanity check (it runs before the hook exists)."""
@@ -491,10 +297,11 @@ class BaseETSCallback:
             ValueError: an option in ``hook_options`` is invalid (from ``ETSHook``).
         """
         self._close(outcome=None)
-        self._early_stopping = _early_stopping_callback(trainer)
+        self._early_stopping = early_stopping_callback(trainer)
         options, notes, trainer_total = self._resolve_options(trainer, pl_module)
         self.resolved_options = options
         self._hook = ETSHook(**options)
+        self._time_train_loader(trainer)
         if "eval_dataloader" not in options and options.get("eval_every"):
             self._price_validation(trainer, options.get("grad_accum_steps", 1))
         self._open, self._in_eval, self._logged_steps = True, False, -1
@@ -515,12 +322,12 @@ class BaseETSCallback:
         """End the validation phase (before ``ModelCheckpoint`` saves: Lightning runs it last);
         report the ``EarlyStopping`` monitor when that callback checks at validation end."""
         self._end_eval()
-        if not _checks_on_train_epoch_end(self._early_stopping):
+        if not checks_on_train_epoch_end(self._early_stopping):
             self._report_metric(trainer)
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         """Report the ``EarlyStopping`` monitor when that callback checks at train epoch end."""
-        if _checks_on_train_epoch_end(self._early_stopping):
+        if checks_on_train_epoch_end(self._early_stopping):
             self._report_metric(trainer)
 
     def on_train_batch_end(
@@ -561,13 +368,67 @@ class BaseETSCallback:
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         """Close the hook; its status file records ``interrupted`` (Ctrl-C) or ``failed``."""
         outcome = "interrupted" if isinstance(exception, KeyboardInterrupt) else "failed"
+        self._release_train_loader()
         self._close(outcome=outcome, error=type(exception).__name__)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        """Close a hook still open (a fit that ended without ``on_train_end``)."""
+        """Close a hook still open (a fit that ended without ``on_train_end``); give back a
+        train loader timed for a hook that was never created."""
+        self._release_train_loader()
         self._close(outcome="closed")
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _watch_train_loader(self, trainer: Any) -> None:
+        """Until training starts, attach a ``BatchClock`` to the train loader the fit loop
+        builds, before its first ``iter()`` starts the workers. Never raises."""
+        self._release_train_loader()
+        source = getattr(getattr(trainer, "fit_loop", None), "_data_source", None)
+        build = getattr(source, "dataloader", None)
+        if source is None or not callable(build):
+            return
+        callback = self
+
+        def dataloader(*args: Any, **kwargs: Any) -> Any:
+            loaders = build(*args, **kwargs)
+            if callback._early_clock is None:
+                callback._early_clock = BatchClock.attach(single_train_loader(loaders))
+            return loaders
+
+        try:
+            source.dataloader = dataloader
+        except Exception as exc:  # a frozen or slotted source in another Lightning version
+            logger.debug("ets-hook: Lightning's train loader source not wrapped: %r", exc)
+            return
+        self._source_patch = (source, dataloader)
+
+    def _unwatch_train_loader(self) -> None:
+        patch, self._source_patch = self._source_patch, None
+        if patch is not None and vars(patch[0]).get("dataloader") is patch[1]:
+            del patch[0].dataloader
+
+    def _time_train_loader(self, trainer: Any) -> None:
+        """Have the hook time the Trainer's train loader's workers (the clock attached while
+        Lightning built it, or one from the loader's next ``iter()``)."""
+        self._unwatch_train_loader()
+        early, self._early_clock = self._early_clock, None
+        timed = False
+        loader = None
+        if self._hook is not None and "dataloader" not in self.hook_options:
+            loader = single_train_loader(getattr(trainer, "train_dataloader", None))
+            timed = self._hook.time_dataloader_workers(loader)
+        collate = getattr(loader, "collate_fn", None)
+        if early is not None and not (
+            timed and isinstance(collate, TimedCollate) and collate.clock is early
+        ):
+            early.detach()
+
+    def _release_train_loader(self) -> None:
+        """Undo ``_watch_train_loader`` where training never started."""
+        self._unwatch_train_loader()
+        early, self._early_clock = self._early_clock, None
+        if early is not None:
+            early.detach()
 
     def _price_validation(self, trainer: Any, grad_accum_steps: int) -> None:
         """Price the validations before the first is measured (``ETSHook.expect_phase_cost``):
@@ -578,8 +439,8 @@ class BaseETSCallback:
         batches = trainer_val_batches(trainer)
         if not batches or self._hook is None:
             return
-        val_size = _loader_batch_size(getattr(trainer, "val_dataloaders", None))
-        train_size = _loader_batch_size(getattr(trainer, "train_dataloader", None))
+        val_size = loaders_batch_size(getattr(trainer, "val_dataloaders", None))
+        train_size = loaders_batch_size(getattr(trainer, "train_dataloader", None))
         ratio = val_size / train_size if val_size and train_size else 1.0
         try:
             prior = eval_cost_prior(batches, ratio, max(1, int(grad_accum_steps)))
@@ -599,7 +460,7 @@ class BaseETSCallback:
         given = self.hook_options
         derived: dict[str, Any] = {"model": pl_module}
         notes: list[str] = []
-        optimizer, note = _trainer_optimizers(trainer)
+        optimizer, note = trainer_optimizers(trainer)
         if note:
             notes.append(note)
         if optimizer is not None:
@@ -609,7 +470,7 @@ class BaseETSCallback:
                     f"{len(optimizer)} optimizers: a step ends once each has stepped, while "
                     "trainer.global_step counts every optimizer's steps"
                 )
-        scaler = _grad_scaler(trainer)
+        scaler = trainer_grad_scaler(trainer)
         if scaler is not None:
             derived["grad_scaler"] = scaler
         accumulate = whole_number(getattr(trainer, "accumulate_grad_batches", 1))
@@ -620,7 +481,7 @@ class BaseETSCallback:
         if total is not None:  # below the restored step: Lightning stops at once
             derived["total_steps"] = max(total, derived["initial_step"])
         callbacks = list(getattr(trainer, "callbacks", None) or [])
-        if any(_is_a(cb, "GradientAccumulationScheduler") for cb in callbacks):
+        if any(is_a(cb, "GradientAccumulationScheduler") for cb in callbacks):
             eval_every = checkpoint_every = None  # steps per epoch change with the accumulation
             notes.append(
                 "GradientAccumulationScheduler: the accumulation changes between epochs, so the "
@@ -639,7 +500,7 @@ class BaseETSCallback:
         if checkpoint_every is not None:
             derived["checkpoint_every"] = checkpoint_every
             derived["checkpoint_files"] = trainer_checkpoint_files(trainer)
-        rule = _early_stopping_rule(self._early_stopping)
+        rule = early_stopping_rule(self._early_stopping)
         if rule is not None:
             derived["early_stopping"] = rule
 
@@ -671,7 +532,7 @@ class BaseETSCallback:
                 f"{trainer_total} (using {hook.total_steps})"
             )
         callbacks = list(getattr(trainer, "callbacks", None) or [])
-        timer = next((cb for cb in callbacks if _is_a(cb, "Timer")), None)
+        timer = next((cb for cb in callbacks if is_a(cb, "Timer")), None)
         remaining = None
         if timer is not None:
             try:
@@ -691,7 +552,7 @@ class BaseETSCallback:
                 notes.append(
                     f"{bound} at the latest; the ETA assumes all {hook.total_steps} steps run"
                 )
-        if self._early_stopping is None and any(_is_a(cb, "EarlyStopping") for cb in callbacks):
+        if self._early_stopping is None and any(is_a(cb, "EarlyStopping") for cb in callbacks):
             notes.append("EarlyStopping may end the job sooner: the total is an upper bound")
         return notes
 
@@ -766,55 +627,6 @@ class BaseETSCallback:
                     hook.close()
                 else:
                     hook.close_at_exit(outcome, error)
-
-
-def _early_stopping_callback(trainer: Any) -> Any:
-    """The Trainer's first ``EarlyStopping`` callback, or None."""
-    found = getattr(trainer, "early_stopping_callbacks", None)
-    if found is None:
-        single = getattr(trainer, "early_stopping_callback", None)
-        found = [single] if single is not None else []
-    return next(iter(found), None)
-
-
-def _early_stopping_rule(callback: Any) -> EarlyStoppingRule | None:
-    """The rule of a Lightning ``EarlyStopping`` callback (None for None, or one it cannot be
-    made for: logged). Lightning stores ``min_delta`` with its sign flipped in mode "min"."""
-    if callback is None:
-        return None
-    try:
-        return EarlyStoppingRule.from_lightning(
-            callback.patience,
-            abs(float(callback.min_delta)),
-            callback.mode,
-            bool(getattr(callback, "check_finite", True)),
-        )
-    except (AttributeError, TypeError, ValueError) as exc:
-        logger.info("ets-hook: EarlyStopping not followed: %r", exc)
-        return None
-
-
-def _checks_on_train_epoch_end(callback: Any) -> bool:
-    """Whether an ``EarlyStopping`` callback checks at train epoch end (resolved in its
-    ``setup``) rather than at validation end."""
-    return bool(getattr(callback, "_check_on_train_epoch_end", False))
-
-
-def _package_of(obj: Any) -> str | None:
-    """The Lightning package (a ``PACKAGES`` key) an object's class comes from, or None."""
-    module = type(obj).__module__
-    return next((name for name in PACKAGES if module.startswith(name + ".")), None)
-
-
-def _is_a(obj: Any, callback_name: str) -> bool:
-    """Whether ``obj`` is an instance of ``<package>.callbacks.<callback_name>`` for the package
-    its class comes from (no package is imported here)."""
-    package = _package_of(obj)
-    if package is None:
-        return False
-    callbacks = importlib.import_module(package + ".callbacks")
-    cls = getattr(callbacks, callback_name, None)
-    return isinstance(cls, type) and isinstance(obj, cls)
 
 
 _CLASSES: dict[str, type[BaseETSCallback]] = {}

@@ -99,8 +99,17 @@ def test_nothing_is_attached_where_nothing_can_be_timed() -> None:
     assert persistent.collate_fn is default_collate
     del iterator
     twice = DataLoader(data, num_workers=1)
-    assert BatchClock.attach(twice) is not None
-    assert BatchClock.attach(twice) is None  # a second hook reads no clock of its own
+    first = BatchClock.attach(twice)
+    assert first is not None
+    assert BatchClock.attach(twice) is first  # a second reader shares the clock attached
+    # Attached before its first iter(), a persistent loader stays timed once its workers run
+    # (a framework's callback attaches it before the framework starts the iterator).
+    early = DataLoader(data, num_workers=1, persistent_workers=True)
+    clock = BatchClock.attach(early)
+    assert clock is not None
+    assert len(list(early)) == len(data)
+    assert BatchClock.attach(early) is clock
+    assert len(clock.read()[0][0]) == len(data)
     # In the training process (no worker) the wrapper only collates.
     clock_less = DataLoader(data, num_workers=1)
     clock = BatchClock.attach(clock_less)

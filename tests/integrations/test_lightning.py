@@ -35,6 +35,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
+from ets_hook.capture.batch_clock import TimedCollate
 from ets_hook.forecast.early_stop import EarlyStoppingRule
 from ets_hook.forecast.epochs import EPOCH_START
 from ets_hook.forecast.job import CHECKPOINT_FIXED_S, CHECKPOINT_WRITE_BYTES_PER_S
@@ -472,6 +473,71 @@ def test_an_exception_closes_the_hook_as_failed(tmp_path: Path) -> None:
     assert not torch.autograd._profiler_enabled()
     assert not any(m._forward_pre_hooks for m in module.modules())
     assert "save_checkpoint" not in vars(trainer)
+
+
+SLOW_SAMPLE_S = 0.005  # per sample, in the loader's worker processes
+
+
+class _SlowSamples(torch.utils.data.Dataset):
+    """32 samples of the TinyModule's shape, each ``SLOW_SAMPLE_S`` to load."""
+
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        time.sleep(SLOW_SAMPLE_S)
+        return torch.full((8,), float(index)), torch.zeros(1)
+
+
+class _SlowData(L.LightningDataModule):
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(_SlowSamples(), batch_size=4, num_workers=2)
+
+
+@pytest.mark.parametrize("source", ["loader", "datamodule"])
+def test_the_train_loaders_workers_are_timed_from_their_first_batch(source: str) -> None:
+    # Lightning starts the first epoch's iterator (the workers) before on_train_start: the
+    # clock must be on the loader before that, whether fit() got the loader or a datamodule
+    # builds it.
+    callback = ETSCallback(capture_steps=0)
+    trainer = quiet_trainer(max_steps=6, num_sanity_val_steps=0, callbacks=[callback])
+    loader = DataLoader(_SlowSamples(), batch_size=4, num_workers=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if source == "loader":
+            trainer.fit(TinyModule(), train_dataloaders=loader)
+        else:
+            trainer.fit(TinyModule(), datamodule=_SlowData())
+            loader = trainer.train_dataloader
+    prediction = callback.prediction
+    assert prediction is not None and prediction.step == 6
+    # Two workers, each 4 samples of SLOW_SAMPLE_S a batch: at least 2 x SLOW_SAMPLE_S a step.
+    assert prediction.input_period_s is not None
+    assert prediction.input_period_s >= 0.9 * 4 * SLOW_SAMPLE_S / 2
+    clock = callback.hook._batch_clock
+    assert clock is not None and clock.loader is loader
+    first = [times[0] for times in clock.read()[0] if times]
+    assert len(first) == 2  # both workers' batches from the start, prefetched ones included
+    assert not isinstance(loader.collate_fn, TimedCollate)  # given back at close
+    assert "dataloader" not in vars(trainer.fit_loop._data_source)  # the source unwrapped
+
+
+def test_a_fit_that_fails_before_training_gives_the_loader_back() -> None:
+    callback = ETSCallback()
+    trainer = quiet_trainer(max_steps=2, num_sanity_val_steps=0, callbacks=[callback])
+    loader = DataLoader(_SlowSamples(), batch_size=4, num_workers=1)
+
+    class _FailsAtStart(L.Callback):
+        def on_train_start(self, *args: Any) -> None:
+            raise _Boom("before the first step")
+
+    trainer.callbacks.insert(0, _FailsAtStart())
+    with warnings.catch_warnings(), pytest.raises(_Boom):
+        warnings.simplefilter("ignore")
+        trainer.fit(TinyModule(), train_dataloaders=loader)
+    assert callback.hook is None
+    assert not isinstance(loader.collate_fn, TimedCollate)
+    assert "dataloader" not in vars(trainer.fit_loop._data_source)
 
 
 def test_unknown_options_are_a_type_error() -> None:

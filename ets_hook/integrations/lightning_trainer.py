@@ -1,0 +1,274 @@
+"""What a Lightning Trainer says about the job, for ``ETSCallback`` (``integrations.lightning``).
+
+Duck-typed readers of a ``lightning.pytorch`` or ``pytorch_lightning`` Trainer and its
+callbacks: the job's length, steps per epoch, validation and checkpoint periods, optimizers,
+the fp16 ``GradScaler``, the single train loader, and the ``EarlyStopping`` rule. Nothing here
+imports Lightning (``lightning_packages.is_a`` imports only the package an object already comes
+from).
+Each returns None (or a neutral value) where the Trainer does not say.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import torch
+
+from ..capture.steps import optimizer_list
+from ..forecast.early_stop import EarlyStoppingRule
+from ..forecast.job import loader_batch_size
+from .common import whole_number
+from .lightning_packages import is_a
+
+logger = logging.getLogger("ets_hook")
+
+
+def trainer_total_steps(trainer: Any) -> int | None:
+    """Optimizer steps in the whole fit, as the Trainer bounds it (global, resumed steps included).
+
+    ``trainer.max_steps`` when > 0 and ``trainer.estimated_stepping_batches``, the smaller;
+    None when neither bounds it (``max_epochs=-1`` with ``max_steps=-1``, or an iterable
+    dataset without ``len()``). ``max_time`` is not a step count and is not used.
+
+    Args:
+        trainer: a Lightning ``Trainer`` whose train data is set up (``on_train_start``).
+
+    Returns:
+        The step count (>= 1), or None.
+    """
+    candidates = []
+    max_steps = whole_number(getattr(trainer, "max_steps", None))
+    if max_steps is not None and max_steps > 0:
+        candidates.append(max_steps)
+    try:
+        estimated = whole_number(trainer.estimated_stepping_batches)
+    except Exception as exc:  # e.g. accumulation scheduled to vary per epoch
+        logger.debug("ets-hook: estimated_stepping_batches unavailable: %r", exc)
+        estimated = None
+    if estimated is not None and estimated > 0:
+        candidates.append(estimated)
+    return min(candidates) if candidates else None
+
+
+def trainer_steps_per_epoch(trainer: Any) -> int | None:
+    """Optimizer steps per epoch: ``ceil(num_training_batches / accumulate_grad_batches)``
+    (Lightning steps on an epoch's last batch even when its accumulation is incomplete).
+
+    Args:
+        trainer: a Lightning ``Trainer`` whose train data is set up.
+
+    Returns:
+        The count, or None when the number of batches is unknown or zero.
+    """
+    batches = whole_number(getattr(trainer, "num_training_batches", None))
+    accumulate = whole_number(getattr(trainer, "accumulate_grad_batches", 1)) or 1
+    if batches is None or batches <= 0:
+        return None
+    return math.ceil(batches / accumulate)
+
+
+def trainer_eval_every(trainer: Any) -> int | None:
+    """The validation period in optimizer steps, where validation is periodic in steps.
+
+    Computable cases: validation at the end of every ``check_val_every_n_epoch``-th epoch
+    (``val_check_interval=1.0``, or an int equal to the epoch's batches): that many epochs of
+    steps; ``val_check_interval`` batches within each epoch (``check_val_every_n_epoch=1``) or
+    across epochs (``None``), when the accumulation divides it (and the epoch's batches).
+
+    Args:
+        trainer: a Lightning ``Trainer`` whose train data is set up.
+
+    Returns:
+        The period (>= 1), or None: no validation, time-based ``val_check_interval``, an
+        iterable dataset, or a schedule that is not periodic in optimizer steps.
+    """
+    if not getattr(trainer, "enable_validation", False):
+        return None
+    if getattr(trainer, "_val_check_time_interval", None) is not None:
+        return None  # time-based validation
+    steps_per_epoch = trainer_steps_per_epoch(trainer)
+    batches = whole_number(getattr(trainer, "num_training_batches", None))
+    every = whole_number(getattr(trainer, "val_check_batch", None))
+    accumulate = whole_number(getattr(trainer, "accumulate_grad_batches", 1)) or 1
+    epochs = getattr(trainer, "check_val_every_n_epoch", 1)
+    if steps_per_epoch is None or batches is None or every is None or every <= 0:
+        return None
+    if epochs is None:  # every `every` batches counted over the whole fit
+        divisible = every % accumulate == 0 and batches % accumulate == 0
+        return every // accumulate if divisible else None
+    epochs = whole_number(epochs)
+    if epochs is None or epochs <= 0:
+        return None
+    if every == batches:
+        return epochs * steps_per_epoch
+    if epochs == 1 and batches % every == 0 and every % accumulate == 0:
+        return every // accumulate
+    return None
+
+
+def trainer_checkpoint_every(trainer: Any, eval_every: int | None) -> int | None:
+    """The period in optimizer steps of the Trainer's ``ModelCheckpoint`` saves, where it is one.
+
+    Computable cases, per ``ModelCheckpoint``: ``every_n_train_steps`` (a global-step period);
+    ``every_n_epochs`` = n saving after validations that end whole epochs (``eval_every`` a
+    multiple k of the steps per epoch: every lcm(k, n) epochs), after every validation (n = 1),
+    or at the end of every n-th epoch without validation. Several callbacks: the shortest
+    period (their saves are one phase when they fall on the same step).
+
+    Args:
+        trainer: a Lightning ``Trainer`` whose train data is set up.
+        eval_every: the validation period in optimizer steps (``trainer_eval_every``), or None.
+
+    Returns:
+        The period (>= 1), or None: no ``ModelCheckpoint``, time-based saving, or a schedule
+        not periodic in optimizer steps.
+    """
+    steps_per_epoch = trainer_steps_per_epoch(trainer)
+    validates = bool(getattr(trainer, "enable_validation", False))
+    periods = []
+    for callback in getattr(trainer, "callbacks", None) or []:
+        if not is_a(callback, "ModelCheckpoint"):
+            continue
+        if getattr(callback, "_train_time_interval", None) is not None:
+            return None
+        steps = whole_number(getattr(callback, "_every_n_train_steps", 0), 0) or 0
+        epochs = whole_number(getattr(callback, "_every_n_epochs", 0), 0) or 0
+        if steps > 0:
+            periods.append(steps)
+        elif epochs > 0:
+            if validates and eval_every is None:
+                return None  # saves follow validations whose period is unknown
+            if not validates or eval_every is None:
+                period = epochs * steps_per_epoch if steps_per_epoch else None
+            elif steps_per_epoch and eval_every % steps_per_epoch == 0:
+                period = math.lcm(eval_every // steps_per_epoch, epochs) * steps_per_epoch
+            else:
+                period = eval_every if epochs == 1 else None
+            if period is None:
+                return None
+            periods.append(period)
+    return min(periods) if periods else None
+
+
+def trainer_checkpoint_files(trainer: Any) -> int:
+    """Files one checkpoint save writes in full: per ``ModelCheckpoint``, its own file (unless
+    ``save_top_k=0``) and ``last.ckpt`` when ``save_last=True`` (``"link"`` makes a link, not a
+    copy); summed over the callbacks, at least 1.
+
+    Args:
+        trainer: a Lightning ``Trainer``.
+
+    Returns:
+        The file count (>= 1).
+    """
+    files = 0
+    for callback in getattr(trainer, "callbacks", None) or []:
+        if not is_a(callback, "ModelCheckpoint"):
+            continue
+        files += 0 if getattr(callback, "save_top_k", 1) == 0 else 1
+        files += 1 if getattr(callback, "save_last", None) is True else 0
+    return max(files, 1)
+
+
+def trainer_val_batches(trainer: Any) -> int | None:
+    """Batches in one validation run during training: the sum of ``trainer.num_val_batches``
+    (every validation loader, ``limit_val_batches`` applied), or None where it is not known yet
+    or not finite (an iterable loader without length).
+
+    Args:
+        trainer: a Lightning ``Trainer``.
+
+    Returns:
+        The batch count (>= 1), or None.
+    """
+    counts = getattr(trainer, "num_val_batches", None)
+    if not isinstance(counts, (list, tuple)) or not counts:
+        return None
+    whole = [whole_number(c, 0) for c in counts]
+    if any(c is None for c in whole):
+        return None
+    total = sum(c for c in whole if c is not None)
+    return total if total >= 1 else None
+
+
+def loaders_batch_size(loaders: Any) -> int | None:
+    """The ``batch_size`` of a loader, or of the first of a list of loaders; None if unknown."""
+    if isinstance(loaders, (list, tuple)):
+        loaders = loaders[0] if loaders else None
+    return loader_batch_size(loaders)
+
+
+def trainer_optimizers(trainer: Any) -> tuple[Any, str | None]:
+    """The Trainer's optimizers for ``ETSHook(optimizer=...)`` and a note when unusable."""
+    optimizers = list(getattr(trainer, "optimizers", None) or [])
+    if not optimizers:
+        return None, None
+    try:
+        optimizer_list(optimizers)
+    except ValueError as exc:
+        return (
+            None,
+            f"the Trainer's optimizers are not usable ({exc}); any optimizer's step marks steps",
+        )
+    return (optimizers[0] if len(optimizers) == 1 else optimizers), None
+
+
+def trainer_grad_scaler(trainer: Any) -> Any:
+    """The precision plugin's ``GradScaler`` (fp16 mixed precision), or None."""
+    scaler = getattr(getattr(trainer, "precision_plugin", None), "scaler", None)
+    return scaler if callable(getattr(scaler, "update", None)) else None
+
+
+def single_train_loader(loaders: Any) -> Any:
+    """The one ``DataLoader`` in what Lightning calls train dataloaders (a loader, a
+    ``CombinedLoader``, or a list, tuple or dict of one loader); None for several or none."""
+    for _ in range(3):
+        if isinstance(loaders, torch.utils.data.DataLoader):
+            return loaders
+        flattened = getattr(loaders, "flattened", None)  # a CombinedLoader
+        if isinstance(flattened, list):
+            items = flattened
+        elif isinstance(loaders, dict):
+            items = list(loaders.values())
+        elif isinstance(loaders, (list, tuple)):
+            items = list(loaders)
+        else:
+            return None
+        if len(items) != 1:
+            return None
+        loaders = items[0]
+    return None
+
+
+def early_stopping_callback(trainer: Any) -> Any:
+    """The Trainer's first ``EarlyStopping`` callback, or None."""
+    found = getattr(trainer, "early_stopping_callbacks", None)
+    if found is None:
+        single = getattr(trainer, "early_stopping_callback", None)
+        found = [single] if single is not None else []
+    return next(iter(found), None)
+
+
+def early_stopping_rule(callback: Any) -> EarlyStoppingRule | None:
+    """The rule of a Lightning ``EarlyStopping`` callback (None for None, or one it cannot be
+    made for: logged). Lightning stores ``min_delta`` with its sign flipped in mode "min"."""
+    if callback is None:
+        return None
+    try:
+        return EarlyStoppingRule.from_lightning(
+            callback.patience,
+            abs(float(callback.min_delta)),
+            callback.mode,
+            bool(getattr(callback, "check_finite", True)),
+        )
+    except (AttributeError, TypeError, ValueError) as exc:
+        logger.info("ets-hook: EarlyStopping not followed: %r", exc)
+        return None
+
+
+def checks_on_train_epoch_end(callback: Any) -> bool:
+    """Whether an ``EarlyStopping`` callback checks at train epoch end (resolved in its
+    ``setup``) rather than at validation end."""
+    return bool(getattr(callback, "_check_on_train_epoch_end", False))
