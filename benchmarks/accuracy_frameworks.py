@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from accuracy import machine  # benchmarks/ is sys.path[0] when this script runs
+from accuracy import _AugmentedVectors, machine  # benchmarks/ is sys.path[0] here
 
 REPORT_STEPS = (3, 5, 10)
 METHODS = ("ets-hook", "framework", "last_step", "ets-hook unpriced")
@@ -176,7 +176,10 @@ class TrainerJob:
 
 @dataclass(frozen=True)
 class LightningJob:
-    """A Lightning job: a LightningModule, its size, epochs and accumulation."""
+    """A Lightning job: a LightningModule, its size, epochs and accumulation; with
+    ``workers`` > 0, an MLP's training samples are made in that many DataLoader worker
+    processes (restarted each epoch) with ``sample_work`` of per-sample CPU work each
+    (``accuracy._AugmentedVectors``): the workers, not the model, set the pace."""
 
     name: str
     model: str  # "cnn" | "mlp"
@@ -186,6 +189,8 @@ class LightningJob:
     epochs: int
     grad_accum: int = 1
     val_batches: int = 8
+    workers: int = 0
+    sample_work: int = 10_000
     framework: str = "lightning"
 
 
@@ -194,6 +199,7 @@ JOBS: tuple[TrainerJob | LightningJob, ...] = (
     TrainerJob("hf-bert+accum2+eval+ckpt", "bert", 256, 4, 128, 8, 80, 25, 40, grad_accum=2),
     LightningJob("pl-cnn+val+ckpt", "cnn", 48, 128, 40, 3),
     LightningJob("pl-mlp+accum2+val+ckpt", "mlp", 1536, 128, 80, 3, grad_accum=2),
+    LightningJob("pl-mlp-loader-w2+val+ckpt", "mlp", 512, 64, 60, 3, workers=2),
 )
 QUICK_JOBS: tuple[TrainerJob | LightningJob, ...] = (
     TrainerJob("hf-gpt2-tiny", "gpt2", 16, 1, 16, 2, 12, eval_steps=6, save_steps=12),
@@ -355,8 +361,12 @@ def run_lightning_job(job: LightningJob, repeat: int, workdir: Path) -> Record:
 
     g = torch.Generator().manual_seed(repeat)
     n_train, n_val = job.batch * job.batches_per_epoch, job.batch * job.val_batches
-    train = TensorDataset(torch.randn(n_train, *shape, generator=g),
-                          torch.randint(0, 10, (n_train,), generator=g))  # fmt: skip
+    train: torch.utils.data.Dataset = (
+        _AugmentedVectors(n_train, shape[0], job.sample_work)
+        if job.workers
+        else TensorDataset(torch.randn(n_train, *shape, generator=g),
+                           torch.randint(0, 10, (n_train,), generator=g))
+    )  # fmt: skip
     val = TensorDataset(torch.randn(n_val, *shape, generator=g),
                         torch.randint(0, 10, (n_val,), generator=g))  # fmt: skip
     total_steps = job.epochs * (job.batches_per_epoch // job.grad_accum)
@@ -399,7 +409,8 @@ def run_lightning_job(job: LightningJob, repeat: int, workdir: Path) -> Record:
             accelerator="cpu",
             devices=1,
         )  # fmt: skip
-        trainer.fit(Module(), DataLoader(train, batch_size=job.batch, shuffle=True),
+        trainer.fit(Module(), DataLoader(train, batch_size=job.batch, shuffle=True,
+                                         num_workers=job.workers),
                     DataLoader(val, batch_size=job.batch))  # fmt: skip
     assert ets.hook is not None
     if trainer.global_step != total_steps:
