@@ -24,8 +24,11 @@ What it does (DESIGN.md §3; issue 4, item 7; issue 16, item 5):
    to the per-GPU models.
 5. Numpy inference latency of a 1,000-op iteration for the trained ETS configuration.
 
-Data: ``../shared/data/ets-traces`` next to the repository (``--data`` overrides). Third-party
-data, read in place. Without it the script says so and exits 0.
+Data: ``../shared/data/ets-traces`` next to the repository (``--data`` overrides), grown per GPU
+folder by ``../shared/data/ets-traces-extra`` when present (``--extra`` overrides, ``--no-extra``
+leaves it out): the artifact's first transformer traces (vit_b_16, swin_t; some of their ops
+carry no params, read as zeros by the importer) and an fp16 ResNet-18. Third-party data, read in
+place. Without it the script says so and exits 0.
 
 Torch runs on one thread by default (``--threads``): on a shared 2-core machine two threads per
 small op oversubscribe the cores (an MLP epoch took 18 s with 2 threads, 0.5 s with 1).
@@ -54,6 +57,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "ets-traces"
+# More files of the same artifact (transformers, whose params are "[0, 0]" on some ops, and an
+# fp16 trace): grown into the sample per GPU folder when present (--no-extra: the 43 files).
+DEFAULT_EXTRA = REPO.parent / "shared" / "data" / "ets-traces-extra"
 sys.path.insert(0, str(REPO))
 
 from ets_hook.ets.features import EncodedIteration, encode_trace, fit_schema  # noqa: E402
@@ -614,6 +620,13 @@ def _run_split(
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="ets-traces directory")
+    ap.add_argument(
+        "--extra",
+        type=Path,
+        default=DEFAULT_EXTRA,
+        help="more trace files, per GPU folder, added to --data's when present",
+    )
+    ap.add_argument("--no-extra", action="store_true", help="the --data sample alone")
     ap.add_argument("--quick", action="store_true", help="few epochs, short curve, no LOMO")
     ap.add_argument("--gpus", default="", help="comma-separated GPU folders (default: all)")
     ap.add_argument("--ensemble", type=int, default=None, help="seeds per model")
@@ -679,7 +692,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     gpus = sorted(p.name for p in args.data.iterdir() if p.is_dir() and any(p.glob("*.csv")))
     if args.gpus:
         gpus = [g for g in gpus if g in args.gpus.split(",")]
-    traces = {gpu: load_traces([args.data / gpu]) for gpu in gpus}
+    extra = None if args.no_extra or not args.extra.is_dir() else args.extra
+    traces = {
+        gpu: load_traces(
+            [args.data / gpu]
+            + ([extra / gpu] if extra is not None and (extra / gpu).is_dir() else [])
+        )
+        for gpu in gpus
+    }
     kinds = tuple(k for k in args.kinds.split(",") if k) if args.kinds else KINDS
     kinds += ("lstm-paper",) if args.paper_lstm and "lstm-paper" not in kinds else ()
     unknown = [k for k in kinds if k not in KIND_LABEL]
@@ -689,6 +709,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[str, Any] = {
         "settings": asdict(settings),
         "data": str(args.data),
+        "extra": str(extra) if extra is not None else None,
         "kinds": list(kinds),
         "families": {},
         "lofo": {},

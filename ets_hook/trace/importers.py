@@ -18,7 +18,10 @@ Contracts of ``read_ets_csv``:
   ``("float",)`` or ``("half",)`` from ``input_type``.
 - Trace metadata: ``source="ets-csv"``, ``model``, ``config``, ``file``, ``batch_size``,
   ``input_h``, ``input_w``, ``precision`` ("fp32", "fp16" or "mixed") and ``half_rows``: half
-  precision rows are marked, never silently mixed with FP32 ones. ``trace.device`` is a CUDA
+  precision rows are marked, never silently mixed with FP32 ones; ``unrecorded_params_rows``:
+  rows whose ``params`` is a shorter list of zeros (``[0, 0]``: the artifact wrote no tensor
+  shapes for some ops, e.g. attention and concatenation in its transformer traces), read as the
+  30 zeros of a row without tensors, and counted (one warning per file). ``trace.device`` is a CUDA
   device named after the ``device_name`` argument or, by default, the file's folder (``T4/``).
 - Files are hostile input. Anything but a regular file (a directory, FIFO, socket, device) is
   refused before a byte is read; a file over ``max_bytes`` is refused before it is read; every
@@ -355,13 +358,16 @@ def _int_field(path: Path, line: int, row: Mapping[str, str], column: str) -> in
     return value
 
 
-def _params_field(path: Path, line: int, text: str | None) -> tuple[int, ...]:
+def _params_field(path: Path, line: int, text: str | None) -> tuple[tuple[int, ...], bool]:
+    """The row's ``params``: ``ETS_PARAM_COUNT`` ints, and whether they were not recorded (a
+    shorter list of zeros, e.g. ``[0, 0]``, read as all zeros: the artifact's padding for
+    absent tensors)."""
     body = (text or "").strip()
     shown = body if len(body) <= 60 else body[:60] + "..."
     if not (body.startswith("[") and body.endswith("]")):
         raise ETSCSVError(path, line, f"column 'params': expected a list of ints, got {shown!r}")
     parts = [v for v in body[1:-1].split(",") if v.strip()]  # the csv field limit bounds it
-    if len(parts) != ETS_PARAM_COUNT:
+    if len(parts) > ETS_PARAM_COUNT:
         raise ETSCSVError(
             path, line, f"column 'params': expected {ETS_PARAM_COUNT} ints, got {len(parts)}"
         )
@@ -371,7 +377,16 @@ def _params_field(path: Path, line: int, text: str | None) -> tuple[int, ...]:
         raise ETSCSVError(path, line, f"column 'params': not a list of ints: {shown!r}") from None
     if any(not _INT64_MIN <= v <= _INT64_MAX for v in values):
         raise ETSCSVError(path, line, "column 'params': a value does not fit in 64 bits")
-    return values
+    if len(values) < ETS_PARAM_COUNT:
+        if not values or any(values):
+            raise ETSCSVError(
+                path,
+                line,
+                f"column 'params': expected {ETS_PARAM_COUNT} ints (or a shorter list of zeros: "
+                f"not recorded), got {len(values)}: {shown!r}",
+            )
+        return (0,) * ETS_PARAM_COUNT, True
+    return values, False
 
 
 def _folder_name(path: Path) -> str:
@@ -414,7 +429,8 @@ def read_ets_csv(
             module's field size limit), missing header columns, a row of the wrong length, a
             non-numeric, non-finite or over-64-bit number, ``dir`` not 1-3, ``input_type``
             not 1-2, ``rEndTime`` before ``rStartTime``, a negative ``kduration`` /
-            ``kernels`` / ``flops`` / ``bytes``, a ``params`` cell that is not 30 ints, a
+            ``kernels`` / ``flops`` / ``bytes``, a ``params`` cell that is neither 30 ints
+            nor a shorter list of zeros, a
             file without rows, or a malformed ``opCodes.dict`` found for it.
         OSError: the file cannot be opened or read.
     """
@@ -434,6 +450,7 @@ def read_ets_csv(
     ops: list[OpEvent] = []
     batch = h = w = -1
     half_rows = 0
+    unrecorded_params_rows = 0
     first_k_start = last_k_end = 0
     reader = csv.DictReader(io.StringIO(text, newline=""))
     try:
@@ -480,6 +497,8 @@ def read_ets_csv(
             row_w = _int_field(path, line, row, "w")
             if batch < 0:
                 batch, h, w = row_batch, row_h, row_w
+            params, unrecorded = _params_field(path, line, row["params"])
+            unrecorded_params_rows += unrecorded
             ops.append(
                 OpEvent(
                     name=op_codes.get(code, f"ets_op_{code}"),
@@ -490,7 +509,7 @@ def read_ets_csv(
                     input_dtypes=(_INPUT_TYPE_DTYPE[input_type],),
                     flops=flops,
                     bytes_moved=moved,
-                    params=_params_field(path, line, row["params"]),
+                    params=params,
                     kernel_duration_ns=k_duration,
                     kernel_count=kernels,
                     gap_ns=max(0, _int_field(path, line, row, "space")),
@@ -510,6 +529,13 @@ def read_ets_csv(
     precision = "fp32" if half_rows == 0 else "fp16" if half_rows == len(ops) else "mixed"
     if precision == "mixed":
         log.warning("%s: %d of %d rows are FP16 (input_type 2)", path, half_rows, len(ops))
+    if unrecorded_params_rows:
+        log.warning(
+            "%s: %d of %d rows have no params recorded (e.g. [0, 0]): read as zeros",
+            path,
+            unrecorded_params_rows,
+            len(ops),
+        )
     iteration = IterationTrace(step=name_parts.step, start_ns=start_ns, end_ns=end_ns, ops=ops)
     return Trace(
         iterations=[iteration],
@@ -524,5 +550,6 @@ def read_ets_csv(
             "input_w": w,
             "precision": precision,
             "half_rows": half_rows,
+            "unrecorded_params_rows": unrecorded_params_rows,
         },
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import csv
+import logging
 import os
 import pickle
 import sys
@@ -23,6 +24,7 @@ from ets_hook.trace.discovery import load_traces
 from ets_hook.trace.events import Phase
 from ets_hook.trace.importers import (
     ETS_CSV_COLUMNS,
+    ETS_PARAM_COUNT,
     load_op_codes,
     parse_ets_file_name,
     read_ets_csv,
@@ -144,12 +146,36 @@ def test_half_precision_rows_are_marked(tmp_path: Path) -> None:
     assert half.iterations[0].ops[0].name == "ets_op_203"  # code missing from the table
 
 
+def test_params_not_recorded_read_as_zeros_and_counted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The artifact's transformer traces write "[0, 0]" for ops whose tensors it did not record
+    # (attention, concatenation): read as a row without tensors, counted, one warning.
+    rows = _sample_rows()
+    rows[1]["params"] = "[0, 0]"
+    rows[2]["params"] = "[0]"
+    path = _write(tmp_path / "gpu" / "vit.1_7.csv", rows)
+    with caplog.at_level(logging.WARNING, logger="ets_hook.trace.importers"):
+        trace = read_ets_csv(path, op_codes={})
+    ops = trace.iterations[0].ops
+    assert ops[1].params == ops[2].params == (0,) * ETS_PARAM_COUNT
+    assert ops[0].params == tuple(CONV_PARAMS)
+    assert trace.metadata["unrecorded_params_rows"] == 2
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{path}: 2 of {len(rows)} rows have no params recorded (e.g. [0, 0]): read as zeros"
+    ]
+    whole = read_ets_csv(_write(tmp_path / "gpu" / "full.1_7.csv", _sample_rows()), op_codes={})
+    assert whole.metadata["unrecorded_params_rows"] == 0
+
+
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
         (lambda r: r.update(dir=4), "'dir'"),
         (lambda r: r.update(kduration="abc"), "'kduration'"),
         (lambda r: r.update(params="[1, 2, 3]"), "30 ints"),
+        (lambda r: r.update(params="[0, 5]"), "shorter list of zeros"),
+        (lambda r: r.update(params="[]"), "30 ints"),
         (lambda r: r.update(params="1 2 3"), "'params'"),
         (lambda r: r.update(input_type=3), "'input_type'"),
         (lambda r: r.update(kduration=-5), "negative"),
@@ -220,6 +246,25 @@ def test_shared_sample_imports_as_the_manifest_says() -> None:
         ops = trace.iterations[0].ops
         total = sum(op.kernel_duration_ns + op.gap_ns for op in ops)
         assert total > 0 and all(op.gap_ns >= 0 for op in ops)
+
+
+EXTRA = SHARED_DATA / "ets-traces-extra"
+
+
+@pytest.mark.skipif(not (EXTRA / "MANIFEST.csv").is_file(), reason="shared extra traces absent")
+def test_shared_extra_traces_import_as_the_manifest_says() -> None:
+    # The artifact's transformer traces carry "[0, 0]" params on some ops (MANIFEST's
+    # short_params_rows) and one trace is fp16 (input_type 2): all read, each row counted.
+    manifest = {
+        (row["gpu"], row["file"]): row for row in csv.DictReader((EXTRA / "MANIFEST.csv").open())
+    }
+    traces = load_traces([EXTRA])
+    assert len(traces) == len(manifest)
+    for trace in traces:
+        row = manifest[(trace.device.name, trace.metadata["file"])]
+        assert len(trace.iterations[0].ops) == int(row["rows"])
+        assert trace.metadata["unrecorded_params_rows"] == int(row["short_params_rows"])
+        assert trace.metadata["precision"] == ("fp16" if row["input_type"] == "2" else "fp32")
 
 
 # ---------------------------------------------------------------------------------------------
