@@ -228,43 +228,30 @@ def test_file_name_parts() -> None:
 
 
 SAMPLE = SHARED_DATA / "ets-traces"
+# More files of the artifact: its transformer traces carry "[0, 0]" params on some ops (the
+# manifest's short_params_rows), and one trace is fp16 (input_type 2).
+EXTRA = SHARED_DATA / "ets-traces-extra"
 
 
-@pytest.mark.skipif(not (SAMPLE / "MANIFEST.csv").is_file(), reason="shared ETS sample absent")
-def test_shared_sample_imports_as_the_manifest_says() -> None:
+@pytest.mark.parametrize("folder", [SAMPLE, EXTRA], ids=["sample", "extra"])
+def test_shared_traces_import_as_their_manifest_says(folder: Path) -> None:
+    if not (folder / "MANIFEST.csv").is_file():
+        pytest.skip(f"shared traces absent: {folder}")
     manifest = {
-        (row["gpu"], row["file"]): row for row in csv.DictReader((SAMPLE / "MANIFEST.csv").open())
+        (row["gpu"], row["file"]): row for row in csv.DictReader((folder / "MANIFEST.csv").open())
     }
-    traces = load_traces([SAMPLE])
+    traces = load_traces([folder])
     assert len(traces) == len(manifest)
     for trace in traces:
         row = manifest[(trace.device.name, trace.metadata["file"])]
         assert len(trace.iterations[0].ops) == int(row["rows"])
         assert trace.metadata["model"] == row["model"]
         assert trace.metadata["batch_size"] == int(row["batch"])
-        assert trace.metadata["precision"] == "fp32"
+        assert trace.metadata["precision"] == ("fp16" if row["input_type"] == "2" else "fp32")
+        assert trace.metadata["unrecorded_params_rows"] == int(row.get("short_params_rows", 0))
         ops = trace.iterations[0].ops
         total = sum(op.kernel_duration_ns + op.gap_ns for op in ops)
         assert total > 0 and all(op.gap_ns >= 0 for op in ops)
-
-
-EXTRA = SHARED_DATA / "ets-traces-extra"
-
-
-@pytest.mark.skipif(not (EXTRA / "MANIFEST.csv").is_file(), reason="shared extra traces absent")
-def test_shared_extra_traces_import_as_the_manifest_says() -> None:
-    # The artifact's transformer traces carry "[0, 0]" params on some ops (MANIFEST's
-    # short_params_rows) and one trace is fp16 (input_type 2): all read, each row counted.
-    manifest = {
-        (row["gpu"], row["file"]): row for row in csv.DictReader((EXTRA / "MANIFEST.csv").open())
-    }
-    traces = load_traces([EXTRA])
-    assert len(traces) == len(manifest)
-    for trace in traces:
-        row = manifest[(trace.device.name, trace.metadata["file"])]
-        assert len(trace.iterations[0].ops) == int(row["rows"])
-        assert trace.metadata["unrecorded_params_rows"] == int(row["short_params_rows"])
-        assert trace.metadata["precision"] == ("fp16" if row["input_type"] == "2" else "fp32")
 
 
 # ---------------------------------------------------------------------------------------------
