@@ -616,8 +616,11 @@ class ETSHook:
         """
         if self._closed or self._batch_clock is not None or hooks_disabled():
             return False
-        if self._epochs is not None and self._forecaster.steps_done == 0:
-            self._epochs.restarts = loader_restarts_workers(dataloader)
+        try:
+            if self._epochs is not None and self._forecaster.steps_done == 0:
+                self._epochs.restarts = loader_restarts_workers(dataloader)
+        except Exception as exc:  # a loader whose attributes raise: not the loop's problem
+            logger.debug("ets-hook: the loader's worker restarts are unknown: %r", exc)
         return self._use_batch_clock(BatchClock.attach(dataloader))
 
     def _use_batch_clock(self, clock: BatchClock | None) -> bool:

@@ -209,6 +209,13 @@ def test_a_loader_given_after_creation_is_timed_and_its_restarts_known() -> None
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     hook = ETSHook(model, optimizer=opt, steps_per_epoch=16, total_steps=32, log_every=None)
     assert hook.time_dataloader_workers(DataLoader(SlowBatches(), num_workers=0)) is False
+
+    class Hostile:
+        @property
+        def num_workers(self) -> int:
+            raise RuntimeError("no")
+
+    assert hook.time_dataloader_workers(Hostile()) is False  # refused, never raised
     loader = DataLoader(SlowBatches(), batch_size=1, num_workers=1)
     original_collate = loader.collate_fn
     assert hook._epochs is not None and not hook._epochs.restarts
