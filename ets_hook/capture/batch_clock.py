@@ -102,7 +102,8 @@ class BatchClock:
     """The finish times of the batches a loader's workers produced (module docs).
 
     Attributes:
-        loader: the ``DataLoader`` it is attached to.
+        loader: the ``DataLoader`` it was attached to (``detach`` also restores loaders made
+            from it that carry the same wrapper: a framework's copy for a distributed sampler).
         num_workers: the loader's ``num_workers``.
         workers: the workers recorded (the first ``MAX_WORKERS``).
     """
@@ -126,6 +127,7 @@ class BatchClock:
             self._original, self._times, self._cpu_times, self._counts, self.workers
         )
         self._wrapper.clock = self
+        self._loaders = [loader]  # every loader found carrying the wrapper
         loader.collate_fn = self._wrapper
 
     @classmethod
@@ -153,7 +155,10 @@ class BatchClock:
             if not isinstance(workers, int) or workers < 1:
                 return None
             if isinstance(loader.collate_fn, TimedCollate):  # attached before: read that one
-                return loader.collate_fn.clock
+                clock = loader.collate_fn.clock
+                if clock is not None and all(known is not loader for known in clock._loaders):
+                    clock._loaders.append(loader)  # a copy of the loader: given back too
+                return clock
             if getattr(loader, "_iterator", None) is not None:
                 return None
             return cls(loader)
@@ -191,13 +196,15 @@ class BatchClock:
         return self._reading
 
     def detach(self) -> None:
-        """Give the loader its own ``collate_fn`` back (iterators started since keep timing
-        until their slots are full). Idempotent; never raises."""
-        try:
-            if self.loader.collate_fn is self._wrapper:
-                self.loader.collate_fn = self._original
-        except Exception as exc:
-            logger.debug("ets-hook: DataLoader collate_fn not restored: %r", exc)
+        """Give the loader (and copies of it ``attach`` saw) its own ``collate_fn`` back
+        (iterators started since keep timing until their slots are full). Idempotent; never
+        raises."""
+        for loader in self._loaders:
+            try:
+                if loader.collate_fn is self._wrapper:
+                    loader.collate_fn = self._original
+            except Exception as exc:
+                logger.debug("ets-hook: DataLoader collate_fn not restored: %r", exc)
 
 
 def _iterated_loader(loader: Any) -> Any:

@@ -38,8 +38,9 @@ Trainer's optimizers with what the Trainer knows:
   public handle on it before the loader exists) and attaches a ``BatchClock`` to the loader it
   returns, before the loader's first ``iter()``; the hook then reads that clock. One
   ``DataLoader`` only (not several train loaders); a loader Lightning re-creates for a
-  distributed sampler keeps the clock (Lightning replays attribute writes made while it built
-  the loader).
+  distributed sampler keeps the clock (it copies the loader's attributes, or replays the
+  attribute writes made while the loader was built: the wrapped ``collate_fn`` either way), and
+  both are given back at close.
 - ``checkpoint_every``: the period of the ``ModelCheckpoint`` saves where it is one
   (``trainer_checkpoint_every``); the hook then prices each save from the model's and
   optimizers' state until the first is measured, once per file the save writes

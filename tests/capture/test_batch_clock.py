@@ -102,6 +102,12 @@ def test_nothing_is_attached_where_nothing_can_be_timed() -> None:
     first = BatchClock.attach(twice)
     assert first is not None
     assert BatchClock.attach(twice) is first  # a second reader shares the clock attached
+    # A framework's copy of the loader (Lightning's, for a distributed sampler) carries the same
+    # wrapper: the same clock, and it is given back at detach too.
+    copy_of = DataLoader(data, num_workers=1, collate_fn=twice.collate_fn)
+    assert BatchClock.attach(copy_of) is first
+    first.detach()
+    assert twice.collate_fn is default_collate and copy_of.collate_fn is default_collate
     # Attached before its first iter(), a persistent loader stays timed once its workers run
     # (a framework's callback attaches it before the framework starts the iterator).
     early = DataLoader(data, num_workers=1, persistent_workers=True)
