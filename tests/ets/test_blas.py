@@ -23,10 +23,13 @@ def test_loaded_libraries_parses_maps(tmp_path):
         "7f03-7f04 r-xp 00000000 08:01 2 /opt/numpy.libs/libscipy_openblas64_-x.so\n"
         "7f04-7f05 r-xp 00000000 08:01 3 /usr/bin/python3.11\n"
         "7ffd-7ffe rw-p 00000000 00:00 0 [stack]\n"
+        "7f06-7f07 r-xp 00000000 08:01 4 /opt/a dir/libbar.so.2 (deleted)\n"
+        "7f07-7f08 r--p 00000000 08:01 5 /opt/libs.so.d/notes.txt\n"
     )
     assert blas._loaded_libraries(str(maps)) == [
         "/usr/lib/libfoo.so.1",
         "/opt/numpy.libs/libscipy_openblas64_-x.so",
+        "/opt/a dir/libbar.so.2 (deleted)",
     ]
     assert blas._loaded_libraries(str(tmp_path / "missing")) == []
 
