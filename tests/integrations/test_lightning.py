@@ -522,6 +522,22 @@ def test_the_train_loaders_workers_are_timed_from_their_first_batch(source: str)
     assert "dataloader" not in vars(trainer.fit_loop._data_source)  # the source unwrapped
 
 
+def test_the_single_train_loader_is_found_in_lightnings_collections() -> None:
+    from lightning.pytorch.utilities import CombinedLoader
+
+    from ets_hook.integrations.lightning_trainer import single_train_loader
+
+    one, two = loaders(batches=2)
+    assert single_train_loader(one) is one
+    assert single_train_loader([one]) is one
+    assert single_train_loader({"train": one}) is one
+    assert single_train_loader(CombinedLoader([one], "max_size_cycle")) is one
+    assert single_train_loader([one, two]) is None  # several loaders: none is the step's pace
+    assert single_train_loader(CombinedLoader({"a": one, "b": two})) is None
+    assert single_train_loader(None) is None
+    assert single_train_loader(range(3)) is None
+
+
 def test_a_fit_that_fails_before_training_gives_the_loader_back() -> None:
     callback = ETSCallback()
     trainer = quiet_trainer(max_steps=2, num_sanity_val_steps=0, callbacks=[callback])
