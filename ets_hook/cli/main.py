@@ -39,15 +39,20 @@ from .watch import add_watch_parser
 
 _TRACE_INPUT = (
     "usage error, or TRACE is missing, not a regular file (a directory, FIFO, device), not "
-    "readable, or not a valid .ets trace"
+    "readable, or not a valid .ets trace (or ETS paper CSV)"
 )
 _UNEXPECTED = "an unexpected failure while running (Python's traceback)"
 
 
 def _load(path: str) -> Trace:
-    from ..trace.io import load_trace
-
+    """An ``.ets`` trace, or one ETS paper artifact CSV file (``trace.importers``)."""
     with reading(path):
+        if path.lower().endswith(".csv"):
+            from ..trace.importers import read_ets_csv
+
+            return read_ets_csv(path)
+        from ..trace.io import load_trace
+
         return load_trace(path)
 
 
@@ -143,15 +148,16 @@ def build_parser() -> argparse.ArgumentParser:
     info = commands.add_parser(
         "info",
         help="per-step table of a trace file",
-        description="Print a per-step table of an .ets trace: ops, kernels, CPU/GPU time, gaps.",
+        description="Print a per-step table of an .ets trace (or an ETS paper artifact CSV "
+        "file): ops, kernels, CPU/GPU time, gaps.",
         epilog=exit_codes_epilog("the table (or JSON) was printed", _TRACE_INPUT, _UNEXPECTED),
         formatter_class=HelpFormatter,
     )
     info.add_argument(
         "trace",
         nargs="+",
-        help="an .ets trace file; several (one per rank): also a per-rank table of compute, "
-        "data wait and the rest per step, naming a straggler",
+        help="an .ets trace file or an ETS paper CSV file; several (one per rank): also a "
+        "per-rank table of compute, data wait and the rest per step, naming a straggler",
     )
     info.add_argument("--json", action="store_true", help="print JSON instead of a table")
     info.set_defaults(handler=_cmd_info)
@@ -169,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         formatter_class=HelpFormatter,
     )
-    export.add_argument("trace", help="an .ets trace file")
+    export.add_argument("trace", help="an .ets trace file or an ETS paper CSV file")
     export.add_argument("--chrome", required=True, metavar="OUT.json", help="output path")
     export.set_defaults(handler=_cmd_export)
 

@@ -28,10 +28,12 @@ class IterationSummary:
         duration_ms: step wall time, ms.
         ops: number of ops.
         top_level_ops: number of outermost ops.
-        kernels: number of GPU records.
-        correlated_kernels: GPU records linked to an op.
+        kernels: number of GPU records (an imported per-op trace without records: the kernels
+            its outermost ops count).
+        correlated_kernels: GPU records linked to an op (imported per-op: all of them).
         cpu_ms: summed duration of the outermost ops, ms.
-        gpu_ms: summed kernel/memcpy/memset time, ms.
+        gpu_ms: summed kernel/memcpy/memset time, ms (imported per-op: the outermost ops'
+            kernel time).
         gaps_ms: summed positive ETS gaps of the outermost ops (host or device gaps), ms.
     """
 
@@ -56,15 +58,22 @@ def summarize_iteration(iteration: IterationTrace) -> IterationSummary:
         Its counts and summed times; only positive gaps are summed (-1 means unknown).
     """
     top = list(iteration.top_level_ops())
+    if iteration.kernels:
+        kernels = len(iteration.kernels)
+        linked = sum(1 for k in iteration.kernels if k.op_index >= 0)
+        gpu_ns = sum(k.duration_ns for k in iteration.kernels)
+    else:  # an imported per-op trace (ETS CSV): each op carries its kernels' count and time
+        kernels = linked = sum(max(op.kernel_count, 0) for op in top)
+        gpu_ns = sum(op.kernel_duration_ns for op in top if op.kernel_duration_ns > 0)
     return IterationSummary(
         step=iteration.step,
         duration_ms=iteration.duration_ns / 1e6,
         ops=len(iteration.ops),
         top_level_ops=len(top),
-        kernels=len(iteration.kernels),
-        correlated_kernels=sum(1 for k in iteration.kernels if k.op_index >= 0),
+        kernels=kernels,
+        correlated_kernels=linked,
         cpu_ms=sum(op.duration_ns for op in top) / 1e6,
-        gpu_ms=sum(k.duration_ns for k in iteration.kernels) / 1e6,
+        gpu_ms=gpu_ns / 1e6,
         gaps_ms=sum(op.gap_ns for op in top if op.gap_ns > 0) / 1e6,
     )
 
@@ -133,6 +142,7 @@ def format_info(trace: Trace, source: str) -> str:
         f"kernels  {printable(capture.kernel_capture) or '-'}"
         f"   dropped records: {_number(capture.dropped_records)}",
         f"rank     {_number(trace.rank)}/{_number(trace.world_size)}",
+        *_import_lines(trace.metadata),
         "",
         f"{'step':>5} {'time ms':>9} {'ops':>7} {'top':>6} {'kernels':>8} {'linked':>7}"
         f" {'cpu ms':>9} {'gpu ms':>9} {'gaps ms':>9}",
@@ -150,6 +160,44 @@ def format_info(trace: Trace, source: str) -> str:
     return "\n".join(lines)
 
 
+#: Metadata an importer sets (``trace.importers``), shown on the ``import`` line, in this order.
+_IMPORT_FIELDS = (
+    ("model", "model"),
+    ("config", "config"),
+    ("batch_size", "batch"),
+    ("precision", "precision"),
+    ("half_rows", "fp16 rows"),
+    ("unrecorded_params_rows", "rows without params"),
+)
+
+
+def _import_lines(metadata: Any) -> list[str]:
+    """The ``import`` header line of a trace read from a foreign format (none otherwise)."""
+    if not isinstance(metadata, dict) or "source" not in metadata:
+        return []
+    facts = [
+        f"{label} {printable(value) if isinstance(value, str) else _number(value)}"
+        for key, label in _IMPORT_FIELDS
+        if key in metadata
+        for value in (metadata[key],)
+    ]
+    h, w = metadata.get("input_h"), metadata.get("input_w")
+    if h is not None and w is not None:
+        facts.insert(3, f"input {_number(h)}x{_number(w)}")
+    return [f"import   {printable(metadata['source'])}: " + ", ".join(facts)]
+
+
+def _scalar_metadata(metadata: Any) -> dict[str, Any]:
+    """The trace's metadata entries that JSON can hold as they are (finite scalars)."""
+    if not isinstance(metadata, dict):
+        return {}
+    return {
+        str(k): v
+        for k, v in metadata.items()
+        if isinstance(v, (str, bool, int)) or (isinstance(v, float) and math.isfinite(v))
+    }
+
+
 def info_document(trace: Trace, source: str) -> dict[str, Any]:
     """What ``ets-hook info --json`` prints: trace facts and one summary per iteration.
 
@@ -159,14 +207,16 @@ def info_document(trace: Trace, source: str) -> dict[str, Any]:
 
     Returns:
         A dict that ``json.dumps(..., allow_nan=False)`` accepts: keys ``trace``, ``device``,
-        ``capture``, ``torch_version``, ``step_times_s`` (a step time that is not finite
-        becomes None) and ``iterations`` (``IterationSummary`` fields).
+        ``capture``, ``torch_version``, ``metadata`` (its entries that are finite scalars: an
+        imported trace's model, precision, ...), ``step_times_s`` (a step time that is not
+        finite becomes None) and ``iterations`` (``IterationSummary`` fields).
     """
     return {
         "trace": source,
         "device": asdict(trace.device),
         "capture": asdict(trace.capture),
         "torch_version": trace.torch_version,
+        "metadata": _scalar_metadata(trace.metadata),
         "step_times_s": [t if math.isfinite(t) else None for t in trace.step_times_s],
         "iterations": [asdict(summarize_iteration(it)) for it in trace.iterations],
     }

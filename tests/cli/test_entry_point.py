@@ -233,6 +233,49 @@ def test_info_json_on_a_real_trace(real_traces: list[Path]) -> None:
     assert [row["ops"] for row in doc["iterations"]] == [len(it.ops) for it in trace.iterations]
 
 
+def _paper_csv(path: Path) -> Path:
+    """A 3-row ETS paper CSV (conv, attention without params, relu) and its opCodes.dict."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    (path.parent / "opCodes.dict").write_text("{'conv2d': 203, 'attention': 172, 'relu': 152}")
+    conv = "[2, 3, 8, 8, 4, 8, 8, 3, 3" + ", 1" * 8 + ", 4" + ", 0" * 12 + "]"
+    rows = [  # op, params, kStart, kEnd, kernels, kduration (ns), space
+        (203, conv, 1_000, 4_000, 2, 3_000, 200),
+        (172, "[0, 0]", 4_200, 9_200, 3, 5_000, 300),
+        (152, "[2, 4, 8, 8" + ", 0" * 26 + "]", 9_500, 10_500, 1, 1_000, 100),
+    ]
+    lines = [",".join(ETS_CSV_COLUMNS)]
+    for i, (op, params, k0, k1, kernels, kdur, space) in enumerate(rows):
+        r = 500 * i
+        lines.append(
+            f'{op},1,"{params}",4,128,100,400,{r},{r + 400},{k0},{k1},0,{space},{space},'
+            f"{7 + i},{kernels},400,{kdur},2,8,8,1"
+        )
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_info_and_export_read_a_paper_csv(tmp_path: Path) -> None:
+    csv_path = _paper_csv(tmp_path / "T4" / "net.1_7.csv")
+    run = ets_hook("info", csv_path)
+    assert run.returncode == 0, run.stderr
+    assert "import   ets-csv: model net, config 1, batch 2, input 8x8, precision fp32" in run.stdout
+    assert "rows without params 1" in run.stdout
+    assert "1 of 3 rows have no params recorded" in run.stderr  # the importer's one warning
+    row = next(line.split() for line in run.stdout.splitlines() if re.match(r"^\s+7\s", line))
+    assert row[:6] == ["7", row[1], "3", "3", "6", "6"]  # 6 kernels, all on their rows
+    doc = json.loads(ets_hook("info", "--json", csv_path).stdout)
+    assert doc["metadata"]["unrecorded_params_rows"] == 1
+    assert doc["metadata"]["source"] == "ets-csv"
+    (step,) = doc["iterations"]
+    assert (step["kernels"], step["correlated_kernels"]) == (6, 6)
+    assert step["gpu_ms"] == pytest.approx(0.009)  # the rows' kernel time: 3 + 5 + 1 us
+    assert step["gaps_ms"] == pytest.approx(0.0006)
+    out = tmp_path / "chrome.json"
+    run = ets_hook("export", csv_path, "--chrome", out)
+    assert run.returncode == 0, run.stderr
+    assert len([e for e in json.loads(out.read_text())["traceEvents"] if e.get("ph") == "X"]) >= 3
+
+
 def test_export_a_real_trace(real_traces: list[Path], tmp_path: Path) -> None:
     out = tmp_path / "chrome.json"
     run = ets_hook("export", real_traces[2], "--chrome", out)
@@ -325,7 +368,10 @@ def _bad_input(kind: str, folder: Path, real_trace: Path, model: Path | None = N
 #: (subcommand, bad input): every kind for info and for evaluate's MODEL; for the commands that
 #: share a loader with one of those, the kinds that take another path through the command.
 CASES = [
-    *(("info", kind) for kind in ("missing", "folder", "fifo", "garbage", "empty", "truncated")),
+    *(
+        ("info", kind)
+        for kind in ("missing", "folder", "fifo", "garbage", "empty", "truncated", "bad-csv")
+    ),
     *(("export", kind) for kind in ("missing", "fifo", "truncated")),
     *(("train", kind) for kind in ("missing", "folder", "fifo", "garbage", "bad-csv")),
     *(("evaluate", kind) for kind in ("fifo", "truncated", "bad-csv")),
