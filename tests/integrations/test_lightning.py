@@ -528,12 +528,16 @@ def test_the_single_train_loader_is_found_in_lightnings_collections() -> None:
     from ets_hook.integrations.lightning_trainer import single_train_loader
 
     one, two = loaders(batches=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Lightning's own pytree deprecation notice
+        combined_one = CombinedLoader([one], "max_size_cycle")
+        combined_two = CombinedLoader({"a": one, "b": two})
     assert single_train_loader(one) is one
     assert single_train_loader([one]) is one
     assert single_train_loader({"train": one}) is one
-    assert single_train_loader(CombinedLoader([one], "max_size_cycle")) is one
+    assert single_train_loader(combined_one) is one
     assert single_train_loader([one, two]) is None  # several loaders: none is the step's pace
-    assert single_train_loader(CombinedLoader({"a": one, "b": two})) is None
+    assert single_train_loader(combined_two) is None
     assert single_train_loader(None) is None
     assert single_train_loader(range(3)) is None
 
