@@ -175,15 +175,14 @@ def _import_lines(metadata: Any) -> list[str]:
     """The ``import`` header line of a trace read from a foreign format (none otherwise)."""
     if not isinstance(metadata, dict) or "source" not in metadata:
         return []
-    facts = [
-        f"{label} {printable(value) if isinstance(value, str) else _number(value)}"
-        for key, label in _IMPORT_FIELDS
-        if key in metadata
-        for value in (metadata[key],)
-    ]
-    h, w = metadata.get("input_h"), metadata.get("input_w")
-    if h is not None and w is not None:
-        facts.insert(3, f"input {_number(h)}x{_number(w)}")
+    facts = []
+    for key, label in _IMPORT_FIELDS:
+        if key in metadata:
+            value = metadata[key]
+            shown = printable(value) if isinstance(value, str) else _number(value)
+            facts.append(f"{label} {shown}")
+        if key == "batch_size" and "input_h" in metadata and "input_w" in metadata:
+            facts.append(f"input {_number(metadata['input_h'])}x{_number(metadata['input_w'])}")
     return [f"import   {printable(metadata['source'])}: " + ", ".join(facts)]
 
 
