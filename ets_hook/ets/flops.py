@@ -153,10 +153,9 @@ class _Args:
             shape = tuple(map(int, raw))
             if shape and min(shape) < 0:
                 raise ValueError(f"input shape {i} has a negative dimension: {shape}")
-            if have_dtypes:
-                known = _DTYPE_BYTES.get(_dtype_key(dtypes[i]))
-                tensor = known is not None
-                size = known or 0
+            if have_dtypes:  # one lookup: every known dtype has a size > 0
+                size = dtype_size_bytes(dtypes[i], default=0)
+                tensor = size > 0
             else:  # no dtypes recorded: a non-empty shape is a tensor, assume 4-byte elements
                 tensor = len(shape) > 0
                 size = 4 if tensor else 0
