@@ -166,6 +166,19 @@ class BatchClock:
             logger.debug("ets-hook: DataLoader batch clock not attached: %r", exc)
             return None
 
+    @staticmethod
+    def attached_to(loader: Any) -> BatchClock | None:
+        """The clock whose wrapper ``loader`` (or the loader it adapts) collates with.
+
+        Returns:
+            That clock; None for an untimed loader or anything else. Never raises.
+        """
+        try:
+            collate = getattr(_iterated_loader(loader), "collate_fn", None)
+            return collate.clock if isinstance(collate, TimedCollate) else None
+        except Exception:  # an adapter whose attributes raise: not timed by us
+            return None
+
     def read(self) -> tuple[list[list[float]], list[list[float]]]:
         """Each worker's batch finish times and CPU times so far.
 

@@ -106,7 +106,7 @@ if not installed_packages():
 
 import torch
 
-from ..capture.batch_clock import BatchClock, TimedCollate
+from ..capture.batch_clock import BatchClock
 from ..forecast.early_stop import EarlyStoppingRule
 from ..forecast.job import CHECKPOINT, EVAL, eval_cost_prior
 from ..hook import ETSHook
@@ -418,10 +418,7 @@ class BaseETSCallback:
         if self._hook is not None and "dataloader" not in self.hook_options:
             loader = single_train_loader(getattr(trainer, "train_dataloader", None))
             timed = self._hook.time_dataloader_workers(loader)
-        collate = getattr(loader, "collate_fn", None)
-        if early is not None and not (
-            timed and isinstance(collate, TimedCollate) and collate.clock is early
-        ):
+        if early is not None and not (timed and BatchClock.attached_to(loader) is early):
             early.detach()
 
     def _release_train_loader(self) -> None:

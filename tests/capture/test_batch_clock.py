@@ -102,6 +102,9 @@ def test_nothing_is_attached_where_nothing_can_be_timed() -> None:
     first = BatchClock.attach(twice)
     assert first is not None
     assert BatchClock.attach(twice) is first  # a second reader shares the clock attached
+    assert BatchClock.attached_to(twice) is first
+    assert BatchClock.attached_to(DataLoader(data, num_workers=1)) is None
+    assert BatchClock.attached_to(None) is None
     # A framework's copy of the loader (Lightning's, for a distributed sampler) carries the same
     # wrapper: the same clock, and it is given back at detach too.
     copy_of = DataLoader(data, num_workers=1, collate_fn=twice.collate_fn)
