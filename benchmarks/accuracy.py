@@ -73,6 +73,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -391,7 +392,14 @@ def run_job(
     return _run_rank(spec, steps, device, seed, models_dir, record_shapes, op_capture)
 
 
-def _run_rank(
+def _run_rank(spec: JobSpec, steps: int, *args: Any, **kwargs: Any) -> Run:
+    """``_run_rank_in`` with a checkpoint folder of its own, removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="ets-accuracy-") as checkpoint_dir:
+        return _run_rank_in(checkpoint_dir, spec, steps, *args, **kwargs)
+
+
+def _run_rank_in(
+    checkpoint_dir: str,
     spec: JobSpec,
     steps: int,
     device: str,
@@ -411,7 +419,6 @@ def _run_rank(
         job = dataclasses.replace(job, model=torch.compile(job.model))
     batches = job_batches(job, spec, seed)
     run = Run(spec, steps)
-    checkpoint_dir = tempfile.mkdtemp(prefix="ets-accuracy-")
     autocast = (
         torch.autocast(job.device.type, dtype=torch.bfloat16)
         if spec.autocast == "bf16"
@@ -527,8 +534,11 @@ def run_ddp_job(
         port = sock.getsockname()[1]
     out = tempfile.mkdtemp(prefix="ets-accuracy-ddp-")
     args = (device, seed, models_dir, record_shapes, op_capture)
-    mp.spawn(_ddp_worker, args=(spec, steps, port, args, out), nprocs=spec.ranks)
-    runs = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(spec.ranks)]
+    try:
+        mp.spawn(_ddp_worker, args=(spec, steps, port, args, out), nprocs=spec.ranks)
+        runs = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(spec.ranks)]
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
     first = runs[0]
     job_end_wall_s = max(r["start_wall_s"] + r["step_ends_s"][-1] for r in runs)
     run = Run(spec, steps)

@@ -31,10 +31,12 @@ def accuracy() -> Any:
     return module
 
 
-def run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+def run(
+    script: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / script), *args],
-        capture_output=True, text=True, timeout=600, cwd=ROOT,
+        capture_output=True, text=True, timeout=600, cwd=ROOT, env=env,
     )  # fmt: skip
 
 
@@ -137,11 +139,14 @@ def test_accuracy_rounds_run_each_job_in_fresh_processes_and_report_per_job(
     tmp_path: Path,
 ) -> None:
     out = tmp_path / "acc"
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     result = run(
         "accuracy.py", "--jobs", "mlp-small", "--steps", "300", "--max-steps", "60",
-        "--rounds", "2", "--out", str(out),
+        "--rounds", "2", "--out", str(out), env={**os.environ, "TMPDIR": str(scratch)},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
+    assert not list(scratch.glob("ets-accuracy-*"))  # each run's checkpoint folder is removed
     runs = json.loads(out.with_suffix(".rounds.json").read_text())["mlp-small"]
     assert len(runs) == 2
     assert all(job["steps"] == 60 for job in runs)  # --max-steps caps, and is passed on
