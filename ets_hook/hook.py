@@ -185,6 +185,8 @@ class ETSHook:
                 ``[skip_steps, skip_steps + capture_steps)`` of this process. None (default): 1,
                 postponed while steps still compile (``torch.compile``): the window starts
                 after two compile-free steps in a row, at most ``MAX_AUTO_SKIP_STEPS`` steps in.
+                Either way a window waits while another hook in this process holds the native
+                op observer (``capture.window_runner.MAX_OBSERVER_WAIT_STEPS`` at most).
             trace_path: where to write the captured trace (atomically; its folder must exist, a
                 failed write is logged); ``{rank}`` is filled in and under DDP ``.rank<N>`` is
                 added (``rank_trace_path``). None: not written.
@@ -674,7 +676,7 @@ class ETSHook:
     @property
     def skip_steps(self) -> int:
         """Steps timed before the capture window; with ``skip_steps=None``, raised while the
-        first steps still compile."""
+        first steps still compile; raised while another hook's capture holds the op observer."""
         return self._window.skip_steps
 
     @property

@@ -19,6 +19,7 @@ started and stopped on the training thread and read back later, off it, as ``Raw
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -52,6 +53,26 @@ def other_profiler_active() -> str | None:
 
 # ---------------------------------------------------------------------------------------------
 # Native observer
+
+
+class NativeObserverBusyError(RuntimeError):
+    """The native observer's one session belongs to another ``NativeOpCapture`` (another
+    ``ETSHook``'s window in this process), from its ``start`` until its records are read or
+    discarded."""
+
+
+# The capture whose records the observer holds: the observer has one session per process, and
+# its records live until their owner reads or discards them (a second ``start`` would forget
+# them). Guarded by _owner_lock.
+_owner: NativeOpCapture | None = None
+_owner_lock = threading.Lock()
+
+
+def native_observer_busy() -> bool:
+    """Whether a ``NativeOpCapture`` holds the observer (its session open, or its records not
+    yet read or discarded): another capture's ``start`` would raise ``NativeObserverBusyError``."""
+    with _owner_lock:
+        return _owner is not None
 
 
 class NativeOpCapture:
@@ -112,7 +133,9 @@ class NativeOpCapture:
         return self._active
 
     def start(self, record_shapes: bool, correlation: Any = None) -> None:
-        """Register the callback; from now on every op on every thread is recorded.
+        """Take the observer and register the callback; from now on every op on every thread
+        is recorded. This capture holds the observer until ``read`` or ``discard``; starting
+        again before then (a restart) forgets what it recorded.
 
         Args:
             record_shapes: record each op's input shapes and dtypes.
@@ -120,11 +143,35 @@ class NativeOpCapture:
                 (each op then pushes its id as external correlation id), else None.
 
         Raises:
+            NativeObserverBusyError: another capture holds the observer.
             RuntimeError: a session is already open (in this process), or torch refused the
                 callback.
         """
-        self._ops.start(record_shapes, self._budget, correlation)  # forgets older records
+        global _owner
+        with _owner_lock:
+            if _owner is not None and _owner is not self:
+                raise NativeObserverBusyError(
+                    "the native op observer holds another capture's records (another "
+                    "ETSHook's window in this process)"
+                )
+            taken, _owner = _owner is None, self
+        try:
+            self._ops.start(record_shapes, self._budget, correlation)  # forgets older records
+        except BaseException:
+            if taken:
+                self._release()
+            raise
         self._active = True
+
+    def _release(self) -> None:
+        global _owner
+        with _owner_lock:
+            if _owner is self:
+                _owner = None
+
+    def _owns(self) -> bool:
+        with _owner_lock:
+            return _owner is self
 
     def set_record_shapes(self, record_shapes: bool) -> None:
         """Record shapes (or not) from the next op on; safe at any point of a step.
@@ -145,25 +192,40 @@ class NativeOpCapture:
             self._ops.stop()
 
     def discard(self) -> None:
-        """Forget the recorded ops without reading them; frees the buffers. After ``stop``."""
-        self._ops.reset()
+        """Forget the recorded ops without reading them, free the buffers and give the
+        observer back. After ``stop``; idempotent, and a no-op once the observer was given
+        back (it may hold another capture's records by then).
+
+        Raises:
+            RuntimeError: the callback is still registered (``stop`` first).
+        """
+        if self._owns():
+            try:
+                self._ops.reset()
+            finally:
+                self._release()
 
     def read(self) -> list[RawOp]:
-        """The recorded ops as ``RawOp`` rows (any order); frees the buffers. Off the training
-        thread, after ``stop``.
+        """The recorded ops as ``RawOp`` rows (any order); frees the buffers and gives the
+        observer back. Off the training thread, after ``stop``.
 
         Returns:
             One row per op, times on the trace clock (CLOCK_REALTIME ns), ``thread`` the OS
             thread id. An op still open (the window ends inside ``Optimizer.step#...``, whose
             end comes after the callback is removed) lasts until the drain, so the ops inside it
-            still nest under it.
+            still nest under it. Empty once the observer was given back (read or discarded).
         """
-        drained_ns = time.time_ns()
-        chunks = self._ops.drain()
-        self.dropped = int(self._ops.dropped())
-        names = self._ops.names()
-        rows = _native_rows(self._ops, self._dtype, chunks, names, drained_ns)
-        self._ops.reset()
+        if not self._owns():
+            return []
+        try:
+            drained_ns = time.time_ns()
+            chunks = self._ops.drain()
+            self.dropped = int(self._ops.dropped())
+            names = self._ops.names()
+            rows = _native_rows(self._ops, self._dtype, chunks, names, drained_ns)
+            self._ops.reset()
+        finally:
+            self._release()
         return rows
 
 

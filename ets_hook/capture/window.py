@@ -193,18 +193,20 @@ def window_budget(
     return WindowBudget.CONTINUE if spent_s + one_more_s <= budget_s else WindowBudget.FINISH
 
 
-def choose_op_capture(mode: str) -> OpCaptureChoice:
+def choose_op_capture(mode: str, *, observer_busy: bool = False) -> OpCaptureChoice:
     """The op capture for this window (logs the fallback or the back-off once).
 
     Args:
         mode: ``"auto"``, ``"native"`` or ``"profiler"`` (``ETSHook(op_capture=)``).
+        observer_busy: the native observer holds another hook's capture
+            (``capture.ops.native_observer_busy``): the profiler path runs instead.
 
     Returns:
-        The choice: the native observer if loaded (and not ``"profiler"``); else the torch
-        profiler, unless another profiler session is active (then ``ops`` is None).
+        The choice: the native observer if loaded, free (and not ``"profiler"``); else the
+        torch profiler, unless another profiler session is active (then ``ops`` is None).
     """
     module = native_ops.load() if mode != "profiler" else None
-    if module is not None:
+    if module is not None and not observer_busy:
         ops = NativeOpCapture(module)
         return OpCaptureChoice(ops, f"ops: {ops.name}")
     busy = other_profiler_active()
@@ -215,7 +217,11 @@ def choose_op_capture(mode: str) -> OpCaptureChoice:
     profiler = ProfilerOpCapture()
     note = f"ops: {profiler.name}"
     if mode != "profiler":
-        reason = native_ops.unavailable_reason() or "not loaded"
+        reason = (
+            "in use by another ETSHook in this process"
+            if module is not None
+            else native_ops.unavailable_reason() or "not loaded"
+        )
         note += f" (native observer: {reason})"
         logger.info(
             "ets-hook: native op observer unavailable (%s); the torch profiler captures this "

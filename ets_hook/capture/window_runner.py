@@ -32,7 +32,7 @@ from ..trace.decode import StepBounds
 from ..trace.events import Trace
 from ..trace.io import save_trace
 from . import native_ops
-from .ops import NativeOpCapture, ProfilerOpCapture
+from .ops import NativeOpCapture, ProfilerOpCapture, native_observer_busy
 from .sysinfo import device_info, host_info, machine_facts
 from .window import (
     CAPTURE_BUDGET_SHARE,
@@ -54,6 +54,9 @@ logger = logging.getLogger("ets_hook")
 
 #: With ``auto_skip`` (``ETSHook(skip_steps=None)``), the latest step at which the window starts.
 MAX_AUTO_SKIP_STEPS = 32
+#: Steps a window waits for the native observer while another hook's capture holds it (two
+#: hooks in one process: a GAN's two models); then the torch profiler captures instead.
+MAX_OBSERVER_WAIT_STEPS = 32
 
 
 class WindowSink(Protocol):
@@ -184,6 +187,7 @@ class WindowRunner:
         self._op_capture_mode = op_capture
         self._ops_note = ""  # which op capture path ran (set at the window's start)
         self._ops: NativeOpCapture | ProfilerOpCapture | None = None
+        self._observer_waits = 0  # steps the window was postponed for another hook's capture
         if capture_steps > 0 and op_capture != "profiler":
             # Unbuilt: "auto" builds it on a nice'd thread (profiler meanwhile), "native" now.
             if op_capture == "native":
@@ -313,11 +317,24 @@ class WindowRunner:
     def start(self) -> None:
         """Start the window now: op capture (and the kernel collector), then tell the sink which
         steps carry the capture's cost. Off instead when another profiler owns the session.
+        While another hook's capture holds the native observer (until its records are read),
+        the window waits instead, one step at a time (``skip_steps`` grows), for at most
+        ``MAX_OBSERVER_WAIT_STEPS``; then the torch profiler captures it.
 
         Raises:
             Exception: whatever starting the capture raises.
         """
-        choice = choose_op_capture(self._op_capture_mode)
+        busy = self._op_capture_mode != "profiler" and native_observer_busy()
+        if busy and self._observer_waits < MAX_OBSERVER_WAIT_STEPS:
+            if self._observer_waits == 0:
+                logger.info(
+                    "ets-hook: another ETSHook's capture holds the op observer; this hook's "
+                    "window waits for it"
+                )
+            self._observer_waits += 1
+            self.skip_steps += 1  # WAITING: the next step boundary calls start() again
+            return
+        choice = choose_op_capture(self._op_capture_mode, observer_busy=busy)
         if choice.ops is None:
             self.state = WindowState.OFF
             self._capture_note = choice.note
@@ -384,6 +401,8 @@ class WindowRunner:
         if self._ops is not None and self._ops.active:
             with contextlib.suppress(Exception):
                 self._ops.stop()
+                if isinstance(self._ops, NativeOpCapture):
+                    self._ops.discard()  # nothing will read them: the observer is free again
         if self._collector is not None:
             with contextlib.suppress(Exception):
                 self._collector.close()
@@ -612,6 +631,9 @@ class WindowRunner:
         except Exception as exc:
             self._on_failure(exc)
         finally:
+            if isinstance(ops, NativeOpCapture):
+                with contextlib.suppress(Exception):
+                    ops.discard()  # unread after a failure: the observer is free again
             self._trace_ready.set()
         # Steps that ran while this thread decoded competed with it for the CPU and the GIL.
         self._sink.set_perturbed_steps(

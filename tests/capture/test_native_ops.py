@@ -19,8 +19,13 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ets_hook import ETSHook, Phase
-from ets_hook.capture import native_ops
-from ets_hook.capture.ops import NativeOpCapture, ProfilerOpCapture
+from ets_hook.capture import native_ops, window_runner
+from ets_hook.capture.ops import (
+    NativeObserverBusyError,
+    NativeOpCapture,
+    ProfilerOpCapture,
+    native_observer_busy,
+)
 from ets_hook.trace.decode import RawOp, StepBounds, build_iterations
 from ets_hook.trace.names import AUTOGRAD_NODE_PREFIX, BACKWARD_SCOPE, USER_SCOPE
 
@@ -268,15 +273,115 @@ def test_records_past_the_budget_are_dropped_and_counted(ops) -> None:
     assert ops.allocated_bytes() == held  # read() trimmed the buffers again
 
 
-def test_a_second_session_is_refused_while_one_is_open(ops) -> None:
-    first = NativeOpCapture(ops)
+def test_a_capture_holds_the_observer_until_its_records_are_read(ops) -> None:
+    a = torch.ones(2)
+    first, second = NativeOpCapture(ops), NativeOpCapture(ops)
     first.start(False)
+    try:
+        with pytest.raises(NativeObserverBusyError, match="another capture"):
+            second.start(False)
+        torch.add(a, a)
+    finally:
+        first.stop()
+    assert native_observer_busy()
+    # stopped but unread: a second start would forget the first capture's records
+    with pytest.raises(NativeObserverBusyError):
+        second.start(False)
+    assert [r.name for r in first.read()] == ["aten::add"]
+    assert not native_observer_busy()
+    second.start(False)
+    try:
+        torch.mul(a, a)
+    finally:
+        second.stop()
+    first.discard()  # given back already: must not reset what the second one holds
+    assert first.read() == []
+    assert [r.name for r in second.read()] == ["aten::mul"]
+    assert not native_observer_busy()
+
+
+def test_a_discarded_or_refused_capture_gives_the_observer_back(ops) -> None:
+    dropped = NativeOpCapture(ops)
+    dropped.start(False)
+    dropped.stop()
+    dropped.discard()
+    assert not native_observer_busy()
+    # torch refusing the callback (here: a session registered behind the captures' back)
+    # leaves the observer free, not held by a capture that never started
+    ops.start(False, ops.CHUNK_BYTES)
     try:
         with pytest.raises(RuntimeError, match="already open"):
             NativeOpCapture(ops).start(False)
+        assert not native_observer_busy()
     finally:
-        first.stop()
-        first.read()
+        ops.stop()
+        ops.reset()
+
+
+def gan_step(
+    g: nn.Module, d: nn.Module, og: torch.optim.Optimizer, od: torch.optim.Optimizer
+) -> None:
+    z = torch.randn(8, 16)
+    od.zero_grad()
+    (d(g(z).detach()).pow(2).mean() + (d(torch.randn(8, 4)) - 1).pow(2).mean()).backward()
+    od.step()
+    og.zero_grad()
+    (d(g(z)) - 1).pow(2).mean().backward()
+    og.step()
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_two_hooks_in_one_process_take_the_observer_in_turn(
+    ops, background: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A GAN's generator and discriminator, one hook each: both windows are captured by the
+    native observer, one after the other (the second waits until the first's records are
+    read); nothing is reported as an internal error."""
+    torch.manual_seed(0)
+    g = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    d = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 1))
+    og = torch.optim.SGD(g.parameters(), lr=0.01)
+    od = torch.optim.SGD(d.parameters(), lr=0.01)
+    options = {"capture_steps": 2, "log_every": None, "decode_in_background": background}
+    hooks = [ETSHook(g, optimizer=og, **options), ETSHook(d, optimizer=od, **options)]
+    with caplog.at_level("INFO", logger="ets_hook"):
+        for _ in range(20):
+            gan_step(g, d, og, od)
+            if all(h.trace is not None for h in hooks):
+                break
+        traces = [h.wait_for_trace(30) for h in hooks]
+    for hook in hooks:
+        hook.close()
+    assert all(t is not None for t in traces), [h.capture_status for h in hooks]
+    assert [t.capture.op_capture for t in traces] == [NativeOpCapture.name] * 2
+    first, second = sorted(traces, key=lambda t: t.iterations[0].start_ns)
+    assert first.iterations[-1].end_ns <= second.iterations[0].start_ns  # one after the other
+    assert all(len(t.iterations) == 2 and t.iterations[0].ops for t in traces)
+    assert sorted(h.skip_steps for h in hooks)[1] > 1  # the second window waited
+    assert "internal error" not in caplog.text
+    assert "waits for it" in caplog.text
+    assert not native_observer_busy()
+
+
+def test_a_window_that_waits_too_long_is_captured_by_the_profiler(ops, monkeypatch) -> None:
+    monkeypatch.setattr(window_runner, "MAX_OBSERVER_WAIT_STEPS", 2)
+    holder = NativeOpCapture(ops)  # another hook's window, not read in time
+    holder.start(False)
+    holder.stop()
+    try:
+        model = mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        hook = ETSHook(model, optimizer=opt, capture_steps=2, skip_steps=1, log_every=None)
+        for _ in range(7):
+            sgd_step(model, opt, torch.randn(8, 16))
+        hook.close()
+        trace = hook.wait_for_trace(30)
+    finally:
+        holder.discard()
+    assert hook.skip_steps == 3  # waited two steps, then started
+    assert trace is not None and trace.capture.op_capture == ProfilerOpCapture.name
+    assert "in use by another ETSHook" in hook.capture_status
+    assert [it.step for it in trace.iterations] == [3, 4]
 
 
 # ---------------------------------------------------------------------------------------------
