@@ -477,6 +477,7 @@ class ETSHook:
                 on_first_activity=self._guarded(self._on_first_activity),
                 on_forward=self._guarded(self._window.on_forward),
                 on_inputs_vary=self._guarded(self._on_inputs_vary),
+                forwards_per_step=job.grad_accum_steps,
             )
         )
         if not disabled:

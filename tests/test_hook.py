@@ -174,6 +174,23 @@ def test_gradient_accumulation_counts_optimizer_steps():
     assert len(forwards) == 4 * 2  # two linears per micro-batch, four micro-batches
 
 
+def test_declared_accumulation_without_the_optimizer_counts_optimizer_steps():
+    """``grad_accum_steps`` given, the optimizer not: the micro-batches before the first
+    optimizer step (when forwards still mark steps) are not steps either."""
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(model, total_steps=5, grad_accum_steps=4, capture_steps=0, log_every=None)
+    for _step in range(5):
+        for _micro in range(4):
+            x, y = batch()
+            (nn.functional.cross_entropy(model(x), y) / 4).backward()
+        opt.step()
+        opt.zero_grad()
+    assert hook.prediction is not None and hook.prediction.eta_s == 0.0
+    hook.close()
+    assert hook.steps_completed == 5
+
+
 def test_optimizer_not_given_uses_any_optimizer_and_direct_forward_calls():
     model = tiny_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

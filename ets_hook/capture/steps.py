@@ -12,7 +12,10 @@ One authority decides at a time, so a boundary is never counted twice:
 3. No optimizer given: explicit ``hook.step()`` calls, from the first one on.
 4. Neither: any optimizer's step (``register_optimizer_step_post_hook``; with several optimizers,
    once all optimizers seen so far have stepped), else the root module's forward in training
-   mode with grad enabled (a step runs from one such forward to the next).
+   mode with grad enabled (a step runs from one such forward to the one ``forwards_per_step``
+   later: the gradient accumulation's micro-batches make one step). Until the first optimizer
+   step, forwards decide; a loop with more forwards per optimizer step than it declared (two
+   views of a batch, undeclared accumulation) gets those extra boundaries before its first one.
 
 Forwards in eval mode, under ``no_grad``, inside a marked phase or inside an optimizer step
 (LBFGS closures) never end a step. Optimizer steps inside a marked phase are ignored too.
@@ -248,6 +251,7 @@ class StepDetector:
         on_first_activity: Callable[[], None] | None = None,
         on_forward: Callable[[], None] | None = None,
         on_inputs_vary: Callable[[], None] | None = None,
+        forwards_per_step: int = 1,
     ) -> None:
         """Install the hooks for the authority the arguments select.
 
@@ -264,7 +268,20 @@ class StepDetector:
                 beyond the batch dimension (``capture.input_shapes``); watched while the module
                 hook is installed (up to the capture window's end), for at most
                 ``WATCHED_FORWARDS`` forwards. None: not watched.
+            forwards_per_step: training forwards per step where forwards mark the steps (the
+                gradient accumulation's micro-batches per optimizer step; int >= 1).
+
+        Raises:
+            ValueError: ``forwards_per_step`` is not an int >= 1.
         """
+        if (
+            isinstance(forwards_per_step, bool)
+            or not isinstance(forwards_per_step, int)
+            or forwards_per_step < 1
+        ):
+            raise ValueError(f"forwards_per_step must be an int >= 1, got {forwards_per_step!r}")
+        self._forwards_per_step = forwards_per_step
+        self._forwards_in_step = 0  # training forwards since the last boundary (FORWARD)
         self._model = model
         self._optimizers = list(optimizers)
         self._on_boundary = on_boundary
@@ -380,11 +397,15 @@ class StepDetector:
         watch = self._shape_watch
         if watch is not None and watch.active and watch.observe(args, kwargs):
             self._on_inputs_vary()  # type: ignore[misc]  # set with the watch
+        self._forwards_in_step += 1
         if not self._forward_started:
             self._forward_started = True
             if self._on_first_activity is not None:
                 self._on_first_activity()
-        elif self.authority is Authority.FORWARD:
+        elif (
+            self.authority is Authority.FORWARD and self._forwards_in_step > self._forwards_per_step
+        ):
+            self._forwards_in_step = 1
             self._on_boundary(Authority.FORWARD.value)
             return
         if self._on_forward is not None:

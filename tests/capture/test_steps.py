@@ -94,6 +94,7 @@ def make() -> Iterator[Callable[..., tuple[StepDetector, Events]]]:
         optimizers: Any = (),
         *,
         grad_scaler: Any = None,
+        forwards_per_step: int = 1,
     ) -> tuple[StepDetector, Events]:
         events = Events()
         detector = StepDetector(
@@ -103,6 +104,7 @@ def make() -> Iterator[Callable[..., tuple[StepDetector, Events]]]:
             grad_scaler=grad_scaler,
             on_first_activity=events.first,
             on_forward=events.forward,
+            forwards_per_step=forwards_per_step,
         )
         made.append(detector)
         return detector, events
@@ -368,6 +370,40 @@ def test_root_forwards_mark_steps_from_one_to_the_next(make) -> None:
     assert events.log[:2] == [("first",), ("forward",)]  # only the first forward is not an end
     assert events.count("forward") == 1
     assert detector.authority is Authority.FORWARD
+
+
+def test_with_accumulation_forwards_mark_a_step_per_micro_batch_group(make) -> None:
+    model = tiny_model()
+    _, events = make(model, [], forwards_per_step=3)
+    for micro_batch in range(9):  # three steps of three micro-batches
+        forward_backward(model)
+        if micro_batch % 3 == 2:
+            manual_update(model)
+    forward_backward(model)  # the next step's first forward ends the third
+    assert events.boundaries == ["forward"] * 3
+    assert events.count("forward") == 7  # forwards that end no step: 10 - 3
+
+
+def test_undeclared_accumulation_before_the_first_optimizer_step_counts_no_micro_batch(
+    make,
+) -> None:
+    """No optimizer given, ``grad_accum_steps=4`` declared: the first optimizer step comes after
+    four forwards, none of which may end a step (each counted one before)."""
+    model = tiny_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    _, events = make(model, [], forwards_per_step=4)
+    for micro_batch in range(12):
+        forward_backward(model, scale=0.25)
+        if micro_batch % 4 == 3:
+            opt.step()
+            opt.zero_grad()
+    assert events.boundaries == ["any_optimizer"] * 3
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, None])
+def test_forwards_per_step_must_be_a_positive_int(bad: Any) -> None:
+    with pytest.raises(ValueError, match="forwards_per_step must be an int >= 1"):
+        StepDetector(tiny_model(), [], lambda source: None, forwards_per_step=bad)
 
 
 @pytest.mark.parametrize(
