@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -75,6 +75,12 @@ def native_observer_busy() -> bool:
         return _owner is not None
 
 
+def native_observer_holder() -> NativeOpCapture | None:
+    """The ``NativeOpCapture`` holding the observer, or None."""
+    with _owner_lock:
+        return _owner
+
+
 class NativeOpCapture:
     """One capture session of the native observer (``ets_hook._ops``).
 
@@ -84,6 +90,11 @@ class NativeOpCapture:
 
     Attributes:
         name: how ``CaptureInfo.op_capture`` and ``capture_status`` name this path.
+        boundaries: step boundaries its window has seen while it held the observer (the
+            window counts them): a capture whose count stops moving belongs to a loop that
+            stopped (a notebook cell that raised inside the window).
+        on_preempt: set by its window: abandons that window (stop, discard, observer given
+            back), for a hook that needs the observer from a capture whose loop stopped.
     """
 
     name = "native RecordFunction observer"
@@ -126,6 +137,8 @@ class NativeOpCapture:
             }
         )
         self.dropped = 0
+        self.boundaries = 0
+        self.on_preempt: Callable[[], None] | None = None
 
     @property
     def active(self) -> bool:

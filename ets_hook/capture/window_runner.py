@@ -32,7 +32,12 @@ from ..trace.decode import StepBounds
 from ..trace.events import Trace
 from ..trace.io import save_trace
 from . import native_ops
-from .ops import NativeOpCapture, ProfilerOpCapture, native_observer_busy
+from .ops import (
+    NativeOpCapture,
+    ProfilerOpCapture,
+    native_observer_busy,
+    native_observer_holder,
+)
 from .sysinfo import device_info, host_info, machine_facts
 from .window import (
     CAPTURE_BUDGET_SHARE,
@@ -57,6 +62,11 @@ MAX_AUTO_SKIP_STEPS = 32
 #: Steps a window waits for the native observer while another hook's capture holds it (two
 #: hooks in one process: a GAN's two models); then the torch profiler captures instead.
 MAX_OBSERVER_WAIT_STEPS = 32
+#: A capture holding the observer whose window saw no step boundary in this many of a waiting
+#: hook's steps belongs to a loop that stopped (a notebook cell that raised inside its window:
+#: its observer would record every op of the process for good): its window is abandoned and
+#: the waiting hook takes the observer. A live window lasts at most 5 of its own steps.
+STALE_HOLDER_STEPS = 8
 
 
 class WindowSink(Protocol):
@@ -188,6 +198,8 @@ class WindowRunner:
         self._ops_note = ""  # which op capture path ran (set at the window's start)
         self._ops: NativeOpCapture | ProfilerOpCapture | None = None
         self._observer_waits = 0  # steps the window was postponed for another hook's capture
+        # The capture this window waits for, its boundary count, and the wait it last moved at.
+        self._awaited: tuple[NativeOpCapture, int, int] | None = None
         if capture_steps > 0 and op_capture != "profiler":
             # Unbuilt: "auto" builds it on a nice'd thread (profiler meanwhile), "native" now.
             if op_capture == "native":
@@ -296,6 +308,8 @@ class WindowRunner:
             Exception: whatever starting or stopping the capture raises (the hook's guard
                 degrades the hook to a step timer).
         """
+        if self.state == WindowState.CAPTURING and isinstance(self._ops, NativeOpCapture):
+            self._ops.boundaries += 1  # alive (see NativeOpCapture.boundaries)
         if self.state == WindowState.CAPTURING or self.state == WindowState.WAITING:
             self._advance(step_index, start_ns, end_ns, last_compile_step)
         elif self.state == WindowState.DECODING:
@@ -318,19 +332,29 @@ class WindowRunner:
         """Start the window now: op capture (and the kernel collector), then tell the sink which
         steps carry the capture's cost. Off instead when another profiler owns the session.
         While another hook's capture holds the native observer (until its records are read),
-        the window waits instead, one step at a time (``skip_steps`` grows), for at most
+        the window waits instead, one step at a time (``skip_steps`` grows): until that
+        capture's window has seen no step in ``STALE_HOLDER_STEPS`` of these (its loop
+        stopped: its window is abandoned and the observer taken), or at most
         ``MAX_OBSERVER_WAIT_STEPS``; then the torch profiler captures it.
 
         Raises:
             Exception: whatever starting the capture raises.
         """
         busy = self._op_capture_mode != "profiler" and native_observer_busy()
+        if busy and self._preempt_stopped_capture():
+            busy = native_observer_busy()
         if busy and self._observer_waits < MAX_OBSERVER_WAIT_STEPS:
+            holder = native_observer_holder()
             if self._observer_waits == 0:
                 logger.info(
                     "ets-hook: another ETSHook's capture holds the op observer; this hook's "
                     "window waits for it"
                 )
+            awaited = self._awaited
+            if holder is not None and (
+                awaited is None or awaited[0] is not holder or awaited[1] != holder.boundaries
+            ):
+                self._awaited = (holder, holder.boundaries, self._observer_waits)
             self._observer_waits += 1
             self.skip_steps += 1  # WAITING: the next step boundary calls start() again
             return
@@ -349,6 +373,8 @@ class WindowRunner:
 
             correlation = correlation_api()
         self._ops.start(record_shapes=self.record_shapes != "none", correlation=correlation)
+        if isinstance(self._ops, NativeOpCapture):
+            self._ops.on_preempt = self._preempted
         self._capture_thread = threading.get_ident()
         self.window_ops = []
         self._window_records = self._ops.records() if isinstance(self._ops, NativeOpCapture) else 0
@@ -391,6 +417,40 @@ class WindowRunner:
             self._decode_thread.start()
         else:
             self._decode(*snapshot)
+
+    def _preempt_stopped_capture(self) -> bool:
+        """Abandon the window of the capture holding the observer if it saw no step boundary
+        in the last ``STALE_HOLDER_STEPS`` steps this window waited. Returns whether it was
+        abandoned."""
+        awaited = self._awaited
+        if awaited is None:
+            return False
+        holder, boundaries, since = awaited
+        if (
+            self._observer_waits - since < STALE_HOLDER_STEPS
+            or holder is not native_observer_holder()
+            or not holder.active  # decoding: its records are being read
+            or holder.boundaries != boundaries
+            or holder.on_preempt is None
+        ):
+            return False
+        self._awaited = None
+        holder.on_preempt()
+        logger.warning(
+            "ets-hook: another ETSHook's capture window saw no step in %d of this hook's steps "
+            "(its loop stopped: an exception, a notebook cell run again?): it was abandoned, and "
+            "this hook captures with the op observer",
+            self._observer_waits - since,
+        )
+        return True
+
+    def _preempted(self) -> None:
+        """``NativeOpCapture.on_preempt``: another hook takes the observer from this window."""
+        if self.state == WindowState.CAPTURING:
+            self.abandon(
+                "window abandoned: its loop made no step while another ETSHook waited for the "
+                "op observer"
+            )
 
     def abandon(self, note: str) -> None:
         """Stop capturing without decoding; the hook goes on timing steps. Never raises.

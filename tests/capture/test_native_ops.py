@@ -330,13 +330,15 @@ def gan_step(
     og.step()
 
 
-@pytest.mark.parametrize("background", [True, False])
+@pytest.mark.parametrize(("background", "stale_after"), [(True, 8), (False, 8), (True, 1)])
 def test_two_hooks_in_one_process_take_the_observer_in_turn(
-    ops, background: bool, caplog: pytest.LogCaptureFixture
+    ops, background: bool, stale_after: int, caplog: pytest.LogCaptureFixture, monkeypatch
 ) -> None:
     """A GAN's generator and discriminator, one hook each: both windows are captured by the
     native observer, one after the other (the second waits until the first's records are
-    read); nothing is reported as an internal error."""
+    read); nothing is reported as an internal error, and a live window is never taken as a
+    stopped one (even when a single step without a boundary would make it stale)."""
+    monkeypatch.setattr(window_runner, "STALE_HOLDER_STEPS", stale_after)
     torch.manual_seed(0)
     g = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
     d = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 1))
@@ -358,9 +360,37 @@ def test_two_hooks_in_one_process_take_the_observer_in_turn(
     assert first.iterations[-1].end_ns <= second.iterations[0].start_ns  # one after the other
     assert all(len(t.iterations) == 2 and t.iterations[0].ops for t in traces)
     assert sorted(h.skip_steps for h in hooks)[1] > 1  # the second window waited
-    assert "internal error" not in caplog.text
+    assert "internal error" not in caplog.text and "abandoned" not in caplog.text
     assert "waits for it" in caplog.text
     assert not native_observer_busy()
+
+
+def test_a_window_left_open_by_a_stopped_loop_gives_the_observer_to_the_next_hook(
+    ops, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A notebook cell raised inside its hook's window, and the next cell trains a new model
+    with a new hook: the old window, which will never see another step, is abandoned (its
+    observer no longer records every op of the process) and the new hook captures natively."""
+    model, x = mlp(), torch.randn(8, 16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    old = ETSHook(model, optimizer=opt, capture_steps=3, skip_steps=1, log_every=None)
+    for _ in range(2):  # the window starts after step 0 and is open when the loop stops
+        sgd_step(model, opt, x)
+    assert ops.registered() and old.capture_status.startswith("capturing")
+    new_model = mlp()
+    new_opt = torch.optim.SGD(new_model.parameters(), lr=0.1)
+    hook = ETSHook(new_model, optimizer=new_opt, capture_steps=2, skip_steps=1, log_every=None)
+    with caplog.at_level("INFO", logger="ets_hook"):
+        for _ in range(window_runner.STALE_HOLDER_STEPS + 4):
+            sgd_step(new_model, new_opt, x)
+        trace = hook.wait_for_trace(30)
+    hook.close()
+    assert old.capture_status.startswith("off") and "window abandoned" in old.capture_status
+    assert hook.skip_steps == 1 + window_runner.STALE_HOLDER_STEPS
+    assert trace is not None and trace.capture.op_capture == NativeOpCapture.name
+    assert not ops.registered() and not native_observer_busy()
+    assert f"saw no step in {window_runner.STALE_HOLDER_STEPS} of this hook's" in caplog.text
+    old.close()  # still closes cleanly afterwards
 
 
 def test_a_window_that_waits_too_long_is_captured_by_the_profiler(ops, monkeypatch) -> None:
