@@ -14,6 +14,11 @@ them on every exit path, recording how the job ended:
   dies of the signal as it would have (default handler), or the handler that was installed
   before ours runs.
 
+In IPython / Jupyter an exception ends a cell, not the process: after a cell that raised, each
+live hook whose capture window is still open abandons that window (``IPython``'s
+``post_run_cell`` event) and goes on timing steps; otherwise its op observer would go on
+recording every op of the kernel's later cells.
+
 The ``atexit`` handler is registered when the first hook registers, i.e. after ``import torch``:
 ``atexit`` runs handlers last-registered first, so ours runs before torch's. Nothing here
 imports torch or the rest of the package.
@@ -46,6 +51,10 @@ class ExitListener(Protocol):
         """Close for good; never raises. ``outcome``: one of ``CLOSED``/``INTERRUPTED``/
         ``FAILED``; ``error``: the exception's type name for ``FAILED``, else None."""
 
+    def after_failed_cell(self, error: str) -> None:
+        """A notebook cell raised ``error`` (the exception's type name): stop an open capture
+        window; never raises."""
+
 
 _lock = threading.RLock()  # re-entrant: the SIGTERM handler may run inside register()
 _live: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -70,6 +79,7 @@ def register(listener: ExitListener) -> None:
     atexit.register(_at_exit)
     _install_excepthook()
     _install_sigterm_handler()
+    _install_cell_hook()
 
 
 def unregister(listener: ExitListener) -> None:
@@ -154,3 +164,33 @@ def _install_sigterm_handler() -> None:
         signal.signal(signal.SIGTERM, _on_sigterm)
     except (ValueError, OSError, AttributeError):  # no signals here (embedded interpreter)
         _previous_sigterm = None
+
+
+def after_failed_cell(error: str) -> None:
+    """Tell every live hook that a notebook cell raised ``error`` (the exception's type name);
+    never raises."""
+    with _lock:
+        listeners = list(_live)
+    for listener in listeners:
+        try:
+            listener.after_failed_cell(error)
+        except Exception:
+            logger.debug("ets-hook: a hook failed after a failed cell", exc_info=True)
+
+
+def _post_run_cell(result: Any) -> None:
+    error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
+    if error is not None:
+        after_failed_cell(type(error).__name__)
+
+
+def _install_cell_hook() -> None:
+    """Listen to IPython's ``post_run_cell`` when this process is an IPython kernel or shell
+    (IPython already imported and running; never imported here)."""
+    ipython = sys.modules.get("IPython")
+    try:
+        shell = ipython.get_ipython() if ipython is not None else None
+        if shell is not None:
+            shell.events.register("post_run_cell", _post_run_cell)
+    except Exception:  # an IPython without events, or a stub: notebooks just go unwatched
+        logger.debug("ets-hook: IPython's post_run_cell not watched", exc_info=True)

@@ -761,6 +761,23 @@ class ETSHook:
             self._fail(exc)
         self._close(EXIT_DECODE_WAIT_S, outcome, error)
 
+    def after_failed_cell(self, error: str) -> None:
+        """A notebook cell raised (``ets_hook.exits``): a capture window still open is
+        abandoned (its loop stopped inside it; the observer would otherwise record every op of
+        the later cells); the hook goes on timing steps. Never raises.
+
+        Args:
+            error: the exception's type name.
+        """
+        try:
+            window = self._window
+            if window.state == WindowState.CAPTURING and not window.needs_capture_thread():
+                note = f"window abandoned: the notebook cell raised {error} inside it"
+                window.abandon(note)
+                logger.info("ets-hook: %s; timing steps only", note)
+        except Exception as exc:
+            self._fail(exc)
+
     def _close(self, timeout_s: float, outcome: str, error: str | None) -> None:
         with self._close_lock:
             if self._closed:

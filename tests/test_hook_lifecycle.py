@@ -101,6 +101,74 @@ def test_every_exit_path_closes_the_hook_before_torch_is_torn_down(exit_runs, ca
     assert doc["prediction"]["step"] == case[1]
 
 
+# A notebook: cell 1 raises inside the hook's window; cell 2 goes on training with the same hook
+# (as after fixing the bug); cell 3 closes it. Run by a real IPython shell.
+NOTEBOOK_CELLS = [
+    """
+import torch
+from ets_hook import ETSHook
+from ets_hook.capture import native_ops
+model = torch.nn.Linear(8, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+hook = ETSHook(model, optimizer=opt, total_steps=50, capture_steps=5, op_capture="native",
+               log_every=None)
+for step in range(3):
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+assert hook.capture_status.startswith("capturing"), hook.capture_status
+raise ValueError("a shape bug")
+""",
+    """
+after_cell_1 = (native_ops.load().registered(), hook.capture_status)
+for step in range(4):
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+""",
+    """
+steps = hook.steps_completed
+hook.close()
+""",
+]
+NOTEBOOK = textwrap.dedent(
+    """
+    import json, sys
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    results = [shell.run_cell(cell) for cell in json.loads(sys.argv[1])]
+    ns = shell.user_ns
+    print(json.dumps({
+        "success": [r.success for r in results],
+        "error": type(results[0].error_in_exec).__name__,
+        "registered_after_cell_1": ns["after_cell_1"][0],
+        "status_after_cell_1": ns["after_cell_1"][1],
+        "steps": ns["steps"],
+        "status_at_end": ns["hook"].capture_status,
+    }))
+    """
+)
+
+
+def test_a_notebook_cell_that_raises_inside_the_window_stops_its_capture() -> None:
+    """In IPython an exception ends the cell, not the process: the window the cell left open
+    is abandoned after it (its observer would record every op of the later cells) and the same
+    hook goes on timing steps in the next cell."""
+    run = subprocess.run(
+        [sys.executable, "-c", NOTEBOOK, json.dumps(NOTEBOOK_CELLS)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["success"] == [False, True, True] and result["error"] == "ValueError"
+    assert result["registered_after_cell_1"] is False
+    assert result["status_after_cell_1"].startswith("off")
+    assert "window abandoned: the notebook cell raised ValueError" in result["status_after_cell_1"]
+    assert result["steps"] == 7  # the same hook times the next cell's steps
+    assert result["status_at_end"] == result["status_after_cell_1"]
+
+
 def test_hook_step_called_twice_per_step_counts_once() -> None:
     model = tiny_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
