@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import numbers
 import os
 import threading
 import time
@@ -96,6 +97,14 @@ EXIT_DECODE_WAIT_S = 10.0
 _hook_of_model: weakref.WeakKeyDictionary[torch.nn.Module, weakref.ref[ETSHook]] = (
     weakref.WeakKeyDictionary()
 )
+
+
+def _plain_number(value: Any) -> Any:
+    """``value`` as a Python ``int`` / ``float`` when it is another integral / real number type
+    (numpy's ``int64``, ``float32``, ...); anything else (bools included) unchanged."""
+    if isinstance(value, (bool, int, float)) or not isinstance(value, numbers.Real):
+        return value
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
 class ETSHook:
@@ -272,20 +281,33 @@ class ETSHook:
 
         Raises:
             ValueError: naming the argument and its value: an int argument not an int in its
-                range (bools rejected); ``initial_step`` > ``total_steps``; ``epochs`` not a
-                finite number > 0 or without steps per epoch; ``dataloader`` without ``len()``
-                or contradicting ``steps_per_epoch``; ``eval_dataloader`` without ``len()``;
-                ``checkpoint_files`` not an int >= 1; a
+                range (numpy's integers count, bools do not); ``initial_step`` >
+                ``total_steps``; ``epochs`` not a finite number > 0 or without steps per epoch;
+                ``dataloader`` without ``len()`` or contradicting ``steps_per_epoch``;
+                ``eval_dataloader`` without ``len()``; ``checkpoint_files`` not an int >= 1; a
                 string argument not one of its values (``deadline_policy`` too without a
-                deadline); ``model`` not an ``nn.Module``;
-                ``optimizer`` not optimizers; ``progress`` not a tqdm bar; ``trace_path`` or
-                ``status_path`` a directory, in a missing directory, or (``trace_path``) with
-                ``{...}`` fields other than ``{rank}``; a dashboard option (``prometheus_port``
-                outside 1-65535 or with ``prometheus_textfile``, not ``*.prom``, ...).
+                deadline); ``model`` not an ``nn.Module``; ``optimizer`` not optimizers;
+                ``progress`` not a tqdm bar; ``trace_path`` or ``status_path`` a directory, in
+                a missing directory, or (``trace_path``) with ``{...}`` fields other than
+                ``{rank}``; a dashboard option (``prometheus_port`` outside 1-65535 or with
+                ``prometheus_textfile``, not ``*.prom``, ...).
             ImportError: ``progress=True`` without tqdm; a dashboard option without its package.
         """
         if not isinstance(model, torch.nn.Module):
             raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        # numpy's scalars (a length computed with numpy) count as the numbers they are.
+        total_steps, capture_steps, skip_steps, steps_per_epoch, grad_accum_steps = map(
+            _plain_number,
+            (total_steps, capture_steps, skip_steps, steps_per_epoch, grad_accum_steps),
+        )
+        eval_every, checkpoint_every, checkpoint_files, initial_step, log_every = map(
+            _plain_number, (eval_every, checkpoint_every, checkpoint_files, initial_step, log_every)
+        )
+        epochs, prometheus_port, rank_exchange_timeout_s, deadline = map(
+            _plain_number, (epochs, prometheus_port, rank_exchange_timeout_s, deadline)
+        )
+        if isinstance(phase_every, Mapping):
+            phase_every = {name: _plain_number(every) for name, every in phase_every.items()}
         auto_skip = skip_steps is None
         skip_steps = 1 if skip_steps is None else skip_steps
         adaptive_window = capture_steps is None

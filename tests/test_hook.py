@@ -802,3 +802,28 @@ def test_steps_run_while_the_window_is_decoded_stay_out_of_the_measured_estimate
     hook.close()
     # the decode thread set the end it saw (>= the window's end + 1); later steps count again
     assert 4 <= hook._forecaster._perturbed_end <= 13
+
+
+def test_numpy_numbers_are_accepted_where_python_numbers_are():
+    """A length computed with numpy (``np.int64``) means what the int means; a float where an
+    int is expected, or a bool, is still refused."""
+    import numpy as np
+
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(
+        model, optimizer=opt, total_steps=np.int64(6), capture_steps=np.int64(2),
+        skip_steps=np.int32(1), grad_accum_steps=np.int64(1), eval_every=np.int64(3),
+        checkpoint_files=np.int64(1), initial_step=np.int64(0), log_every=np.int64(2),
+        deadline=np.float32(3600.0), phase_every={"log": np.int64(2)}, log_ranks=None,
+    )  # fmt: skip
+    assert (hook.total_steps, hook.capture_steps, hook.skip_steps) == (6, 2, 1)
+    assert type(hook.total_steps) is int
+    train(model, opt, hook, 6)
+    assert hook.prediction is not None and hook.prediction.eta_s == 0.0
+    assert hook.prediction.total_steps == 6
+    hook.close()
+    for bad in ({"total_steps": np.float64(6.0)}, {"total_steps": np.bool_(True)},
+                {"capture_steps": np.float32(2.0)}):  # fmt: skip
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            ETSHook(tiny_mlp(), **bad)
