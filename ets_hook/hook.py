@@ -601,7 +601,11 @@ class ETSHook:
         """
         if not isinstance(name, str) or not name:
             raise ValueError(f"phase name must be a non-empty string, got {name!r}")
-        prior = PhaseCostPrior(seconds=seconds, train_steps=train_steps, rel_ci=rel_ci)
+        prior = PhaseCostPrior(
+            seconds=_plain_number(seconds),
+            train_steps=_plain_number(train_steps),
+            rel_ci=_plain_number(rel_ci),
+        )
         if name == CHECKPOINT:
             self._price_checkpoints = False
         self._forecaster.set_phase_prior(name, prior)

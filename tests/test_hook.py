@@ -819,6 +819,7 @@ def test_numpy_numbers_are_accepted_where_python_numbers_are():
     )  # fmt: skip
     assert (hook.total_steps, hook.capture_steps, hook.skip_steps) == (6, 2, 1)
     assert type(hook.total_steps) is int
+    hook.expect_phase_cost("eval", seconds=np.float32(2.0), train_steps=np.int64(3))
     train(model, opt, hook, 6)
     assert hook.prediction is not None and hook.prediction.eta_s == 0.0
     assert hook.prediction.total_steps == 6
