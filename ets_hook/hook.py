@@ -425,7 +425,7 @@ class ETSHook:
             world_size=world_size,
         )
         self._forecaster.set_early_stopping(rule)
-        self._batch_clock: BatchClock | None = None  # attached last (below)
+        self._batch_clocks: list[BatchClock] = []  # attached last (below)
         if eval_prior is not None:
             self._forecaster.set_phase_prior(EVAL, eval_prior)
         # Checkpoints with a known period are priced from the state they write, read once the
@@ -637,28 +637,37 @@ class ETSHook:
                 ``base_dataloader``); timed from its next ``iter()``, or from its first where a
                 clock was attached before it (``BatchClock.attach``).
 
+        Several loaders can be timed (Lightning's combined train loaders): a step takes a
+        batch from each, so the slowest one's pace is the floor.
+
         Returns:
             True when its workers are timed from now on; False when the hook is closed or
-            disabled, already times a loader, or this one cannot be timed (not a
+            disabled, already times this loader, or it cannot be timed (not a
             ``DataLoader``, no worker processes, persistent workers started untimed). Never
             raises.
         """
-        if self._closed or self._batch_clock is not None or hooks_disabled():
+        if self._closed or hooks_disabled():
+            return False
+        if any(clock is BatchClock.attached_to(dataloader) for clock in self._batch_clocks):
             return False
         try:
             if self._epochs is not None and self._forecaster.steps_done == 0:
-                self._epochs.restarts = loader_restarts_workers(dataloader)
+                restarts = loader_restarts_workers(dataloader)
+                if self._batch_clocks:  # a loader timed already: this one only adds restarts
+                    restarts = restarts or self._epochs.restarts
+                self._epochs.restarts = restarts
         except Exception as exc:  # a loader whose attributes raise: not the loop's problem
             logger.debug("ets-hook: the loader's worker restarts are unknown: %r", exc)
         return self._use_batch_clock(BatchClock.attach(dataloader))
 
     def _use_batch_clock(self, clock: BatchClock | None) -> bool:
-        """Read ``clock`` (if any) for the workers' pace from now on; True when there is one."""
-        self._batch_clock = clock
-        if clock is None:
+        """Read ``clock`` (if any) for the workers' pace from now on, beside the clocks read
+        already; True when there is one."""
+        if clock is None or clock in self._batch_clocks:
             return False
+        self._batch_clocks.append(clock)
         self._forecaster.set_input_supply(
-            clock.read,
+            [timed.read for timed in self._batch_clocks],
             cores=usable_cpu_count(),
             main_threads=torch.get_num_threads() if self._device.type == "cpu" else 1,
         )
@@ -813,8 +822,8 @@ class ETSHook:
                 return
             self._closed = True
         exits.unregister(self)
-        if self._batch_clock is not None:
-            self._batch_clock.detach()
+        for clock in self._batch_clocks:
+            clock.detach()
         if self._ranks is not None:
             self._ranks.close()
         if self._compiles is not None:

@@ -8,6 +8,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ets_hook import ETSHook, Phase
+from ets_hook.capture.batch_clock import TimedCollate
 from ets_hook.ets.rows import ets_rows
 from ets_hook.trace.breakdown import breakdown_iteration
 
@@ -221,7 +222,10 @@ def test_a_loader_given_after_creation_is_timed_and_its_restarts_known() -> None
     assert hook._epochs is not None and not hook._epochs.restarts
     assert hook.time_dataloader_workers(loader) is True
     assert hook._epochs.restarts  # non-persistent workers start again each epoch
-    assert hook.time_dataloader_workers(DataLoader(SlowBatches(), num_workers=1)) is False
+    assert hook.time_dataloader_workers(loader) is False  # timed already
+    other = DataLoader(SlowBatches(), num_workers=1, persistent_workers=True)
+    assert hook.time_dataloader_workers(other) is True  # a second loader (combined loaders)
+    assert hook._epochs.restarts  # a persistent second loader takes no restart away
     for x, y in loader:
         opt.zero_grad()
         nn.functional.cross_entropy(model(x), y.view(1)).backward()
@@ -231,6 +235,7 @@ def test_a_loader_given_after_creation_is_timed_and_its_restarts_known() -> None
     assert prediction is not None and prediction.input_period_s is not None
     assert prediction.input_period_s >= 0.9 * SLOW_SAMPLE_S
     assert loader.collate_fn is original_collate  # given back at close
+    assert not isinstance(other.collate_fn, TimedCollate)
     assert hook.time_dataloader_workers(loader) is False  # closed
 
 

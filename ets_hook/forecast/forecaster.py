@@ -20,8 +20,9 @@ Call contract (the hook must follow it; all calls from the training thread unles
   (outermost phase only; nested phases are the caller's business).
 - ``set_trace_estimate(estimate)`` whenever the trace-based estimator has a (new) estimate; any
   thread.
-- ``set_input_supply(worker_clocks)`` once, when the job's DataLoader workers are timed
-  (``capture.batch_clock``); any thread. The clocks are read only when a prediction is built.
+- ``set_input_supply(worker_clocks)`` when the job's DataLoader workers are timed
+  (``capture.batch_clock``; again for each loader added); any thread. The clocks are read only
+  when a prediction is built.
 - ``prediction`` (property): any thread; cached, rebuilt only when something changed.
 - ``close()`` once, at the end: final prediction to every reporter (never raises).
 
@@ -47,7 +48,7 @@ import numpy as np
 
 from ..errors import DeadlineExceededError
 from .early_stop import EarlyStoppingRule, EarlyStopTracker, total_range_s
-from .input_supply import SupplyEstimate, bound_by_supply, supply_from_worker_clocks
+from .input_supply import SupplyEstimate, bound_by_supply, supply_from_loaders
 from .job import JobModel, PhaseCostPrior, PhaseTracker, remaining_phase_time
 from .prediction import Prediction, utc_from_timestamp
 from .ranks import JobView
@@ -80,6 +81,11 @@ REFRESH_GROWTH = 0.10
 REFRESH_INTERVAL_S = 10.0
 # Pending step times are folded into the series at least this often (bounded list growth).
 FLUSH_EVERY_STEPS = 4096
+
+
+#: A loader's batch clock (``capture.batch_clock.BatchClock.read``): each worker's batch finish
+#: times and CPU times so far, seconds.
+WorkerClock = Callable[[], tuple[Sequence[Sequence[float]], Sequence[Sequence[float]]]]
 
 
 class ReportSink(Protocol):
@@ -219,7 +225,7 @@ class Forecaster:
         self._measure_source: Callable[[], WindowMeasure | None] | None = None
         self._measure_applied: WindowMeasure | None = None
         self._variable_steps = False  # steps differ in length by design (set_variable_steps)
-        self._worker_clocks: Callable[[], Any] | None = None  # set_input_supply
+        self._worker_clocks: tuple[Callable[[], Any], ...] = ()  # set_input_supply
         self._supply_cores: tuple[int | None, int] = (None, 1)
         self._supply_read: Any = None  # the clocks' reading the supply below was made from
         self._supply: SupplyEstimate | None = None
@@ -633,8 +639,7 @@ class Forecaster:
 
     def set_input_supply(
         self,
-        worker_clocks: Callable[[], tuple[Sequence[Sequence[float]], Sequence[Sequence[float]]]]
-        | None,
+        worker_clocks: WorkerClock | Sequence[WorkerClock] | None,
         *,
         cores: int | None = None,
         main_threads: int = 1,
@@ -644,32 +649,40 @@ class Forecaster:
         (``forecast.input_supply``). Any thread.
 
         Args:
-            worker_clocks: returns each worker's batch finish times and CPU times so far
+            worker_clocks: one per loader (a step takes a batch from each: the slowest sets
+                the pace), each returning its workers' batch finish times and CPU times so far
                 (seconds, in order), the same object while no worker finished a batch (the
-                workers' pace is worked out again only from a new one); None: no input floor.
+                pace is worked out again only from a new one); None or empty: no input floor.
                 A source that raises counts as no floor, never as a failure.
             cores: CPUs the job may use (``supply_from_worker_clocks``); None: unknown.
             main_threads: computing threads of the training process.
         """
+        sources = (
+            ()
+            if worker_clocks is None
+            else (worker_clocks,)
+            if callable(worker_clocks)
+            else tuple(worker_clocks)
+        )
         with self._lock:
-            self._worker_clocks = worker_clocks
+            self._worker_clocks = sources
             self._supply_cores = (cores, main_threads)
             self._supply_read = self._supply = None
             self._version += 1
 
     def _input_supply(self) -> SupplyEstimate | None:
-        source = self._worker_clocks
-        if source is None:
+        sources = self._worker_clocks
+        if not sources:
             return None
         try:
-            reading = source()
-            if reading is not self._supply_read:
-                finish_s, cpu_s = reading
+            readings = tuple(source() for source in sources)
+            last = self._supply_read
+            if last is None or any(a is not b for a, b in zip(readings, last, strict=True)):
                 cores, main_threads = self._supply_cores
-                self._supply = supply_from_worker_clocks(
-                    finish_s, cpu_s, cores=cores, main_threads=main_threads, level=self.level
+                self._supply = supply_from_loaders(
+                    readings, cores=cores, main_threads=main_threads, level=self.level
                 )
-                self._supply_read = reading
+                self._supply_read = readings
             return self._supply
         except Exception as exc:
             logger.debug("ets-hook: DataLoader batch times unreadable: %r", exc)

@@ -164,6 +164,48 @@ def supply_from_worker_clocks(
     return SupplyEstimate(period_s, ci_s, len(relative), workers, wall_period_s, cpu_period_s)
 
 
+def supply_from_loaders(
+    readings: Sequence[tuple[Sequence[Sequence[float]], Sequence[Sequence[float]] | None]],
+    *,
+    cores: int | None = None,
+    main_threads: int = 1,
+    level: float = DEFAULT_LEVEL,
+) -> SupplyEstimate | None:
+    """The pace of several loaders that each deliver a batch per step (Lightning's combined
+    train loaders): the slowest one's (``supply_from_worker_clocks`` per loader).
+
+    Each loader's workers compete for the cores with the training process's threads and with
+    the other loaders' workers. A loader without an estimate yet leaves the others' slowest
+    one, a floor all the same.
+
+    Args:
+        readings: per loader, its workers' ``(finish_times_s, cpu_times_s)``.
+        cores, main_threads, level: as for ``supply_from_worker_clocks``.
+
+    Returns:
+        The slowest loader's estimate; None while no loader has one.
+
+    Raises:
+        ValueError: ``level`` outside (0, 1).
+    """
+    workers = [len(finish) for finish, _ in readings]
+    supplies = [
+        supply_from_worker_clocks(
+            finish,
+            cpu,
+            cores=cores,
+            main_threads=main_threads + sum(workers) - count,
+            level=level,
+        )
+        for (finish, cpu), count in zip(readings, workers, strict=True)
+    ]
+    return max(
+        (supply for supply in supplies if supply is not None),
+        key=lambda supply: supply.period_s,
+        default=None,
+    )
+
+
 def bound_by_supply(
     estimate: Estimate, supply: SupplyEstimate | None, batches_per_step: int = 1
 ) -> Estimate:

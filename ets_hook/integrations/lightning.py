@@ -36,11 +36,12 @@ Trainer's optimizers with what the Trainer knows:
   (its workers) before ``on_train_start``, so from ``setup`` until training starts the callback
   wraps the fit loop's loader source (``trainer.fit_loop._data_source``: Lightning keeps no
   public handle on it before the loader exists) and attaches a ``BatchClock`` to the loader it
-  returns, before the loader's first ``iter()``; the hook then reads that clock. One
-  ``DataLoader`` only (not several train loaders); a loader Lightning re-creates for a
-  distributed sampler keeps the clock (it copies the loader's attributes, or replays the
-  attribute writes made while the loader was built: the wrapped ``collate_fn`` either way), and
-  both are given back at close.
+  returns, before the loader's first ``iter()``; the hook then reads that clock. Several train
+  loaders (a ``CombinedLoader``, a list or dict of them: a batch from each per step) are each
+  timed and the slowest sets the pace (not in ``"sequential"`` mode). A loader Lightning
+  re-creates for a distributed sampler keeps the clock (it copies the loader's attributes, or
+  replays the attribute writes made while the loader was built: the wrapped ``collate_fn``
+  either way), and both are given back at close.
 - ``checkpoint_every``: the period of the ``ModelCheckpoint`` saves where it is one
   (``trainer_checkpoint_every``); the hook then prices each save from the model's and
   optimizers' state until the first is measured, once per file the save writes
@@ -117,7 +118,7 @@ from .lightning_trainer import (
     early_stopping_callback,
     early_stopping_rule,
     loaders_batch_size,
-    single_train_loader,
+    train_loaders,
     trainer_checkpoint_every,
     trainer_checkpoint_files,
     trainer_eval_every,
@@ -244,7 +245,7 @@ class BaseETSCallback:
         # The fit loop's loader source while it is wrapped (setup .. train start), and the
         # clock attached to the loader it built, until the hook takes it.
         self._source_patch: tuple[Any, Callable[..., Any]] | None = None
-        self._early_clock: BatchClock | None = None
+        self._early_clocks: list[BatchClock] | None = None  # attached while Lightning builds
 
     # -- public --------------------------------------------------------------------------------
 
@@ -392,8 +393,15 @@ class BaseETSCallback:
 
         def dataloader(*args: Any, **kwargs: Any) -> Any:
             loaders = build(*args, **kwargs)
-            if callback._early_clock is None:
-                callback._early_clock = BatchClock.attach(single_train_loader(loaders))
+            if callback._early_clocks is None:  # the first loaders the fit loop builds
+                callback._early_clocks = []
+                try:
+                    for loader in train_loaders(loaders):
+                        clock = BatchClock.attach(loader)
+                        if clock is not None:
+                            callback._early_clocks.append(clock)
+                except Exception as exc:  # a collection whose attributes raise: untimed
+                    logger.debug("ets-hook: train loaders not timed: %r", exc)
             return loaders
 
         try:
@@ -412,21 +420,22 @@ class BaseETSCallback:
         """Have the hook time the Trainer's train loader's workers (the clock attached while
         Lightning built it, or one from the loader's next ``iter()``)."""
         self._unwatch_train_loader()
-        early, self._early_clock = self._early_clock, None
-        timed = False
-        loader = None
+        early, self._early_clocks = self._early_clocks or [], None
+        timed: list[BatchClock | None] = []
         if self._hook is not None and "dataloader" not in self.hook_options:
-            loader = single_train_loader(getattr(trainer, "train_dataloader", None))
-            timed = self._hook.time_dataloader_workers(loader)
-        if early is not None and not (timed and BatchClock.attached_to(loader) is early):
-            early.detach()
+            for loader in train_loaders(getattr(trainer, "train_dataloader", None)):
+                if self._hook.time_dataloader_workers(loader):
+                    timed.append(BatchClock.attached_to(loader))
+        for clock in early:
+            if all(clock is not used for used in timed):
+                clock.detach()
 
     def _release_train_loader(self) -> None:
         """Undo ``_watch_train_loader`` where training never started."""
         self._unwatch_train_loader()
-        early, self._early_clock = self._early_clock, None
-        if early is not None:
-            early.detach()
+        early, self._early_clocks = self._early_clocks or [], None
+        for clock in early:
+            clock.detach()
 
     def _price_validation(self, trainer: Any, grad_accum_steps: int) -> None:
         """Price the validations before the first is measured (``ETSHook.expect_phase_cost``):

@@ -221,25 +221,34 @@ def trainer_grad_scaler(trainer: Any) -> Any:
     return scaler if callable(getattr(scaler, "update", None)) else None
 
 
-def single_train_loader(loaders: Any) -> Any:
-    """The one ``DataLoader`` in what Lightning calls train dataloaders (a loader, a
-    ``CombinedLoader``, or a list, tuple or dict of one loader); None for several or none."""
-    for _ in range(3):
-        if isinstance(loaders, torch.utils.data.DataLoader):
-            return loaders
-        flattened = getattr(loaders, "flattened", None)  # a CombinedLoader
+def train_loaders(loaders: Any) -> list[Any]:
+    """The ``DataLoader``s in what Lightning calls train dataloaders (a loader, a
+    ``CombinedLoader``, or a list, tuple or dict of them, nested), each once, in order; none
+    for a ``CombinedLoader`` in ``"sequential"`` mode (its steps draw from one loader at a
+    time, not from each) or anything else."""
+    found: list[Any] = []
+
+    def visit(item: Any, depth: int) -> None:
+        if isinstance(item, torch.utils.data.DataLoader):
+            if all(item is not known for known in found):
+                found.append(item)
+            return
+        if depth >= 3:
+            return
+        flattened = getattr(item, "flattened", None)  # a CombinedLoader
         if isinstance(flattened, list):
-            items = flattened
-        elif isinstance(loaders, dict):
-            items = list(loaders.values())
-        elif isinstance(loaders, (list, tuple)):
-            items = list(loaders)
-        else:
-            return None
-        if len(items) != 1:
-            return None
-        loaders = items[0]
-    return None
+            if getattr(item, "_mode", None) != "sequential":
+                for inner in flattened:
+                    visit(inner, depth + 1)
+        elif isinstance(item, dict):
+            for inner in item.values():
+                visit(inner, depth + 1)
+        elif isinstance(item, (list, tuple)):
+            for inner in item:
+                visit(inner, depth + 1)
+
+    visit(loaders, 0)
+    return found
 
 
 def early_stopping_callback(trainer: Any) -> Any:

@@ -636,13 +636,13 @@ def test_workers_slower_than_the_early_steps_set_the_step_time(
     assert p.total_s == pytest.approx(p.elapsed_s + 294 * 0.010 + p.remaining_capture_s)
     # The same reading (no worker finished a batch since) is not worked out again.
     calls = []
-    original = forecaster_module.supply_from_worker_clocks
+    original = forecaster_module.supply_from_loaders
 
     def counted(*args, **kwargs):
         calls.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(forecaster_module, "supply_from_worker_clocks", counted)
+    monkeypatch.setattr(forecaster_module, "supply_from_loaders", counted)
     drive(f, [0.004] * 3, start=p.elapsed_s, first_index=6)
     assert f.prediction.iteration_s == pytest.approx(0.010)
     assert calls == []
@@ -652,6 +652,23 @@ def test_workers_slower_than_the_early_steps_set_the_step_time(
     assert calls == [1]
     f.set_input_supply(None)
     assert f.prediction.iteration_s < 0.005
+
+
+def test_of_several_loaders_the_slowest_sets_the_step_time() -> None:
+    """Two train loaders, a batch from each per step (Lightning's combined loaders): one
+    delivers every 5 ms, the other every 12 ms; the step cannot run faster than 12 ms."""
+    f = Forecaster(JobModel(total_steps=300), start_s=0.0)
+    fast = ([[0.005 * i for i in range(10)]], [[]])
+    slow = ([[0.024 * i for i in range(8)], [0.012 + 0.024 * i for i in range(8)]], [[], []])
+    f.set_input_supply(lambda: fast)
+    drive(f, [0.004] * 6)
+    assert f.prediction.input_period_s == pytest.approx(0.005)
+    f.set_input_supply([lambda: fast, lambda: slow])
+    assert f.prediction.source == "input"
+    assert f.prediction.input_period_s == pytest.approx(0.012)
+    assert f.prediction.iteration_s == pytest.approx(0.012)
+    f.set_input_supply([lambda: slow, lambda: ([[0.0]], [[]])])  # one without an estimate yet
+    assert f.prediction.input_period_s == pytest.approx(0.012)
 
 
 def test_an_unreadable_batch_clock_is_no_floor_and_no_failure() -> None:

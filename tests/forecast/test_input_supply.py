@@ -13,6 +13,7 @@ from ets_hook.forecast.input_supply import (
     MIN_GAPS,
     OUTLIER_RATIO,
     bound_by_supply,
+    supply_from_loaders,
     supply_from_worker_clocks,
 )
 from ets_hook.forecast.prediction import SOURCE_INPUT
@@ -191,3 +192,22 @@ def test_close_paces_give_the_expected_maximum() -> None:
     # Zero widths: the plain maximum.
     exact = dataclasses.replace(supply, ci_s=0.0)
     assert bound_by_supply(estimate(0.004, 0.0), exact).iteration_s == pytest.approx(0.010)
+
+
+def test_of_several_loaders_the_slowest_paces_and_all_their_workers_share_the_cores() -> None:
+    """Loader A (1 worker, a batch every 20 ms of wall time, 10 ms of it CPU) alone has cores to
+    spare (1 worker + 1 computing thread + 1 < 4 cores): its wall-clock pace stands. Beside
+    loader B's two busy workers it is short of cores, so part of its gap is contention: its
+    steady pace lies below 20 ms. B itself is fast; A stays the slowest either way."""
+    a = ([times_every(0.020, 9)], [times_every(0.010, 9)])
+    b = ([times_every(0.004, 9), times_every(0.004, 9, 0.002)],
+         [times_every(0.004, 9), times_every(0.004, 9)])  # fmt: skip
+    alone = supply_from_loaders([a], cores=4, main_threads=1)
+    assert alone == supply_from_worker_clocks(*a, cores=4, main_threads=1)
+    assert alone is not None and alone.period_s == pytest.approx(0.020)
+    both = supply_from_loaders([a, b], cores=4, main_threads=1)
+    assert both is not None and both.workers == 1  # A's estimate
+    assert 0.010 <= both.period_s < 0.020
+    assert both == supply_from_worker_clocks(*a, cores=4, main_threads=3)
+    assert supply_from_loaders([b, ([[0.0]], [[]])], cores=4) is not None  # one not yet read
+    assert supply_from_loaders([([[0.0]], [[]])]) is None

@@ -514,32 +514,73 @@ def test_the_train_loaders_workers_are_timed_from_their_first_batch(source: str)
     # Two workers, each 4 samples of SLOW_SAMPLE_S a batch: at least 2 x SLOW_SAMPLE_S a step.
     assert prediction.input_period_s is not None
     assert prediction.input_period_s >= 0.9 * 4 * SLOW_SAMPLE_S / 2
-    clock = callback.hook._batch_clock
-    assert clock is not None and clock.loader is loader
+    (clock,) = callback.hook._batch_clocks
+    assert clock.loader is loader
     first = [times[0] for times in clock.read()[0] if times]
     assert len(first) == 2  # both workers' batches from the start, prefetched ones included
     assert not isinstance(loader.collate_fn, TimedCollate)  # given back at close
     assert "dataloader" not in vars(trainer.fit_loop._data_source)  # the source unwrapped
 
 
-def test_the_single_train_loader_is_found_in_lightnings_collections() -> None:
+def test_every_train_loader_is_found_in_lightnings_collections() -> None:
     from lightning.pytorch.utilities import CombinedLoader
 
-    from ets_hook.integrations.lightning_trainer import single_train_loader
+    from ets_hook.integrations.lightning_trainer import train_loaders
 
     one, two = loaders(batches=2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Lightning's own pytree deprecation notice
         combined_one = CombinedLoader([one], "max_size_cycle")
         combined_two = CombinedLoader({"a": one, "b": two})
-    assert single_train_loader(one) is one
-    assert single_train_loader([one]) is one
-    assert single_train_loader({"train": one}) is one
-    assert single_train_loader(combined_one) is one
-    assert single_train_loader([one, two]) is None  # several loaders: none is the step's pace
-    assert single_train_loader(combined_two) is None
-    assert single_train_loader(None) is None
-    assert single_train_loader(range(3)) is None
+        sequential = CombinedLoader({"a": one, "b": two}, "sequential")
+    assert train_loaders(one) == [one]
+    assert train_loaders([one]) == [one]
+    assert train_loaders({"train": one}) == [one]
+    assert train_loaders(combined_one) == [one]
+    assert train_loaders([one, two]) == [one, two]
+    assert train_loaders(combined_two) == [one, two]
+    assert train_loaders({"a": [one, two], "b": one}) == [one, two]  # nested, each once
+    assert train_loaders(sequential) == []  # a batch of one loader per step: no common pace
+    assert train_loaders(None) == []
+    assert train_loaders(range(3)) == []
+
+
+class _TwoLoaders(TinyModule):
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return super().training_step(batch["fast"], batch_idx) + super().training_step(
+            batch["slow"], batch_idx
+        )
+
+
+def test_several_train_loaders_are_each_timed_and_the_slowest_paces_the_step() -> None:
+    """Two train loaders (Lightning combines them: a batch from each per step): both timed
+    from their first batch; the slow one (one worker, 4 samples of SLOW_SAMPLE_S a batch)
+    sets the floor, not the fast one (no sleep)."""
+
+    class _Fast(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 64
+
+        def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.zeros(8), torch.zeros(1)
+
+    fast = DataLoader(_Fast(), batch_size=4, num_workers=1)
+    slow = DataLoader(_SlowSamples(), batch_size=4, num_workers=1)
+    callback = ETSCallback(capture_steps=0)
+    trainer = quiet_trainer(max_steps=6, num_sanity_val_steps=0, callbacks=[callback])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(_TwoLoaders(), train_dataloaders={"fast": fast, "slow": slow})
+    prediction = callback.prediction
+    assert prediction is not None and prediction.step == 6
+    assert prediction.input_period_s is not None
+    assert prediction.input_period_s >= 0.9 * 4 * SLOW_SAMPLE_S  # the slow loader's pace
+    clocks = callback.hook._batch_clocks
+    assert sorted(id(clock.loader) for clock in clocks) == sorted([id(fast), id(slow)])
+    for clock in clocks:  # each from its first batch on: attached before the workers started
+        assert [len(times) > 0 for times in clock.read()[0]] == [True]
+    assert not isinstance(fast.collate_fn, TimedCollate)
+    assert not isinstance(slow.collate_fn, TimedCollate)  # both given back at close
 
 
 def test_a_fit_that_fails_before_training_gives_the_loader_back() -> None:

@@ -547,8 +547,8 @@ def test_the_trainers_dataloader_workers_are_timed(tmp_path: Path) -> None:
     # The worker's pace: two samples a batch, each sleeping SLOW_ITEM_S, bound it from below.
     assert prediction.input_period_s is not None
     assert prediction.input_period_s >= 0.9 * 2 * SLOW_ITEM_S
-    assert ets.hook is not None and ets.hook._batch_clock is not None
-    assert not isinstance(ets.hook._batch_clock.loader.collate_fn, TimedCollate)  # given back
+    assert ets.hook is not None and ets.hook._batch_clocks
+    assert not isinstance(ets.hook._batch_clocks[0].loader.collate_fn, TimedCollate)  # given back
 
 
 def test_added_after_init_still_reaches_report_to(tmp_path: Path) -> None:
