@@ -417,15 +417,19 @@ class BaseETSCallback:
             del patch[0].dataloader
 
     def _time_train_loader(self, trainer: Any) -> None:
-        """Have the hook time the Trainer's train loader's workers (the clock attached while
-        Lightning built it, or one from the loader's next ``iter()``)."""
+        """Have the hook time the workers of the Trainer's train loaders (the clocks attached
+        while Lightning built them, or ones from each loader's next ``iter()``). Never
+        raises."""
         self._unwatch_train_loader()
         early, self._early_clocks = self._early_clocks or [], None
         timed: list[BatchClock | None] = []
         if self._hook is not None and "dataloader" not in self.hook_options:
-            for loader in train_loaders(getattr(trainer, "train_dataloader", None)):
-                if self._hook.time_dataloader_workers(loader):
-                    timed.append(BatchClock.attached_to(loader))
+            try:
+                for loader in train_loaders(getattr(trainer, "train_dataloader", None)):
+                    if self._hook.time_dataloader_workers(loader):
+                        timed.append(BatchClock.attached_to(loader))
+            except Exception as exc:  # a collection whose attributes raise: untimed
+                logger.debug("ets-hook: train loaders not timed: %r", exc)
         for clock in early:
             if all(clock is not used for used in timed):
                 clock.detach()
