@@ -225,7 +225,7 @@ class Forecaster:
         self._measure_source: Callable[[], WindowMeasure | None] | None = None
         self._measure_applied: WindowMeasure | None = None
         self._variable_steps = False  # steps differ in length by design (set_variable_steps)
-        self._worker_clocks: tuple[Callable[[], Any], ...] = ()  # set_input_supply
+        self._worker_clocks: tuple[WorkerClock, ...] = ()  # set_input_supply
         self._supply_cores: tuple[int | None, int] = (None, 1)
         self._supply_read: Any = None  # the clocks' reading the supply below was made from
         self._supply: SupplyEstimate | None = None
