@@ -275,7 +275,8 @@ class ETSHook:
                 none), None (none: measured steps only), or a callable ``Trace -> TraceEstimate |
                 None``. Its failures are logged.
             device: the training device (anything ``torch.device`` accepts); None: the device of
-                the model's first parameter or buffer, else CPU.
+                the model's first parameter or buffer, else CPU, read now (a model moved to
+                another device type later gets one warning at its first training forward).
             decode_in_background: decode the window on a background thread (default); False:
                 on the training thread at the window's end (tests, debugging).
 
@@ -379,6 +380,7 @@ class ETSHook:
         )
         self.record_shapes = record_shapes
         self._device = torch.device(device if device is not None else model_device(model))
+        self._device_given = device is not None
         self.trace_path = rank_trace
 
         # Steps are timed with perf_counter_ns; the trace's clock is Unix time: one offset.
@@ -867,6 +869,17 @@ class ETSHook:
     def _on_first_activity(self) -> None:
         if self._compiles is not None:
             self._compiles.ensure_registered()
+        if not self._device_given:
+            moved = torch.device(model_device(self.model))
+            if moved.type != self._device.type:  # model.to(device) after the hook was made
+                logger.warning(
+                    "ets-hook: the model moved to %s after this ETSHook was created on %s; its "
+                    "step timing, priors and trace model stay those of %s: create the hook after "
+                    "model.to(device), or pass device=",
+                    moved,
+                    self._device,
+                    self._device.type,
+                )
         # Inside the user's forward: autocast, if used, is on now.
         if (
             self._device.type == "cpu"

@@ -828,3 +828,26 @@ def test_numpy_numbers_are_accepted_where_python_numbers_are():
                 {"capture_steps": np.float32(2.0)}):  # fmt: skip
         with pytest.raises(ValueError, match=next(iter(bad))):
             ETSHook(tiny_mlp(), **bad)
+
+
+@pytest.mark.parametrize("device_given", [False, True])
+def test_a_model_moved_after_the_hook_was_created_is_named_in_a_warning(
+    device_given: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``hook = ETSHook(model)`` then ``model.to(device)``: the hook's settings are the first
+    device's; one warning at the first training forward says so and what to do (not when the
+    device was given explicitly). ``meta`` stands in for an accelerator here."""
+    model = nn.Linear(4, 2)
+    hook = ETSHook(model, capture_steps=0, log_every=None, device="meta" if device_given else None)
+    model.to("meta")
+    with caplog.at_level(logging.WARNING, logger="ets_hook"):
+        model(torch.empty(2, 4, device="meta"))
+        model(torch.empty(2, 4, device="meta"))
+    hook.close()
+    warnings = [r.getMessage() for r in caplog.records if "moved to" in r.getMessage()]
+    if device_given:
+        assert warnings == []
+    else:
+        assert len(warnings) == 1
+        assert "moved to meta after this ETSHook was created on cpu" in warnings[0]
+        assert "create the hook after model.to(device), or pass device=" in warnings[0]
