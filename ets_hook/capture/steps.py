@@ -11,7 +11,8 @@ One authority decides at a time, so a boundary is never counted twice:
    GradScaler), and it counts. A second call in the same iteration (no forward since) does not.
 3. No optimizer given: explicit ``hook.step()`` calls, from the first one on.
 4. Neither: any optimizer's step (``register_optimizer_step_post_hook``; with several optimizers,
-   once all optimizers seen so far have stepped), else the root module's forward in training
+   once all optimizers seen so far and still alive have stepped: one re-created for a new stage
+   replaces the old once that is freed), else the root module's forward in training
    mode with grad enabled (a step runs from one such forward to the one ``forwards_per_step``
    later: the gradient accumulation's micro-batches make one step). Until the first optimizer
    step, forwards decide; a loop with more forwards per optimizer step than it declared (two
@@ -45,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -299,7 +301,10 @@ class StepDetector:
         self.in_phase = False
         self._in_optimizer_step = 0
         self._stepped_since_boundary: set[int] = set()
-        self._seen_optimizers: set[int] = set()
+        # ANY_OPTIMIZER: the optimizers seen stepping, held weakly: one the loop dropped (an
+        # optimizer re-created for a new stage) stops being waited for once it is freed.
+        self._seen_optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._kept_optimizers: list[Any] = []
         self._optimizer_since_explicit = False
         self._forward_since_explicit = False
         self._explicit_absorbed = 0
@@ -371,8 +376,11 @@ class StepDetector:
         if self.authority is Authority.FORWARD:
             self.authority = Authority.ANY_OPTIMIZER
         if self.authority is Authority.ANY_OPTIMIZER:
-            self._seen_optimizers.add(key)
-            expected = self._seen_optimizers
+            try:
+                self._seen_optimizers.add(optimizer)
+            except TypeError:  # an optimizer class that refuses weak references: kept for good
+                self._kept_optimizers.append(optimizer)
+            expected = {id(seen) for seen in (*self._seen_optimizers, *self._kept_optimizers)}
         elif self.authority is Authority.OPTIMIZER:
             expected = {id(o) for o in self._optimizers}
         else:

@@ -473,6 +473,44 @@ def test_any_optimizer_step_takes_over_from_forwards(make) -> None:
     assert events.count("forward") == 4  # every later forward is a safe point again
 
 
+def test_any_optimizer_follows_an_optimizer_re_created_for_a_new_stage(make) -> None:
+    """A new optimizer for each stage (layers unfrozen, a new learning rate): once the old one
+    is freed, the new one alone ends the steps (the old one was waited for, for good)."""
+    model = tiny_model()
+    _, events = make(model, [])
+    opt = None
+    for _stage in range(3):
+        # made while the previous one is alive (a distinct object), which is freed by rebinding
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(4):
+            opt.zero_grad()
+            forward_backward(model)
+            opt.step()
+    assert events.boundaries == ["any_optimizer"] * 12
+
+
+def test_any_optimizer_counts_a_critic_stepping_several_times_per_iteration_once(make) -> None:
+    """WGAN-style: the critic steps three times, then the generator once, per iteration."""
+    model = tiny_model()
+    critic = torch.optim.SGD(model[0].parameters(), lr=0.1)
+    generator = torch.optim.SGD(model[2].parameters(), lr=0.1)
+    _, events = make(model, [])
+    per_iteration = []
+    for _ in range(5):
+        before = len(events.boundaries)
+        for _ in range(3):
+            critic.zero_grad()
+            forward_backward(model)
+            critic.step()
+        generator.zero_grad()
+        forward_backward(model)
+        generator.step()
+        per_iteration.append(len(events.boundaries) - before)
+    # until the generator is first seen each critic step ends a step (and the next iteration's
+    # first one closes the set it opened); from then on, one step per iteration
+    assert per_iteration == [3, 2, 1, 1, 1]
+
+
 def test_any_optimizer_with_two_optimizers_counts_iterations(make) -> None:
     model = tiny_model()
     first = torch.optim.SGD(model[0].parameters(), lr=0.1)
