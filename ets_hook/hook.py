@@ -202,8 +202,9 @@ class ETSHook:
             epochs: the job's length in epochs (number > 0, may be fractional); needs
                 ``steps_per_epoch`` or ``dataloader``.
             steps_per_epoch: optimizer steps per epoch (int >= 1).
-            dataloader: anything with ``len()`` (micro-batches per epoch); steps per epoch are
-                ``ceil(len(dataloader) / grad_accum_steps)``. A ``torch.utils.data.DataLoader``
+            dataloader: the training loader; with ``len()`` (micro-batches per epoch), steps
+                per epoch are ``ceil(len(dataloader) / grad_accum_steps)``; an iterable one
+                without (an ``IterableDataset``'s) gives none. A ``torch.utils.data.DataLoader``
                 with worker processes also has their batch rate timed from its next ``iter()``
                 on (its ``collate_fn`` wrapped until ``close``, ``capture.batch_clock``): the
                 floor under the predicted step time while prefetched batches hide it.
@@ -284,7 +285,8 @@ class ETSHook:
             ValueError: naming the argument and its value: an int argument not an int in its
                 range (numpy's integers count, bools do not); ``initial_step`` >
                 ``total_steps``; ``epochs`` not a finite number > 0 or without steps per epoch;
-                ``dataloader`` without ``len()`` or contradicting ``steps_per_epoch``;
+                ``dataloader`` not iterable, without ``len()`` beside ``epochs`` and no
+                ``steps_per_epoch``, or contradicting ``steps_per_epoch``;
                 ``eval_dataloader`` without ``len()``; ``checkpoint_files`` not an int >= 1; a
                 string argument not one of its values (``deadline_policy`` too without a
                 deadline); ``model`` not an ``nn.Module``; ``optimizer`` not optimizers;

@@ -171,6 +171,41 @@ class SlowBatches(Dataset):
 SLOW_SAMPLE_S = 0.030
 
 
+def one_epoch(model: nn.Module, opt: torch.optim.Optimizer, loader: DataLoader) -> None:
+    """One pass over a loader of one-sample batches."""
+    for x, y in loader:
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y.view(1)).backward()
+        opt.step()
+
+
+class SlowStream(torch.utils.data.IterableDataset):
+    """An iterable dataset (no ``len()``): 16 samples, each ``SLOW_SAMPLE_S`` to make."""
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        import time
+
+        for index in range(16):
+            time.sleep(SLOW_SAMPLE_S)
+            yield torch.randn(16), torch.tensor(index % 4)
+
+
+def test_an_iterable_loader_is_accepted_and_its_workers_timed() -> None:
+    """``dataloader=`` an IterableDataset's loader (no ``len()``), the length from
+    ``total_steps``: no error, no epochs, and its worker's pace is the floor as for any loader
+    (it raised 'dataloader has no len()' before)."""
+    model = nn.Linear(16, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(SlowStream(), batch_size=1, num_workers=1)
+    hook = ETSHook(model, optimizer=opt, total_steps=16, dataloader=loader, log_every=None)
+    one_epoch(model, opt, loader)
+    prediction = hook.prediction
+    hook.close()
+    assert hook._epochs is None and hook.steps_completed == 16
+    assert prediction is not None and prediction.input_period_s is not None
+    assert prediction.input_period_s >= 0.9 * SLOW_SAMPLE_S
+
+
 def test_prefetched_batches_do_not_hide_slower_workers() -> None:
     """The loop's first steps take batches its worker made in advance (4 prefetched) and run
     at the model's pace; the worker's own clock says the job will run at its pace."""
@@ -226,10 +261,7 @@ def test_a_loader_given_after_creation_is_timed_and_its_restarts_known() -> None
     other = DataLoader(SlowBatches(), num_workers=1, persistent_workers=True)
     assert hook.time_dataloader_workers(other) is True  # a second loader (combined loaders)
     assert hook._epochs.restarts  # a persistent second loader takes no restart away
-    for x, y in loader:
-        opt.zero_grad()
-        nn.functional.cross_entropy(model(x), y.view(1)).backward()
-        opt.step()
+    one_epoch(model, opt, loader)
     prediction = hook.prediction
     hook.close()
     assert prediction is not None and prediction.input_period_s is not None

@@ -138,7 +138,8 @@ class JobModel:
                 ``steps_per_epoch`` if your loop drops it.
             steps_per_epoch: optimizer steps per epoch, >= 1.
             batches_per_epoch: micro-batches per epoch, >= 1.
-            dataloader: anything with ``len()`` (micro-batches per epoch).
+            dataloader: the training loader: its ``len()`` is the micro-batches per epoch; an
+                iterable one without ``len()`` (an ``IterableDataset``'s) gives no epoch length.
             total_batches: micro-batches in the whole job, >= 1; ``ceil(/ grad_accum_steps)``.
             grad_accum_steps: micro-batches per optimizer step, >= 1.
             eval_every: period in optimizer steps (>= 1) of the phase named "eval".
@@ -154,8 +155,9 @@ class JobModel:
 
         Raises:
             ValueError: a count is not an int in its range (bools rejected); both
-                ``dataloader`` and ``batches_per_epoch`` are given; ``dataloader`` has no
-                ``len()``; ``steps_per_epoch`` contradicts the batches per epoch; ``epochs`` is
+                ``dataloader`` and ``batches_per_epoch`` are given; ``dataloader`` is not
+                iterable, or has no ``len()`` with ``epochs`` and no ``steps_per_epoch``;
+                ``steps_per_epoch`` contradicts the batches per epoch; ``epochs`` is
                 not a finite number > 0 or comes without steps per epoch; a ``phase_every``
                 name is empty or not a string; ``initial_step`` exceeds the total steps.
         """
@@ -166,10 +168,18 @@ class JobModel:
             try:
                 batches_per_epoch = len(dataloader)
             except TypeError:
-                raise ValueError(
-                    f"dataloader has no len() ({type(dataloader).__name__}); "
-                    "pass steps_per_epoch= or total_steps= instead"
-                ) from None
+                # An iterable loader (an IterableDataset's): no epoch length from it, which
+                # only epochs= needs; the hook still times its workers.
+                if not hasattr(dataloader, "__iter__"):
+                    raise ValueError(
+                        f"dataloader must be a data loader (iterable), got "
+                        f"{type(dataloader).__name__}"
+                    ) from None
+                if epochs is not None and steps_per_epoch is None:
+                    raise ValueError(
+                        f"dataloader has no len() ({type(dataloader).__name__}): epochs= needs "
+                        "steps_per_epoch= with it (or total_steps= instead of epochs=)"
+                    ) from None
         if batches_per_epoch is not None:
             _positive_int("batches_per_epoch", batches_per_epoch)
             from_batches = math.ceil(batches_per_epoch / k)

@@ -11,9 +11,10 @@ callback creates an ``ETSHook`` on the Trainer's model and optimizer with what t
 - ``eval_every`` / ``checkpoint_every`` from ``eval_strategy`` / ``save_strategy`` (``steps``: the
   Trainer's ``eval_steps`` / ``save_steps``; ``epoch``: optimizer steps per epoch from the train
   dataloader and the accumulation; ``best``: saves can only follow evaluations; ``no``: none);
-- ``dataloader`` (a sized train dataloader): epoch start-up as a phase and, with
-  ``dataloader_num_workers > 0``, the workers' batch pace as a floor under the step time (the
-  Trainer starts iterating after ``on_train_begin``, so their first batches are timed).
+- ``dataloader`` (the train dataloader): epoch start-up as a phase (a sized one) and, with
+  ``dataloader_num_workers > 0``, the workers' batch pace as a floor under the step time (an
+  ``IterableDataset``'s loader too; the Trainer starts iterating after ``on_train_begin``, so
+  their first batches are timed).
   With a period and a sized ``eval_dataset``, evaluations are priced before the first is
   measured: its batches at ``eval_batch_size`` x a forward of a training micro-batch
   (``forecast.job.eval_cost_prior``; ``ETSHook.expect_phase_cost``); with ``checkpoint_every``
@@ -607,6 +608,8 @@ def _trainer_options(
         per_epoch: int | None = max(math.ceil(len(dataloader) / accum), 1)
     except TypeError:  # an iterable dataset (or no dataloader): no epoch length
         per_epoch = None
+        if dataloader is not None:  # its workers are still timed, from the same point on
+            found["dataloader"] = dataloader
     else:
         # Its epochs (start-up at each) and, with worker processes, their pace: the Trainer
         # starts iterating it after on_train_begin, so the hook can time its workers.

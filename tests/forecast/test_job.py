@@ -44,6 +44,15 @@ def test_total_steps_from_epochs_and_dataloader_with_grad_accumulation() -> None
     assert JobModel.from_args(epochs=2.5, steps_per_epoch=10).total_steps == 25
 
 
+def test_an_iterable_loader_without_len_gives_no_epochs_but_is_no_error() -> None:
+    """An IterableDataset's loader: the length comes from total_steps (or is unknown)."""
+    job = JobModel.from_args(total_steps=10, dataloader=iter([1, 2]))
+    assert job.total_steps == 10 and job.steps_per_epoch is None
+    assert JobModel.from_args(dataloader=iter([1, 2])).total_steps is None
+    with_epoch_length = JobModel.from_args(epochs=2, steps_per_epoch=5, dataloader=iter([1]))
+    assert with_epoch_length.total_steps == 10
+
+
 def test_whichever_limit_comes_first_ends_the_job() -> None:
     job = JobModel.from_args(total_steps=50, epochs=10, steps_per_epoch=100)
     assert job.total_steps == 50
@@ -61,6 +70,7 @@ def test_whichever_limit_comes_first_ends_the_job() -> None:
         ({"epochs": 2}, "epochs needs steps_per_epoch"),
         ({"epochs": -1, "steps_per_epoch": 3}, "epochs must be a number > 0, got -1"),
         ({"epochs": 1, "dataloader": iter([1, 2])}, "dataloader has no len()"),
+        ({"total_steps": 5, "dataloader": 7}, "dataloader must be a data loader (iterable)"),
         ({"eval_every": 0}, "eval_every must be an int >= 1, got 0"),
         ({"phase_every": {"save": -2}}, "period of phase 'save' must be an int >= 0, got -2"),
         ({"initial_step": -1}, "initial_step must be an int >= 0, got -1"),

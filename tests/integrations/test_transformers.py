@@ -534,13 +534,24 @@ class SlowTokenSet(TokenSet):
 SLOW_ITEM_S = 0.010
 
 
-def test_the_trainers_dataloader_workers_are_timed(tmp_path: Path) -> None:
+class SlowTokenStream(torch.utils.data.IterableDataset):
+    """``SlowTokenSet`` as an iterable dataset (no ``len()``: the Trainer needs max_steps)."""
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        samples = SlowTokenSet(32)
+        for i in range(len(samples)):
+            yield samples[i]
+
+
+@pytest.mark.parametrize("dataset", ["sized", "iterable"])
+def test_the_trainers_dataloader_workers_are_timed(tmp_path: Path, dataset: str) -> None:
     args = training_args(
         tmp_path, max_steps=8, gradient_accumulation_steps=1, eval_strategy="no",
         save_strategy="no", dataloader_num_workers=1,
     )  # fmt: skip
     ets = ETSTrainerCallback(capture_steps=0)
-    trainer = Trainer(model=tiny_gpt2(), args=args, train_dataset=SlowTokenSet(32), callbacks=[ets])
+    train_set = SlowTokenSet(32) if dataset == "sized" else SlowTokenStream()
+    trainer = Trainer(model=tiny_gpt2(), args=args, train_dataset=train_set, callbacks=[ets])
     trainer.train()
     prediction = ets.prediction
     assert prediction is not None and prediction.step == 8
