@@ -833,8 +833,23 @@ class ETSHook:
         if self._compiles is not None:
             self._compiles.close()
         try:
-            if self._window.state == WindowState.CAPTURING:
-                self._window.finish(truncated=True)
+            window = self._window
+            if window.state == WindowState.CAPTURING and window.captured_steps:
+                window.finish(truncated=True)
+            elif window.state in (WindowState.WAITING, WindowState.CAPTURING):
+                # Nothing to decode: the job ended before the window's first step did.
+                window.abandon(
+                    f"the job ended after {self.steps_completed} steps, before a window step "
+                    f"(the window starts at step {window.skip_steps})"
+                )
+                if self.trace_path is not None:
+                    logger.warning(
+                        "ets-hook: no trace written to %s: the job ended after %d steps, "
+                        "before a capture window step (skip_steps=%d)",
+                        self.trace_path,
+                        self.steps_completed,
+                        window.skip_steps,
+                    )
             self._detector.close()
             self._window.join(timeout_s)
         except Exception as exc:

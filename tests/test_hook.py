@@ -156,6 +156,19 @@ def test_forward_marks_steps_when_nothing_else_does():
     assert hook.steps_completed == 4
 
 
+def test_the_default_window_starts_after_the_first_step():
+    """``skip_steps=None`` is 1 unless steps compile (it was 2 for every job: "nothing compiled
+    yet" read as "the step before compiled")."""
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(model, optimizer=opt, capture_steps=2, log_every=None)
+    train(model, opt, hook, 4)
+    hook.close()
+    trace = hook.wait_for_trace(30)
+    assert hook.skip_steps == 1
+    assert trace is not None and [it.step for it in trace.iterations] == [1, 2]
+
+
 def test_gradient_accumulation_counts_optimizer_steps():
     model = tiny_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -331,6 +331,32 @@ def test_wait_for_trace_returns_at_once_when_capture_never_runs() -> None:
     hook.close()
 
 
+@pytest.mark.parametrize("skip_steps", [1, 2])
+def test_a_job_that_ends_before_a_window_step_says_so(tmp_path, caplog, skip_steps) -> None:
+    """One step: the window never starts (from step 2), or starts after it but no window step
+    ends (from step 1). Either way the status says why (not "waiting", nor "done" with an
+    empty trace), and a trace file asked for is reported as not written."""
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    trace = tmp_path / "t.ets"
+    hook = ETSHook(
+        model, optimizer=opt, total_steps=1, skip_steps=skip_steps, trace_path=trace,
+        log_every=None,
+    )  # fmt: skip
+    x, y = batch()
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    with caplog.at_level(logging.WARNING, logger="ets_hook"):
+        hook.close()
+    assert hook.capture_status.startswith("off")
+    assert (
+        f"the job ended after 1 steps, before a window step (the window starts at step "
+        f"{skip_steps})"
+    ) in hook.capture_status
+    assert hook.wait_for_trace(0) is None and not trace.exists()
+    assert f"no trace written to {trace}" in caplog.text
+
+
 def test_arguments_are_checked_at_construction(tmp_path) -> None:
     model = tiny_mlp()
     with pytest.raises(ValueError, match=r"initial_step \(20\) is past the job's end"):

@@ -253,6 +253,11 @@ class WindowRunner:
     # What the hook reads
 
     @property
+    def captured_steps(self) -> int:
+        """Window steps that have ended so far (with their ops recorded)."""
+        return len(self._window_bounds)
+
+    @property
     def status(self) -> str:
         """``ETSHook.capture_status``: the state, then after ``": "`` the notes, if any."""
         notes = "; ".join(note for note in (self._ops_note, self._capture_note) if note)
@@ -492,7 +497,7 @@ class WindowRunner:
         if self.state == WindowState.WAITING and completed == self.skip_steps:
             if (
                 self._auto_skip
-                and last_compile_step >= step_index - 1
+                and last_compile_step >= max(step_index - 1, 0)  # -1: nothing compiled yet
                 and self.skip_steps < MAX_AUTO_SKIP_STEPS
             ):
                 self.skip_steps += 1  # still compiling: the window waits for steady steps
