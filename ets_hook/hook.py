@@ -770,8 +770,9 @@ class ETSHook:
     def close(self, timeout_s: float = 60.0) -> None:
         """Stop capture, remove every hook, wait for decoding, hand out the final prediction.
 
-        A window still open is cut short and decoded. Reporters get their ``on_close`` (final
-        log line, status file marked closed, ...). Safe to call twice and from any thread;
+        A window still open is cut short and decoded (abandoned if none of its steps ended).
+        Reporters get their ``on_close`` (final log line, status file marked closed, ...).
+        Safe to call twice and from any thread;
         never raises. On the native path every op callback is gone when it returns. On the
         profiler path, whose session only the thread that started it can end, a call from
         another thread during the window leaves the hooks in place until the training thread's
