@@ -305,6 +305,7 @@ class StepDetector:
         # optimizer re-created for a new stage) stops being waited for once it is freed.
         self._seen_optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._kept_optimizers: list[Any] = []
+        self._seen_ids: set[int] = set()  # their ids, rebuilt when one is added or freed
         self._optimizer_since_explicit = False
         self._forward_since_explicit = False
         self._explicit_absorbed = 0
@@ -376,11 +377,17 @@ class StepDetector:
         if self.authority is Authority.FORWARD:
             self.authority = Authority.ANY_OPTIMIZER
         if self.authority is Authority.ANY_OPTIMIZER:
-            try:
-                self._seen_optimizers.add(optimizer)
-            except TypeError:  # an optimizer class that refuses weak references: kept for good
-                self._kept_optimizers.append(optimizer)
-            expected = {id(seen) for seen in (*self._seen_optimizers, *self._kept_optimizers)}
+            expected = self._seen_ids
+            seen_now = len(self._seen_optimizers) + len(self._kept_optimizers)
+            if key not in expected or len(expected) != seen_now:  # a new one, or one freed
+                try:
+                    self._seen_optimizers.add(optimizer)
+                except TypeError:  # a class that refuses weak references: kept for good
+                    if all(kept is not optimizer for kept in self._kept_optimizers):
+                        self._kept_optimizers.append(optimizer)
+                expected = self._seen_ids = {
+                    id(seen) for seen in (*self._seen_optimizers, *self._kept_optimizers)
+                }
         elif self.authority is Authority.OPTIMIZER:
             expected = {id(o) for o in self._optimizers}
         else:
