@@ -652,7 +652,7 @@ class ETSHook:
         """
         if self._closed or hooks_disabled():
             return False
-        if any(clock is BatchClock.attached_to(dataloader) for clock in self._batch_clocks):
+        if BatchClock.attached_to(dataloader) in self._batch_clocks:
             return False
         try:
             if self._epochs is not None and self._forecaster.steps_done == 0:

@@ -286,6 +286,7 @@ class StepDetector:
         self._forwards_in_step = 0  # training forwards since the last boundary (FORWARD)
         self._model = model
         self._optimizers = list(optimizers)
+        self._given_ids = frozenset(id(optimizer) for optimizer in self._optimizers)
         self._on_boundary = on_boundary
         self._on_first_activity = on_first_activity
         self._on_forward = on_forward
@@ -389,7 +390,7 @@ class StepDetector:
                     id(seen) for seen in (*self._seen_optimizers, *self._kept_optimizers)
                 }
         elif self.authority is Authority.OPTIMIZER:
-            expected = {id(o) for o in self._optimizers}
+            expected = self._given_ids
         else:
             return
         self._stepped_since_boundary.add(key)

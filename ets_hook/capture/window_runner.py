@@ -612,15 +612,12 @@ class WindowRunner:
 
     def _drop_window(self) -> None:
         """Even one step's decode would cost more than the budget: stop, decode nothing."""
-        ops = self._ops
         self._dropped = True
         share = 100 * CAPTURE_BUDGET_SHARE
-        self.abandon(
+        self.abandon(  # which stops and discards the native observer's records
             f"capture dropped: decoding it would cost more than {share:g}% of this job's "
             "predicted total (a short job: its steps are timed only)"
         )
-        if isinstance(ops, NativeOpCapture):
-            ops.discard()
         logger.info("ets-hook: %s", self._capture_note)
 
     def _restart_ops(self) -> None:
