@@ -71,8 +71,7 @@ _owner_lock = threading.Lock()
 def native_observer_busy() -> bool:
     """Whether a ``NativeOpCapture`` holds the observer (its session open, or its records not
     yet read or discarded): another capture's ``start`` would raise ``NativeObserverBusyError``."""
-    with _owner_lock:
-        return _owner is not None
+    return native_observer_holder() is not None
 
 
 def native_observer_holder() -> NativeOpCapture | None:

@@ -35,7 +35,6 @@ from . import native_ops
 from .ops import (
     NativeOpCapture,
     ProfilerOpCapture,
-    native_observer_busy,
     native_observer_holder,
 )
 from .sysinfo import device_info, host_info, machine_facts
@@ -345,25 +344,22 @@ class WindowRunner:
         Raises:
             Exception: whatever starting the capture raises.
         """
-        busy = self._op_capture_mode != "profiler" and native_observer_busy()
-        if busy and self._preempt_stopped_capture():
-            busy = native_observer_busy()
-        if busy and self._observer_waits < MAX_OBSERVER_WAIT_STEPS:
+        holder = native_observer_holder() if self._op_capture_mode != "profiler" else None
+        if holder is not None and self._preempt_stopped_capture():
             holder = native_observer_holder()
+        if holder is not None and self._observer_waits < MAX_OBSERVER_WAIT_STEPS:
             if self._observer_waits == 0:
                 logger.info(
                     "ets-hook: another ETSHook's capture holds the op observer; this hook's "
                     "window waits for it"
                 )
             awaited = self._awaited
-            if holder is not None and (
-                awaited is None or awaited[0] is not holder or awaited[1] != holder.boundaries
-            ):
+            if awaited is None or awaited[0] is not holder or awaited[1] != holder.boundaries:
                 self._awaited = (holder, holder.boundaries, self._observer_waits)
             self._observer_waits += 1
             self.skip_steps += 1  # WAITING: the next step boundary calls start() again
             return
-        choice = choose_op_capture(self._op_capture_mode, observer_busy=busy)
+        choice = choose_op_capture(self._op_capture_mode, observer_busy=holder is not None)
         if choice.ops is None:
             self.state = WindowState.OFF
             self._capture_note = choice.note
