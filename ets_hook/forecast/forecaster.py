@@ -50,7 +50,7 @@ from ..errors import DeadlineExceededError
 from .early_stop import EarlyStoppingRule, EarlyStopTracker, total_range_s
 from .input_supply import SupplyEstimate, bound_by_supply, supply_from_loaders
 from .job import JobModel, PhaseCostPrior, PhaseTracker, remaining_phase_time
-from .prediction import Prediction, utc_from_timestamp
+from .prediction import Prediction, ended_prediction, utc_from_timestamp
 from .ranks import JobView
 from .stats import (
     DEFAULT_LEVEL,
@@ -267,6 +267,7 @@ class Forecaster:
         self._measured_key: tuple[int, int, int, int, bool] = (0, -1, -1, -1, False)
         self._measured_at_s = -math.inf
         self._cached: Prediction | None = None
+        self._ended: Prediction | None = None  # the final one, once closed as "closed"
         self._cached_key: tuple[int, int, int] | None = None
 
         self._dispatch: ReportSink = reports if reports is not None else _NoReports()
@@ -626,6 +627,8 @@ class Forecaster:
 
         Any thread; never raises: after a failure (logged once) the last good prediction.
         """
+        if self._ended is not None:
+            return self._ended
         try:
             with self._lock:
                 key = (self._steps_done, self._phases.events, self._version)
@@ -900,6 +903,12 @@ class Forecaster:
     def close(self, outcome: str = "closed", error: str | None = None) -> Prediction | None:
         """Final prediction to every reporter, with how the job ended. Idempotent.
 
+        Closed as ``"closed"`` (a single process), the job is over: the final prediction is
+        the job as it ran (``ended_prediction``: total = elapsed, no ETA, ``total_steps`` the
+        steps run) and ``prediction`` returns it from then on. Interrupted or failed jobs keep
+        the projection of the whole run (they may be resumed); so do multi-process jobs,
+        whose end is the last rank's.
+
         Never raises (a ``DeadlineExceededError`` from the reporters is logged too).
 
         Args:
@@ -915,6 +924,12 @@ class Forecaster:
         self._closed = True
         try:
             prediction = self.prediction
+            if prediction is not None and outcome == "closed" and prediction.world_size == 1:
+                # The training it followed is over: what ran, not what was planned (an early
+                # stop or a break ends it before total_steps; a final phase has run).
+                prediction = ended_prediction(prediction)
+                with self._lock:
+                    self._cached = self._ended = prediction
             if not self._failed:
                 self._dispatch.close(prediction, outcome, error)
             return prediction

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -178,6 +178,43 @@ class Prediction:
             The JSON text.
         """
         return json.dumps(self.to_dict(), allow_nan=False, **kwargs)
+
+
+def ended_prediction(prediction: Prediction) -> Prediction:
+    """``prediction`` as the job ran, for a job that has ended at ``prediction.step``.
+
+    The total is the elapsed time (nothing remains: steps, phases, capture cost, ETA all 0);
+    ``total_steps`` becomes the steps run (fewer than planned after early stopping or a
+    ``break``; the first known count where the length was unknown); the step-time estimate
+    and its sources are kept. An early-stopping forecast collapses to the step it stopped at.
+
+    Args:
+        prediction: the last prediction of the job, as of its last step or phase end.
+
+    Returns:
+        A new ``Prediction``; ``prediction`` is not changed.
+    """
+    elapsed_s = prediction.elapsed_s
+    phases = tuple(
+        replace(phase, remaining=0, remaining_s=0.0, remaining_ci_s=0.0)
+        for phase in prediction.phases
+    )
+    stopped = prediction.expected_stop_step is not None
+    return replace(
+        prediction,
+        total_steps=prediction.step,
+        remaining_steps=0,
+        total_s=elapsed_s,
+        total_ci_s=0.0,
+        eta_s=0.0,
+        finish_time=prediction.as_of,
+        remaining_phase_s=0.0,
+        remaining_capture_s=0.0,
+        phases=phases,
+        expected_stop_step=prediction.step if stopped else None,
+        total_range_s=(elapsed_s, elapsed_s) if stopped else None,
+        local_total_s=elapsed_s,
+    )
 
 
 def _json_safe(value: Any) -> Any:

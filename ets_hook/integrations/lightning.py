@@ -350,6 +350,9 @@ class BaseETSCallback:
         try:
             metrics = prediction_metrics(prediction)
             bar_key = "ets/eta_s" if "ets/eta_s" in metrics else "ets/iteration_s"
+            # Trainer(logger=False): the values still reach callback_metrics (and the bar),
+            # without Lightning's "no logger configured" warning for each key.
+            to_loggers = bool(trainer.loggers)
             for key, value in metrics.items():
                 pl_module.log(
                     key,
@@ -357,7 +360,7 @@ class BaseETSCallback:
                     on_step=True,
                     on_epoch=False,
                     prog_bar=self.prog_bar and key == bar_key,
-                    logger=True,
+                    logger=to_loggers,
                 )
         except Exception as exc:  # never into the training loop: log once, stop logging
             self._logging_failed = True

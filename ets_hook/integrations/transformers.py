@@ -525,10 +525,15 @@ class ETSTrainerCallback(TrainerCallback):
     def _inject(self, state: TrainerState, logs: dict[str, Any] | None) -> None:
         """Add ``log_values`` to a training log and to its ``state.log_history`` entry (the
         Trainer appends a copy of ``logs`` plus ``step`` there before calling ``on_log``).
-        Evaluation and prediction logs get nothing. Never raises."""
+        Evaluation and prediction logs get nothing; the closing summary (``train_runtime``)
+        closes the hook first and gets the job as it ran. Never raises."""
         if not self._training or self._in_loop or not isinstance(logs, dict):
             return
         try:
+            if "train_runtime" in logs and self.hook is not None:
+                # The Trainer's closing summary: training is over (an early stop ends it
+                # before max_steps), so it gets the final values, not an ETA.
+                self.hook.close()
             values = log_values(self.prediction)
             if not values:
                 return

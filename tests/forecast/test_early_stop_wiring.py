@@ -35,6 +35,9 @@ def test_forecaster_predicts_the_stop_and_the_total_range() -> None:
     assert low < high == pytest.approx(p.total_s)
     assert "early stop ~step" in format_prediction(p)
     assert json.loads(p.to_json())["total_range_s"] == [low, high]
+    final = f.close()  # stopped at step 900: the forecast collapses to what happened
+    assert (final.expected_stop_step, final.total_steps, final.eta_s) == (900, 900, 0.0)
+    assert final.total_range_s == (final.total_s, final.total_s) == (p.elapsed_s, p.elapsed_s)
 
 
 def test_hook_report_metric_and_bad_arguments(tmp_path) -> None:

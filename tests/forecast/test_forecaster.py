@@ -277,6 +277,41 @@ def test_close_is_idempotent_and_returns_the_final_prediction() -> None:
     assert f.close() is final
 
 
+def test_a_job_closed_before_its_last_step_ends_as_it_ran() -> None:
+    """An early stop or a ``break`` closes the hook at step 30 of 100: the final prediction
+    (and the reporters' last values) are the job as it ran, not 70 steps more."""
+    f = Forecaster(JobModel(total_steps=100), start_s=0.0)
+    drive(f, noisy(30))
+    running = f.prediction
+    assert running is not None and running.remaining_steps == 70 and running.eta_s > 0
+    final = f.close()
+    assert final is not None and final is f.prediction
+    assert (final.step, final.total_steps, final.remaining_steps) == (30, 30, 0)
+    assert final.eta_s == 0.0 and final.total_ci_s == 0.0 and final.remaining_phase_s == 0.0
+    assert final.total_s == pytest.approx(running.elapsed_s)
+    assert final.finish_time == running.as_of
+    assert final.iteration_s == running.iteration_s  # the step time is what was measured
+    assert json.loads(final.to_json())["total_steps"] == 30
+
+
+@pytest.mark.parametrize("outcome", ["interrupted", "failed"])
+def test_an_interrupted_or_failed_job_keeps_the_whole_runs_projection(outcome: str) -> None:
+    f = Forecaster(JobModel(total_steps=100), start_s=0.0)
+    drive(f, noisy(30))
+    running = f.prediction
+    final = f.close(outcome, "KeyboardInterrupt")
+    assert final is running and final.total_steps == 100 and final.eta_s > 0
+
+
+def test_an_unknown_length_is_known_once_the_job_ended() -> None:
+    f = Forecaster(JobModel(total_steps=None), start_s=0.0)
+    drive(f, noisy(12))
+    assert f.prediction.total_steps is None and f.prediction.total_s is None
+    final = f.close()
+    assert (final.total_steps, final.eta_s) == (12, 0.0)
+    assert final.total_s == pytest.approx(final.elapsed_s)
+
+
 def test_on_a_real_small_training_loop() -> None:
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)

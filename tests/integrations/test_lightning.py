@@ -378,17 +378,20 @@ def test_unknown_length_with_max_time_gives_step_time_only(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     callback = ETSCallback(capture_steps=0)
-    trainer = quiet_trainer(max_epochs=1, max_time={"minutes": 5}, callbacks=[callback])
+    at_step_5 = PredictionAt(callback, at=5)
+    trainer = quiet_trainer(max_epochs=1, max_time={"minutes": 5}, callbacks=[callback, at_step_5])
     caplog.set_level(logging.INFO, logger="ets_hook")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(TinyModule(), DataLoader(_Stream(), batch_size=4))
-    prediction = callback.prediction
+    prediction = at_step_5.prediction
     assert trainer.global_step == 6
-    assert prediction.step == 6
+    assert prediction.step == 5
     assert prediction.total_steps is None  # no made-up total
     assert prediction.eta_s is None and prediction.total_s is None
     assert prediction.iteration_s > 0
+    ended = callback.prediction  # once the fit is over, its length is known
+    assert (ended.step, ended.total_steps, ended.eta_s) == (6, 6, 0.0)
     assert "total_steps" not in callback.resolved_options
     assert "ets/iteration_s" in trainer.progress_bar_metrics  # the step time, in place of the ETA
     assert "ets/eta_s" not in trainer.logged_metrics
@@ -412,6 +415,21 @@ def test_explicit_options_win_with_one_log_line(caplog: pytest.LogCaptureFixture
         "ets-hook: grad_accum_steps=1 given; the Trainer says 2 (using 1)",
         "ets-hook: the job length given resolves to 10 steps; the Trainer says 4 (using 10)",
     ]
+
+
+def test_without_a_logger_the_values_are_kept_without_lightnings_warning() -> None:
+    """``Trainer(logger=False)``: ``self.log(..., logger=True)`` warns once per key that no
+    logger is configured; the values still belong in ``callback_metrics`` and the bar."""
+    callback = ETSCallback(capture_steps=0)
+    trainer = quiet_trainer(max_steps=4, callbacks=[callback])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(TinyModule(), loaders(batches=8)[0])
+    about_ours = [str(w.message) for w in caught if "ets/" in str(w.message)]
+    assert about_ours == []
+    assert callback.prediction.step == 4
+    assert "ets/eta_s" in trainer.callback_metrics
+    assert "ets/eta_s" in trainer.progress_bar_metrics
 
 
 class _DropoutModule(TinyModule):

@@ -311,8 +311,10 @@ def test_explicit_total_steps_wins_with_one_log_line(runs: Runs) -> None:
     first = runs.first
     assert first.callback.hook is not None
     assert first.callback.hook.total_steps == 32
-    assert first.callback.prediction is not None
-    assert first.callback.prediction.total_steps == 32
+    assert first.extra["before_eval"].total_steps == 32  # while training: the explicit value
+    ended = first.callback.prediction  # once ended: the 30 steps the Trainer ran
+    assert ended is not None
+    assert (ended.step, ended.total_steps, ended.eta_s) == (30, 30, 0.0)
     lines = [line for line in first.lines if "ETSTrainerCallback" in line]
     assert len(lines) == 1, first.lines
     assert "total_steps=32" in lines[0] and "30" in lines[0]
@@ -419,6 +421,10 @@ def test_predictions_in_log_history(runs: Runs) -> None:
         final = history[-1]
         assert "train_runtime" in final and set(LOG_KEYS) <= set(final)
     assert runs.resumed.trainer.state.log_history[-1]["ets/eta_s"] == 0
+    # The first run planned 32 steps (explicit) and ran the Trainer's 30: its closing summary
+    # is the job as it ran.
+    summary = runs.first.trainer.state.log_history[-1]
+    assert summary["ets/eta_s"] == 0 and summary["ets/total_s"] > 0
     first_entry = _training_entries(runs.first.trainer.state.log_history)[0]
     # The first run's total is 32 steps (explicit): 27 of them remain after step 5.
     assert first_entry["ets/eta_s"] > 20 * first_entry["ets/iteration_s"]

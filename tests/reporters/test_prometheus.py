@@ -73,15 +73,24 @@ def test_textfile_is_parsed_back(tmp_path: Path, outcome: str, error: str | None
     assert states[outcome] == 1.0 and sum(states.values()) == 1.0
     assert set(states) == set(PROMETHEUS_STATES)
     assert value(final, "ets_hook_step") == 50
+    if outcome == "closed":  # the job ended at step 50: what ran, not the plan
+        assert value(final, "ets_hook_total_steps") == 50
+        assert value(final, "ets_hook_eta_seconds") == 0.0
+    else:  # a failed job may be resumed: the projection of the whole run stays
+        assert value(final, "ets_hook_total_steps") == 100
+        assert value(final, "ets_hook_eta_seconds") == pytest.approx(5.0, rel=0.2)
 
 
 def test_unknown_values_are_absent_and_own_registries_do_not_collide(tmp_path: Path) -> None:
     a = PrometheusReporter(textfile=tmp_path / "a.prom", rank=0)
     b = PrometheusReporter(textfile=tmp_path / "b.prom", rank=0)  # a second hook: no clash
-    drive(a, 5, total=None).close()
+    forecaster = drive(a, 5, total=None)
     parsed = samples((tmp_path / "a.prom").read_text())
     assert "ets_hook_eta_seconds" not in parsed and "ets_hook_total_steps" not in parsed
     assert value(parsed, "ets_hook_step") == 5
+    forecaster.close()  # once the job has ended, its length is known
+    final = samples((tmp_path / "a.prom").read_text())
+    assert value(final, "ets_hook_total_steps") == 5 and value(final, "ets_hook_eta_seconds") == 0
     assert b.registry is not a.registry
     shared = CollectorRegistry()
     PrometheusReporter(registry=shared, rank=0)

@@ -49,8 +49,9 @@ def test_scalars_are_written_at_the_schedule_and_at_close(tmp_path: Path) -> Non
     steps = [s for s, _ in scalars["ets/iteration_s"]]
     assert steps[:7] == [1, 2, 3, 5, 10, 20, 50]
     assert steps[-1] == 300 and steps == sorted(steps) and 9 <= len(steps) <= 12
-    step, eta = scalars["ets/eta_s"][-1]
-    assert step == 300 and eta == pytest.approx(100 * 0.1, rel=0.2)
+    (step, eta), (last_step, last_eta) = scalars["ets/eta_s"][-2:]
+    assert step < 300 and eta == pytest.approx((400 - step) * 0.1, rel=0.2)  # while running
+    assert (last_step, last_eta) == (300, 0.0)  # closed at step 300: the job ended there
     assert scalars["ets/iteration_s"][-1][1] == pytest.approx(0.1, rel=0.05)
 
 
@@ -72,8 +73,12 @@ def test_unknown_values_are_skipped_and_a_users_writer_is_not_closed(tmp_path: P
     reporter = TensorBoardReporter(tmp_path / "unused", writer=Writer(), rank=0)
     f = Forecaster(JobModel(total_steps=None), start_s=0.0, reports=ReportDispatcher([reporter]))
     run_job(f, 5, 0.1)
-    f.close()
     assert {tag for tag, _, _ in calls} == {"ets/iteration_s", "ets/iteration_ci_s"}
+    f.close()  # once ended, its total is what it took
+    assert {tag: value for tag, value, _ in calls if tag in ("ets/eta_s", "ets/total_s")} == {
+        "ets/eta_s": 0.0,
+        "ets/total_s": pytest.approx(0.5, rel=0.05),
+    }
     assert Writer.flushed >= 1 and Writer.closed == 0
     assert not (tmp_path / "unused").exists()
 
