@@ -17,6 +17,10 @@ jobs and its compiled / bf16 / DDP twins come jobs unlike the zoo (issue 16):
 - ``mlp-loader-w2-balanced``: 2 restarting workers with a tenth of the per-sample work, at
   about the training loop's own pace.
 
+Run only when named in ``--jobs`` (``OPT_IN_JOBS``): ``mlp-medium+unmarked-eval``, a loop that
+evaluates every 10 steps without ``hook.phase`` (what the later predictions make of recurring
+work nobody told the hook about; no early estimate can know of it).
+
 Ground truth, per job:
 
 - total: wall time from hook creation to the end of the last training step (phases, epoch
@@ -158,6 +162,9 @@ class JobSpec:
     steps: int | None = None  # this job's own length (wins over --steps)
     loader: LoaderSpec | None = None  # a finite dataset iterated in epochs by a DataLoader
     seq_lengths: tuple[int, int] | None = None  # (lo, hi): each batch's length, uniform, seeded
+    # False: the loop evaluates without hook.phase and tells the hook nothing about it (a
+    # hand-written loop whose author did not mark it): the evaluations are in the step times.
+    mark_phases: bool = True
 
     def __post_init__(self) -> None:
         if self.steps is not None and self.steps < 1:
@@ -171,8 +178,11 @@ class JobSpec:
 
     @property
     def varies_by_design(self) -> bool:
-        """Steps of different lengths by design (a per-batch sequence length)."""
-        return self.seq_lengths is not None
+        """Steps of different lengths by design (a per-batch sequence length, or unmarked
+        evaluations inside some steps)."""
+        return self.seq_lengths is not None or (
+            self.eval_every is not None and not self.mark_phases
+        )
 
 
 JOBS = (
@@ -237,6 +247,19 @@ JOBS = (
     ),
 )
 ZOO_JOBS = 14  # JOBS[:14] is "the zoo" of earlier runs: names and order kept
+#: Jobs run only when named in ``--jobs``: scenarios no early estimate can know of before they
+#: happen, measured for what the later predictions do with them.
+OPT_IN_JOBS = (
+    # A hand-written loop evaluating every 10 steps without hook.phase: the evaluations are
+    # bursts in the step times, at a steady beat.
+    JobSpec(
+        "mlp-medium+unmarked-eval",
+        "mlp-w512-d3-b64",
+        eval_every=10,
+        eval_batches=10,
+        mark_phases=False,
+    ),
+)
 
 
 class _AugmentedVectors(torch.utils.data.Dataset):
@@ -425,14 +448,15 @@ def _run_rank_in(
         else contextlib.nullcontext()
     )
     slow = spec.slow_rank_delay if spec.ranks > 1 and rank == spec.ranks - 1 else 0.0
+    told_eval = spec.eval_every if spec.mark_phases else None
     hook = ETSHook(
         job.model,
         optimizer=job.optimizer,
         total_steps=steps,
-        eval_every=spec.eval_every,
+        eval_every=told_eval,
         checkpoint_every=spec.checkpoint_every,
         # As a user with a validation loader would: one evaluation's batches (training-sized).
-        eval_dataloader=range(spec.eval_batches) if spec.eval_every else None,
+        eval_dataloader=range(spec.eval_batches) if told_eval else None,
         log_every=None,
         deadline=False,
         trace_estimator=held_out_estimator(models_dir, workload.family),
@@ -475,12 +499,14 @@ def _run_rank_in(
             break
         if spec.eval_every and step % spec.eval_every == 0:
             started = time.perf_counter()
-            with hook.phase("eval"), torch.no_grad():
+            marked = hook.phase("eval") if spec.mark_phases else contextlib.nullcontext()
+            with marked, torch.no_grad():
                 job.model.eval()
                 for _ in range(spec.eval_batches):
                     job.loss(next(batches))
                 job.model.train()
-            pending_phase_s += time.perf_counter() - started
+            if spec.mark_phases:  # unmarked, it is step time for every method alike
+                pending_phase_s += time.perf_counter() - started
         if spec.checkpoint_every and step % spec.checkpoint_every == 0:
             started = time.perf_counter()
             with hook.phase("checkpoint"):
@@ -895,7 +921,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--steps must be > {max(REPORT_STEPS)}, got {args.steps}")
     if args.max_steps is not None and args.max_steps < 2:
         parser.error(f"--max-steps must be >= 2, got {args.max_steps}")
-    specs = {j.name: j for j in JOBS}
+    specs = {j.name: j for j in (*JOBS, *OPT_IN_JOBS)}
     unknown = [n for n in args.jobs.split(",") if n not in specs]
     if unknown:
         parser.error(f"unknown jobs {unknown}; known: {sorted(specs)}")

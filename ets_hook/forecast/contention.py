@@ -9,7 +9,14 @@ Another process on the machine shows up in a training job's step times in two wa
   the change) — a neighbour that keeps running, a frequency change. From then on the job runs at
   the new level: the estimate restarts from the change.
 
-``split_contention`` finds both in a series of step times; the measured estimator
+Bursts that come back at a regular period are neither: they are the job's own **recurring
+work** that the loop does not mark as a phase (an evaluation or a checkpoint every N steps in a
+hand-written loop, a DataLoader whose workers start again each epoch). At least
+``MIN_PERIODIC_BURSTS`` of them, evenly spaced (``PERIOD_TOLERANCE``) and still due (the next
+one no more than a period away), are part of the job's rate: their excess, spread over the
+period, goes into the estimate instead of its interval.
+
+``split_contention`` finds all three in a series of step times; the measured estimator
 (``forecast.stats.estimate_measured``) applies them. Pure numpy, deterministic.
 """
 
@@ -36,6 +43,13 @@ MIN_SHIFT_REL = 0.10
 SHIFT_Z = 6.0
 #: Relative step-time noise assumed at least (a perfectly regular series has MAD 0).
 MIN_NOISE_REL = 0.02
+#: Bursts are the job's recurring work from this many evenly spaced ones on (two gaps agree:
+#: another process's bursts rarely keep a beat)...
+MIN_PERIODIC_BURSTS = 3
+#: ... their starts' gaps within this share of their median gap (at least one step) ...
+PERIOD_TOLERANCE = 0.05
+#: ... and a period at least this many times the longest of them (else they are one slow level).
+MIN_PERIOD_PER_BURST_STEP = 2
 
 
 def lag1(z: np.ndarray) -> float:
@@ -57,12 +71,20 @@ class ContentionSplit:
         burst_excess_s: their time above the kept steps' median, per kept step: what the mean
             step would gain if bursts kept coming at the rate seen, seconds (>= 0).
         shift_index: index in ``x`` where the last lasting level starts, or None.
+        burst_period_steps: the bursts' period when they are the job's recurring work (module
+            docs), else None. Then ``burst_excess_s`` is their mean excess over the kept
+            steps' median per occurrence, divided by the period: part of the job's step time.
+        burst_excess_se_s: the standard error of that per-step excess (0.0 when not periodic).
+        bursts: how many bursts (runs of burst steps) ``burst_steps`` make.
     """
 
     keep: np.ndarray
     burst_steps: int
     burst_excess_s: float
     shift_index: int | None
+    burst_period_steps: int | None = None
+    burst_excess_se_s: float = 0.0
+    bursts: int = 0
 
 
 def find_bursts(x: np.ndarray) -> np.ndarray:
@@ -80,8 +102,15 @@ def find_bursts(x: np.ndarray) -> np.ndarray:
 
 def _bursts(logs: np.ndarray) -> np.ndarray:
     burst = np.zeros(len(logs), dtype=bool)
+    for start, end in _burst_runs(logs):
+        burst[start:end] = True
+    return burst
+
+
+def _burst_runs(logs: np.ndarray) -> list[tuple[int, int]]:
+    """``(start, end)`` of each burst in ``logs`` (log step times), in order."""
     if len(logs) < MIN_BURST_SERIES:
-        return burst
+        return []
     centre = float(np.median(logs))
     scale = max(1.4826 * float(np.median(np.abs(logs - centre))), MIN_NOISE_REL)
     high = (logs - centre) / scale > BURST_Z
@@ -89,9 +118,36 @@ def _bursts(logs: np.ndarray) -> np.ndarray:
     edges = np.diff(np.concatenate(([0], high.astype(np.int8), [0])))
     starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
     short = ends - starts <= MAX_BURST_STEPS
-    for start, end in zip(starts[short], ends[short]):
-        burst[start:end] = True
-    return burst
+    return [(int(a), int(b)) for a, b in zip(starts[short], ends[short])]
+
+
+def burst_period(runs: list[tuple[int, int]], length: int) -> int | None:
+    """The period of bursts that are the job's recurring work (module docs), or None.
+
+    Args:
+        runs: ``(start, end)`` of each burst, in order, as indices into a series of ``length``
+            steps.
+        length: the series' length (the next burst must be due within a period of its end).
+
+    Returns:
+        The median gap between burst starts, in steps, when at least ``MIN_PERIODIC_BURSTS``
+        bursts start evenly spaced (every gap within ``PERIOD_TOLERANCE`` of it, at least one
+        step), the period is at least ``MIN_PERIOD_PER_BURST_STEP`` times the longest burst,
+        and no more than a period (plus the tolerance) has passed since the last one started;
+        else None.
+    """
+    if len(runs) < MIN_PERIODIC_BURSTS:
+        return None
+    starts = np.array([start for start, _ in runs])
+    gaps = np.diff(starts)
+    period = float(np.median(gaps))
+    tolerance = max(1.0, PERIOD_TOLERANCE * period)
+    longest = max(end - start for start, end in runs)
+    if np.any(np.abs(gaps - period) > tolerance) or period < MIN_PERIOD_PER_BURST_STEP * longest:
+        return None
+    if length - int(starts[-1]) > period + tolerance:
+        return None  # the beat stopped
+    return round(period)
 
 
 def find_level_shift(x: np.ndarray) -> int | None:
@@ -150,7 +206,10 @@ def split_contention(x: np.ndarray) -> ContentionSplit:
     if not np.all(np.isfinite(x) & (x > 0)):
         return ContentionSplit(np.ones(len(x), dtype=bool), 0, 0.0, None)
     logs = np.log(x)
-    burst = _bursts(logs)
+    runs = _burst_runs(logs)
+    burst = np.zeros(len(x), dtype=bool)
+    for start, end in runs:
+        burst[start:end] = True
     calm = np.flatnonzero(~burst)
     shift = _level_shift(logs[calm]) if len(calm) else None
     shift_index = int(calm[shift]) if shift is not None else None
@@ -160,8 +219,21 @@ def split_contention(x: np.ndarray) -> ContentionSplit:
     bursts_after = burst.copy()
     if shift_index is not None:
         bursts_after[:shift_index] = False
+        runs = [(start, end) for start, end in runs if start >= shift_index]
     kept = x[keep]
-    excess = 0.0
-    if bursts_after.any() and len(kept):
-        excess = float(np.sum(x[bursts_after] - np.median(kept))) / len(kept)
-    return ContentionSplit(keep, int(bursts_after.sum()), max(excess, 0.0), shift_index)
+    if not bursts_after.any() or not len(kept):
+        return ContentionSplit(keep, int(bursts_after.sum()), 0.0, shift_index)
+    centre = float(np.median(kept))
+    period = burst_period(runs, len(x))
+    if period is not None:
+        # The job's own recurring work: its mean excess per occurrence, spread over the period.
+        per_run = np.array([float(np.sum(x[start:end] - centre)) for start, end in runs])
+        se = float(per_run.std(ddof=1)) / math.sqrt(len(per_run)) / period
+        excess = max(float(per_run.mean()) / period, 0.0)
+        return ContentionSplit(
+            keep, int(bursts_after.sum()), excess, shift_index, period, se, len(runs)
+        )
+    excess = float(np.sum(x[bursts_after] - centre)) / len(kept)
+    return ContentionSplit(
+        keep, int(bursts_after.sum()), max(excess, 0.0), shift_index, bursts=len(runs)
+    )

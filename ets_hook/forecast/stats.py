@@ -508,7 +508,9 @@ def estimate_measured(
     - more: drop the warm-up (``truncation_point``) and estimate the mean of the rest with an
       autocorrelation-robust interval (``_mean_interval``). From 8 kept steps on, bursts (a few
       steps far above the rest) are left out of the mean, their excess per step added to the
-      interval, and after a lasting shift of the level only the steps at the new level are
+      interval — unless they keep a steady beat (the job's own unmarked recurring work, e.g.
+      an evaluation every N steps): then their excess spread over the period is added to the
+      mean — and after a lasting shift of the level only the steps at the new level are
       kept (``forecast.contention``). While only 3-6 steps are kept, each is first capped at
       1.5x their median (a lone spike among a handful of steps). From 10
       kept steps on, if the kept part still drifts (its first 40% and last half differ by more
@@ -559,14 +561,21 @@ def estimate_measured(
         d, warmup_ongoing = truncation_point(y, min_warmup if raw else 1)
     x = y[d:]
     index = np.arange(d, n)  # raw step index of each element of x (stride 1)
-    burst_excess = 0.0
+    burst_excess = recurring_s = recurring_se_s = 0.0
+    recurring_count = 0
     if raw and not variable and len(x) >= MIN_BURST_SERIES:
         # A noisy host: bursts out of the mean (their excess widens the interval), and after a
         # lasting shift of the level only the steps at the new level (forecast.contention).
+        # Bursts at a steady beat are the job's own unmarked work: spread over their period.
         split = split_contention(x)
         if split.shift_index is not None:
             warmup_ongoing = False  # the level moved and stayed: that is not warm-up
-        x, index, burst_excess = x[split.keep], index[split.keep], split.burst_excess_s
+        x, index = x[split.keep], index[split.keep]
+        if split.burst_period_steps is not None:
+            recurring_s, recurring_se_s = split.burst_excess_s, split.burst_excess_se_s
+            recurring_count = split.bursts
+        else:
+            burst_excess = split.burst_excess_s
     if raw and not variable and _SMALL_SAMPLE_MIN <= len(x) <= _SMALL_SAMPLE_MAX:
         # A handful of steps: one far above the others is far more often a one-off (collector
         # pause, allocator growth, profiler buffer) than a share of the steady state; cap it.
@@ -614,6 +623,11 @@ def estimate_measured(
             ci = math.hypot(ci, bias * normal_quantile(0.5 + level / 2) / normal_quantile(0.975))
     # Bursts left out of the mean may come back: their excess per step widens the interval.
     ci = math.hypot(ci, burst_excess)
+    if recurring_s > 0.0:
+        # Recurring unmarked work (an evaluation every N steps): part of every step's share.
+        mean += recurring_s
+        q = student_t_quantile(0.5 + level / 2, recurring_count - 1)
+        ci = math.hypot(ci, recurring_se_s * q)
     measured = Estimate(
         mean,
         ci,

@@ -101,3 +101,55 @@ def test_zero_or_non_finite_step_times_leave_the_series_alone() -> None:
     assert split.keep.all() and split.shift_index is None and split.burst_excess_s == 0.0
     x[30] = np.nan
     assert split_contention(x).keep.all()
+
+
+def with_evaluations(x: np.ndarray, every: int, cost_s: float, first: int) -> np.ndarray:
+    """``x`` with an unmarked evaluation (``cost_s`` more) in the step after every ``every``-th
+    step from ``first`` on, as a hand-written loop that evaluates without ``hook.phase`` has."""
+    y = x.copy()
+    y[first::every] += cost_s
+    return y
+
+
+def test_bursts_at_a_steady_beat_are_the_jobs_own_work_spread_over_the_period() -> None:
+    x = with_evaluations(steady(13, 200), every=25, cost_s=8 * MU, first=25)
+    split = split_contention(x)
+    assert split.burst_period_steps == 25 and split.bursts == 7
+    assert split.burst_excess_s == pytest.approx(8 * MU / 25, rel=0.1)
+    est = estimate_measured(x)
+    clean = estimate_measured(steady(13, 200))
+    assert est is not None and clean is not None
+    # The mean step now carries the evaluations' share (+0.32 MU), not the calm steps' mean.
+    assert est.iteration_s == pytest.approx(clean.iteration_s + 8 * MU / 25, rel=0.02)
+
+
+def test_two_bursts_are_not_yet_a_beat() -> None:
+    x = with_evaluations(steady(14, 70), every=25, cost_s=8 * MU, first=25)  # steps 25, 50
+    split = split_contention(x)
+    assert split.bursts == 2 and split.burst_period_steps is None
+    est, clean = estimate_measured(x), estimate_measured(steady(14, 70))
+    assert est is not None and clean is not None
+    assert est.iteration_s == pytest.approx(clean.iteration_s, rel=0.02)  # left out, as before
+
+
+def test_unevenly_spaced_bursts_are_contention() -> None:
+    x = steady(15, 200)
+    for start in (30, 52, 95, 120, 171):  # gaps 22, 43, 25, 51: another process, no beat
+        x[start] *= 9.0
+    split = split_contention(x)
+    assert split.bursts == 5 and split.burst_period_steps is None
+    est, clean = estimate_measured(x), estimate_measured(steady(15, 200))
+    assert est is not None and clean is not None
+    assert est.iteration_s == pytest.approx(clean.iteration_s, rel=0.02)
+
+
+def test_a_beat_that_stopped_is_not_projected() -> None:
+    x = steady(16, 200)
+    x[[25, 50, 75]] += 8 * MU  # three evenly spaced, then none for 125 steps
+    assert split_contention(x).burst_period_steps is None
+
+
+def test_a_beat_with_a_jittered_step_still_counts() -> None:
+    x = steady(17, 200)
+    x[[40, 80, 121, 160]] += 8 * MU  # every 40 steps, one a step late
+    assert split_contention(x).burst_period_steps == 40
