@@ -268,6 +268,7 @@ class Forecaster:
         self._measured_at_s = -math.inf
         self._cached: Prediction | None = None
         self._ended: Prediction | None = None  # the final one, once closed as "closed"
+        self._overrun_noted = False  # a step past total_steps was logged
         self._cached_key: tuple[int, int, int] | None = None
 
         self._dispatch: ReportSink = reports if reports is not None else _NoReports()
@@ -789,7 +790,20 @@ class Forecaster:
             return None
         est = bound_by_supply(est, supply, job.grad_accum_steps)
         step = job.initial_step + self._steps_done
-        remaining = job.remaining_steps(step)
+        total_steps = job.total_steps
+        if total_steps is not None and step > total_steps:
+            # The loop ran past the length it was given: that length is wrong, the job's real
+            # one unknown. Step time only from here on, never an ETA of 0 for a running job.
+            total_steps = None
+            if not self._overrun_noted:
+                self._overrun_noted = True
+                logger.warning(
+                    "ets-hook: the loop ran past the job's length (step %d, total_steps=%d from "
+                    "the arguments given or the trainer); the total is unknown from here on",
+                    step,
+                    job.total_steps,
+                )
+        remaining = None if total_steps is None else total_steps - step
         as_of_s = max(self._last_step_end_s, self._last_phase_end_s)
         elapsed_s = as_of_s - self.start_s
         overhead_s = self._overhead_per_step()
@@ -823,7 +837,7 @@ class Forecaster:
         converged = est.rel_ci <= self.converge_rel_ci
         return Prediction(
             step=step,
-            total_steps=job.total_steps,
+            total_steps=total_steps,
             remaining_steps=remaining,
             iteration_s=est.iteration_s,
             iteration_ci_s=est.ci_s,

@@ -42,7 +42,8 @@ class Prediction:
 
     Attributes:
         step: completed training steps (global, including ``JobModel.initial_step``).
-        total_steps: training steps in the whole job; None when unknown.
+        total_steps: training steps in the whole job; None when unknown (also once the loop
+            has run past the length it was given: that length was wrong).
         remaining_steps: steps still to run; None when ``total_steps`` is unknown.
         iteration_s: steady-state mean time of one training step (marked phases excluded).
         iteration_ci_s: half-width of ``iteration_s``'s interval.

@@ -312,6 +312,28 @@ def test_an_unknown_length_is_known_once_the_job_ended() -> None:
     assert final.total_s == pytest.approx(final.elapsed_s)
 
 
+def test_a_loop_past_its_given_length_gets_no_made_up_total(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """total_steps=50 (miscounted) and the loop runs on: from step 51 the length is unknown,
+    not 'ETA 0' for a job still running; one warning says why."""
+    f = Forecaster(JobModel(total_steps=50), start_s=0.0)
+    caplog.set_level(logging.WARNING, logger="ets_hook")
+    end_s = drive(f, noisy(50))
+    at_end = f.prediction
+    assert at_end is not None and (at_end.total_steps, at_end.remaining_steps) == (50, 0)
+    drive(f, noisy(30, seed=1), start=end_s, first_index=50)
+    past = f.prediction
+    assert past is not None and past.step == 80
+    assert past.total_steps is None and past.remaining_steps is None
+    assert past.eta_s is None and past.total_s is None and past.finish_time is None
+    assert past.iteration_s == pytest.approx(0.2, rel=0.1)
+    warnings = [r.getMessage() for r in caplog.records if "past the job's length" in r.getMessage()]
+    assert len(warnings) == 1 and "step 80, total_steps=50" in warnings[0]  # when first read
+    final = f.close()  # ended: the 80 steps it ran
+    assert (final.total_steps, final.eta_s) == (80, 0.0)
+
+
 def test_an_unmarked_evaluation_every_n_steps_is_part_of_the_total() -> None:
     """A hand-written loop evaluates every 25 steps without ``hook.phase``: from the third
     evaluation on its share is in the step time, so the total holds (it was ~18% short)."""
