@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .base import Reporter
 from .callback import CallbackReporter
-from .console import ensure_console_handler
+from .console import ensure_console_handler, quiet_below_warning
 from .deadline import (
     DeadlineGuard,
     DeadlineMiss,
@@ -85,6 +85,8 @@ def build_reporters(
             >= 0); None: every rank. The others open nothing.
         log_ranks: ranks that write log lines and show a progress bar of their own
             (``progress=True``; a user's bar is annotated on every rank); None: every rank.
+            The other ranks also keep ets-hook's notes below WARNING to themselves
+            (``console.quiet_below_warning``).
         rank: this process's rank (the hook passes ``distributed_rank()``'s); None: the
             launcher's (``ets_hook.launcher``, read from ``environ``), else 0.
         world_size: processes in the job (>= 1): above 1, ``status_path`` names the job's file
@@ -114,6 +116,7 @@ def build_reporters(
         raise ValueError(f"prometheus_textfile must be a path or None, got {prometheus_textfile!r}")
     if not isinstance(verbose, bool):
         raise ValueError(f"verbose must be True or False, got {verbose!r}")
+    quiet_below_warning(not logs_here)  # notes too, not only the ETA lines
     if log_every_n_steps and logs_here:
         reporters.append(LogReporter(every_n_steps=log_every_n_steps))
         if verbose:

@@ -8,6 +8,12 @@ as soon as the application configures logging (a root handler appears), so lines
 twice; ``verbose=False`` never attaches it. Lines are written through ``tqdm.write`` when tqdm
 is loaded, so they never break a progress bar (the bar is cleared, the line written, the bar
 redrawn).
+
+In a multi-process job, the ranks that write no log lines (``ETSHook(log_ranks=...)``, rank 0
+by default) keep ets-hook's notes below WARNING to themselves too (``quiet_below_warning``):
+with ``logging.basicConfig(level=logging.INFO)`` on every rank, as torchrun scripts often
+have, a note such as "capture dropped" would otherwise come once per rank. Warnings still come
+from every rank (they may be that rank's own).
 """
 
 from __future__ import annotations
@@ -86,3 +92,30 @@ def ensure_console_handler(stream: TextIO | None = None) -> ConsoleHandler | Non
         if logger.level == logging.NOTSET:
             logger.setLevel(logging.INFO)
         return handler
+
+
+class _BelowWarningFilter(logging.Filter):
+    """Drops ``ets_hook`` records below WARNING while ``quiet`` is set."""
+
+    quiet = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.quiet or record.levelno >= logging.WARNING
+
+
+_replica_filter = _BelowWarningFilter()
+
+
+def quiet_below_warning(quiet: bool) -> None:
+    """Whether this process keeps ets-hook's records below WARNING to itself: True on a rank
+    that writes no log lines. Process-wide (a process is one rank); the latest hook created
+    decides. Idempotent.
+
+    Args:
+        quiet: True: drop INFO and DEBUG records of the ``ets_hook`` logger; False: pass them.
+    """
+    logger = logging.getLogger(LOGGER_NAME)
+    with _lock:
+        _replica_filter.quiet = quiet
+        if quiet and _replica_filter not in logger.filters:
+            logger.addFilter(_replica_filter)

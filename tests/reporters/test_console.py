@@ -98,3 +98,26 @@ def test_the_handler_is_attached_once_and_only_without_logging(monkeypatch) -> N
     monkeypatch.setattr(logger, "handlers", [])
     monkeypatch.setattr(logging.getLogger(), "handlers", [logging.NullHandler()])
     assert ensure_console_handler() is None and logger.handlers == []
+
+
+def test_a_rank_without_log_lines_keeps_its_notes_below_warning_to_itself(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """torchrun scripts often call logging.basicConfig(level=INFO) on every rank: a note such
+    as "capture dropped" must then come from the log ranks only; warnings from every rank."""
+    from ets_hook.reporters.builder import build_reporters
+    from ets_hook.reporters.console import quiet_below_warning
+
+    ours = logging.getLogger("ets_hook")
+    caplog.set_level(logging.INFO, logger="ets_hook")
+    try:
+        build_reporters(log_every_n_steps=None, rank=1, world_size=2)  # log_ranks=(0,)
+        ours.info("ets-hook: a note")
+        ours.warning("ets-hook: this rank's own trouble")
+        assert [r.getMessage() for r in caplog.records] == ["ets-hook: this rank's own trouble"]
+        caplog.clear()
+        build_reporters(log_every_n_steps=None, rank=1, world_size=2, log_ranks=None)
+        ours.info("ets-hook: a note")
+        assert [r.getMessage() for r in caplog.records] == ["ets-hook: a note"]
+    finally:
+        quiet_below_warning(False)
