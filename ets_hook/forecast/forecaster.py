@@ -917,11 +917,11 @@ class Forecaster:
     def close(self, outcome: str = "closed", error: str | None = None) -> Prediction | None:
         """Final prediction to every reporter, with how the job ended. Idempotent.
 
-        Closed as ``"closed"`` (a single process), the job is over: the final prediction is
-        the job as it ran (``ended_prediction``: total = elapsed, no ETA, ``total_steps`` the
-        steps run) and ``prediction`` returns it from then on. Interrupted or failed jobs keep
-        the projection of the whole run (they may be resumed); so do multi-process jobs,
-        whose end is the last rank's.
+        Closed as ``"closed"``, the job is over: the final prediction is the job as it ran
+        (``ended_prediction``: total = elapsed, no ETA, ``total_steps`` the steps run) and
+        ``prediction`` returns it from then on; in a multi-process job, this rank's end plus
+        the lag behind it of the slowest rank at the last exchange (``ended_prediction``).
+        Interrupted or failed jobs keep the projection of the whole run (they may be resumed).
 
         Never raises (a ``DeadlineExceededError`` from the reporters is logged too).
 
@@ -938,7 +938,7 @@ class Forecaster:
         self._closed = True
         try:
             prediction = self.prediction
-            if prediction is not None and outcome == "closed" and prediction.world_size == 1:
+            if prediction is not None and outcome == "closed":
                 # The training it followed is over: what ran, not what was planned (an early
                 # stop or a break ends it before total_steps; a final phase has run).
                 prediction = ended_prediction(prediction)

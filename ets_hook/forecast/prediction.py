@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, fields, replace
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from .job import PhaseForecast
@@ -188,6 +188,8 @@ def ended_prediction(prediction: Prediction) -> Prediction:
     ``total_steps`` becomes the steps run (fewer than planned after early stopping or a
     ``break``; the first known count where the length was unknown); the step-time estimate
     and its sources are kept. An early-stopping forecast collapses to the step it stopped at.
+    In a multi-process job whose last rank exchange put the job's end after this rank's
+    (``total_s`` above ``local_total_s``), that lag remains: the job ends when that rank does.
 
     Args:
         prediction: the last prediction of the job, as of its last step or phase end.
@@ -195,25 +197,32 @@ def ended_prediction(prediction: Prediction) -> Prediction:
     Returns:
         A new ``Prediction``; ``prediction`` is not changed.
     """
+    lag_s = 0.0
+    if prediction.total_s is not None and prediction.local_total_s is not None:
+        lag_s = max(prediction.total_s - prediction.local_total_s, 0.0)
     elapsed_s = prediction.elapsed_s
+    job_end_s = elapsed_s + lag_s
     phases = tuple(
         replace(phase, remaining=0, remaining_s=0.0, remaining_ci_s=0.0)
         for phase in prediction.phases
     )
     stopped = prediction.expected_stop_step is not None
+    finish_time = prediction.as_of
+    if finish_time is not None and lag_s:
+        finish_time += timedelta(seconds=lag_s)
     return replace(
         prediction,
         total_steps=prediction.step,
         remaining_steps=0,
-        total_s=elapsed_s,
+        total_s=job_end_s,
         total_ci_s=0.0,
-        eta_s=0.0,
-        finish_time=prediction.as_of,
+        eta_s=lag_s,
+        finish_time=finish_time,
         remaining_phase_s=0.0,
         remaining_capture_s=0.0,
         phases=phases,
         expected_stop_step=prediction.step if stopped else None,
-        total_range_s=(elapsed_s, elapsed_s) if stopped else None,
+        total_range_s=(job_end_s, job_end_s) if stopped else None,
         local_total_s=elapsed_s,
     )
 

@@ -599,6 +599,13 @@ def test_job_view_moves_total_eta_and_finish_by_the_lag() -> None:
     assert later.step == own.step + 20
     assert later.total_s - later.local_total_s == pytest.approx(lag)
     assert later.job_view_step == view.step
+    # Ended here (an early stop at step 70 of 200): the job ends when the slowest rank does.
+    final = f.close()
+    assert (final.total_steps, final.remaining_steps) == (70, 0)
+    assert final.local_total_s == pytest.approx(later.elapsed_s)
+    assert final.total_s == pytest.approx(later.elapsed_s + lag)
+    assert final.eta_s == pytest.approx(lag)
+    assert final.finish_time.timestamp() == pytest.approx(later.as_of.timestamp() + lag)
 
 
 def test_the_slowest_rank_itself_is_not_moved() -> None:
