@@ -1017,6 +1017,10 @@ def main(argv: list[str] | None = None) -> int:
                             "total_s",
                             "source",
                             "converged",
+                            "measured_iteration_s",
+                            "measured_ci_s",
+                            "trace_iteration_s",
+                            "trace_ci_s",
                         )
                     }
                     for p in run.predictions

@@ -14,7 +14,8 @@ work** that the loop does not mark as a phase (an evaluation or a checkpoint eve
 hand-written loop, a DataLoader whose workers start again each epoch). At least
 ``MIN_PERIODIC_BURSTS`` of them, evenly spaced (``PERIOD_TOLERANCE``) and still due (the next
 one no more than a period away), are part of the job's rate: their excess, spread over the
-period, goes into the estimate instead of its interval.
+period, goes into the estimate instead of its interval (bursts before the beat began stay
+contention).
 
 ``split_contention`` finds all three in a series of step times; the measured estimator
 (``forecast.stats.estimate_measured``) applies them. Pure numpy, deterministic.
@@ -75,7 +76,10 @@ class ContentionSplit:
             docs), else None. Then ``burst_excess_s`` is their mean excess over the kept
             steps' median per occurrence, divided by the period: part of the job's step time.
         burst_excess_se_s: the standard error of that per-step excess (0.0 when not periodic).
-        bursts: how many bursts (runs of burst steps) ``burst_steps`` make.
+        bursts: how many bursts (runs of burst steps) ``burst_excess_s`` stands for: all of
+            them, or those of the beat when periodic.
+        contention_excess_s: when periodic, the excess per kept step of the bursts before the
+            beat began (contention: for the interval); else 0.0.
     """
 
     keep: np.ndarray
@@ -85,6 +89,7 @@ class ContentionSplit:
     burst_period_steps: int | None = None
     burst_excess_se_s: float = 0.0
     bursts: int = 0
+    contention_excess_s: float = 0.0
 
 
 def find_bursts(x: np.ndarray) -> np.ndarray:
@@ -224,16 +229,31 @@ def split_contention(x: np.ndarray) -> ContentionSplit:
     if not bursts_after.any() or not len(kept):
         return ContentionSplit(keep, int(bursts_after.sum()), 0.0, shift_index)
     centre = float(np.median(kept))
-    period = burst_period(runs, len(x))
-    if period is not None:
-        # The job's own recurring work: its mean excess per occurrence, spread over the period.
-        per_run = np.array([float(np.sum(x[start:end] - centre)) for start, end in runs])
-        se = float(per_run.std(ddof=1)) / math.sqrt(len(per_run)) / period
-        excess = max(float(per_run.mean()) / period, 0.0)
+    # The latest bursts may keep a beat that earlier ones (a neighbour, the capture's decode)
+    # do not: the longest evenly spaced run of bursts up to the last one.
+    for first in range(len(runs) - MIN_PERIODIC_BURSTS + 1):
+        period = burst_period(runs[first:], len(x))
+        if period is not None:
+            break
+    else:
+        excess = float(np.sum(x[bursts_after] - centre)) / len(kept)
         return ContentionSplit(
-            keep, int(bursts_after.sum()), excess, shift_index, period, se, len(runs)
+            keep, int(bursts_after.sum()), max(excess, 0.0), shift_index, bursts=len(runs)
         )
-    excess = float(np.sum(x[bursts_after] - centre)) / len(kept)
+    # The job's own recurring work: its mean excess per occurrence, spread over the period;
+    # the bursts before the beat began stay contention.
+    recurring = runs[first:]
+    per_run = np.array([float(np.sum(x[start:end] - centre)) for start, end in recurring])
+    se = float(per_run.std(ddof=1)) / math.sqrt(len(per_run)) / period
+    excess = max(float(per_run.mean()) / period, 0.0)
+    before = sum(float(np.sum(x[start:end] - centre)) for start, end in runs[:first])
     return ContentionSplit(
-        keep, int(bursts_after.sum()), max(excess, 0.0), shift_index, bursts=len(runs)
+        keep,
+        int(bursts_after.sum()),
+        excess,
+        shift_index,
+        period,
+        se,
+        len(recurring),
+        contention_excess_s=max(before / len(kept), 0.0),
     )

@@ -574,6 +574,7 @@ def estimate_measured(
         if split.burst_period_steps is not None:
             recurring_s, recurring_se_s = split.burst_excess_s, split.burst_excess_se_s
             recurring_count = split.bursts
+            burst_excess = split.contention_excess_s
         else:
             burst_excess = split.burst_excess_s
     if raw and not variable and _SMALL_SAMPLE_MIN <= len(x) <= _SMALL_SAMPLE_MAX:

@@ -153,3 +153,16 @@ def test_a_beat_with_a_jittered_step_still_counts() -> None:
     x = steady(17, 200)
     x[[40, 80, 121, 160]] += 8 * MU  # every 40 steps, one a step late
     assert split_contention(x).burst_period_steps == 40
+
+
+def test_a_beat_after_a_lone_burst_is_still_found() -> None:
+    """A neighbour's burst (or the capture's decode) early on, then an evaluation every 25
+    steps: the beat is the evaluations'; the lone burst stays contention (interval)."""
+    x = with_evaluations(steady(18, 200), every=25, cost_s=8 * MU, first=25)
+    x[6] *= 9.0
+    split = split_contention(x)
+    assert split.burst_period_steps == 25 and split.bursts == 7
+    assert split.contention_excess_s == pytest.approx(8 * MU / split.keep.sum(), rel=0.15)
+    est, clean = estimate_measured(x), estimate_measured(steady(18, 200))
+    assert est is not None and clean is not None
+    assert est.iteration_s == pytest.approx(clean.iteration_s + 8 * MU / 25, rel=0.02)
