@@ -49,8 +49,11 @@ MIN_NOISE_REL = 0.02
 MIN_PERIODIC_BURSTS = 3
 #: ... their starts' gaps within this share of their median gap (at least one step) ...
 PERIOD_TOLERANCE = 0.05
-#: ... and a period at least this many times the longest of them (else they are one slow level).
+#: ... and a period at least this many times the longest of them (else they are one slow level)
+#: and at least ``MIN_PERIOD_STEPS`` (denser "bursts" are a level that straddles the burst
+#: threshold, e.g. while a lasting shift is still a minority of the steps, not recurring work).
 MIN_PERIOD_PER_BURST_STEP = 2
+MIN_PERIOD_STEPS = 10
 
 
 def lag1(z: np.ndarray) -> float:
@@ -137,9 +140,9 @@ def burst_period(runs: list[tuple[int, int]], length: int) -> int | None:
     Returns:
         The median gap between burst starts, in steps, when at least ``MIN_PERIODIC_BURSTS``
         bursts start evenly spaced (every gap within ``PERIOD_TOLERANCE`` of it, at least one
-        step), the period is at least ``MIN_PERIOD_PER_BURST_STEP`` times the longest burst,
-        and no more than a period (plus the tolerance) has passed since the last one started;
-        else None.
+        step), the period is at least ``MIN_PERIOD_STEPS`` and ``MIN_PERIOD_PER_BURST_STEP``
+        times the longest burst, and no more than a period (plus the tolerance) has passed
+        since the last one started; else None.
     """
     if len(runs) < MIN_PERIODIC_BURSTS:
         return None
@@ -148,7 +151,11 @@ def burst_period(runs: list[tuple[int, int]], length: int) -> int | None:
     period = float(np.median(gaps))
     tolerance = max(1.0, PERIOD_TOLERANCE * period)
     longest = max(end - start for start, end in runs)
-    if np.any(np.abs(gaps - period) > tolerance) or period < MIN_PERIOD_PER_BURST_STEP * longest:
+    if (
+        np.any(np.abs(gaps - period) > tolerance)
+        or period < MIN_PERIOD_PER_BURST_STEP * longest
+        or period < MIN_PERIOD_STEPS
+    ):
         return None
     if length - int(starts[-1]) > period + tolerance:
         return None  # the beat stopped

@@ -269,6 +269,7 @@ class Forecaster:
         self._cached: Prediction | None = None
         self._ended: Prediction | None = None  # the final one, once closed as "closed"
         self._overrun_noted = False  # a step past total_steps was logged
+        self._recurring_noted = False  # recurring unmarked work was logged
         self._cached_key: tuple[int, int, int] | None = None
 
         self._dispatch: ReportSink = reports if reports is not None else _NoReports()
@@ -775,6 +776,15 @@ class Forecaster:
     def _build(self) -> Prediction | None:
         self._apply_window_measure()
         measured = self._measured_estimate()
+        if measured is not None and measured.recurring_period_steps and not self._recurring_noted:
+            self._recurring_noted = True
+            logger.info(
+                "ets-hook: every %d steps a step runs %.3g ms longer: work the loop does not "
+                "mark (an evaluation? a checkpoint?), now counted in the step time; "
+                "`with hook.phase(name):` around it has it priced as a phase from its first run",
+                measured.recurring_period_steps,
+                1e3 * measured.recurring_excess_s,
+            )
         trace = (
             self._trace.as_estimate(self.level)
             if self._trace is not None and not self._variable_steps

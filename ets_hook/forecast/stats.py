@@ -241,6 +241,10 @@ class Estimate:
         median_s: median step time; NaN when unknown.
         samples: steps the estimate rests on (after truncation).
         warmup_steps: steps dropped as warm-up.
+        recurring_period_steps: the period of recurring unmarked work counted in
+            ``iteration_s`` (``forecast.contention``), or None.
+        recurring_excess_s: what one occurrence of it adds over a calm step, seconds (0.0
+            without).
     """
 
     iteration_s: float
@@ -251,6 +255,8 @@ class Estimate:
     median_s: float = math.nan
     samples: int = 0
     warmup_steps: int = 0
+    recurring_period_steps: int | None = None
+    recurring_excess_s: float = 0.0
 
     @property
     def rel_ci(self) -> float:
@@ -563,6 +569,7 @@ def estimate_measured(
     index = np.arange(d, n)  # raw step index of each element of x (stride 1)
     burst_excess = recurring_s = recurring_se_s = 0.0
     recurring_count = 0
+    recurring_period: int | None = None
     if raw and not variable and len(x) >= MIN_BURST_SERIES:
         # A noisy host: bursts out of the mean (their excess widens the interval), and after a
         # lasting shift of the level only the steps at the new level (forecast.contention).
@@ -573,7 +580,7 @@ def estimate_measured(
         x, index = x[split.keep], index[split.keep]
         if split.burst_period_steps is not None:
             recurring_s, recurring_se_s = split.burst_excess_s, split.burst_excess_se_s
-            recurring_count = split.bursts
+            recurring_count, recurring_period = split.bursts, split.burst_period_steps
             burst_excess = split.contention_excess_s
         else:
             burst_excess = split.burst_excess_s
@@ -638,6 +645,8 @@ def estimate_measured(
         median_s=float(np.median(x)),
         samples=len(x) * stride,
         warmup_steps=d * stride,
+        recurring_period_steps=recurring_period if recurring_s > 0.0 else None,
+        recurring_excess_s=recurring_s * recurring_period if recurring_period else 0.0,
     )
     if not raw or variable or measured.samples >= prior.early_steps:
         # The first-step prior only helps while the kept steps are few. Later it can only hurt:

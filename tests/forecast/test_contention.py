@@ -166,3 +166,12 @@ def test_a_beat_after_a_lone_burst_is_still_found() -> None:
     est, clean = estimate_measured(x), estimate_measured(steady(18, 200))
     assert est is not None and clean is not None
     assert est.iteration_s == pytest.approx(clean.iteration_s + 8 * MU / 25, rel=0.02)
+
+
+def test_a_level_straddling_the_burst_threshold_is_not_a_beat() -> None:
+    """A lasting slowdown to 2x, while still a minority of the steps: noise splits the new
+    level into short runs above the threshold, a few steps apart. Not recurring work."""
+    rng = np.random.default_rng(0)
+    base = np.where(np.arange(600) < 300, 0.5, 1.0)
+    y = base * (1.0 + 0.03 * rng.standard_normal(600))
+    assert all(split_contention(y[1:n]).burst_period_steps is None for n in range(300, 600))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import threading
 import time
 from datetime import datetime, timezone
@@ -346,6 +347,23 @@ def test_an_unmarked_evaluation_every_n_steps_is_part_of_the_total() -> None:
     actual_total_s = float(durations.sum())
     assert p.total_s == pytest.approx(actual_total_s, rel=0.03)
     assert p.iteration_s > 0.0125  # the calm steps' 0.010 plus 0.08 / 25
+
+
+def test_recurring_unmarked_work_is_named_once_with_a_hint(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    durations = noisy(200, mean=0.01, seed=4)
+    durations[25::25] += 0.08
+    f = Forecaster(JobModel(total_steps=300), start_s=0.0)
+    caplog.set_level(logging.INFO, logger="ets_hook")
+    now = 0.0
+    for start, end in ((0, 60), (60, 120), (120, 200)):  # read now and then, as reporters do
+        now = drive(f, durations[start:end], start=now, first_index=start)
+        assert f.prediction is not None
+    hints = [r.getMessage() for r in caplog.records if "does not mark" in r.getMessage()]
+    assert len(hints) == 1 and "every 25 steps" in hints[0] and "hook.phase" in hints[0]
+    found = re.search(r"runs ([0-9.]+) ms longer", hints[0])
+    assert found is not None and float(found.group(1)) == pytest.approx(80, rel=0.1)
 
 
 def test_on_a_real_small_training_loop() -> None:
