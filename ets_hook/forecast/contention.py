@@ -59,6 +59,8 @@ MIN_PERIOD_PER_BURST_STEP = 2
 MIN_PERIOD_STEPS = 10
 #: ... and alike in size: the largest excess at most this many times the smallest.
 MAX_EXCESS_RATIO = 1.5
+#: A beat is looked for among this many latest bursts at most.
+MAX_BEAT_BURSTS = 64
 
 
 def lag1(z: np.ndarray) -> float:
@@ -167,6 +169,19 @@ def burst_period(runs: list[tuple[int, int]], length: int) -> int | None:
     return round(period)
 
 
+def _may_keep_a_beat(runs: list[tuple[int, int]]) -> bool:
+    """A quick necessary condition for ``burst_period`` on any suffix of ``runs``: every beat
+    ends with the last two gaps, both within the tolerance of its period, so they differ by
+    at most twice that (taken a little wide here), and its period is long enough."""
+    if len(runs) < MIN_PERIODIC_BURSTS:
+        return False
+    last, before = runs[-1][0] - runs[-2][0], runs[-2][0] - runs[-3][0]
+    widest = max(last, before)
+    if widest + 1 < MIN_PERIOD_STEPS:
+        return False
+    return abs(last - before) <= 2.0 * max(1.0, 1.2 * PERIOD_TOLERANCE * (widest + 1))
+
+
 def _alike(excess_s: np.ndarray) -> bool:
     """Whether bursts' excess times are alike enough to be one recurring piece of work
     (largest at most ``MAX_EXCESS_RATIO`` times the smallest): another process's bursts
@@ -249,10 +264,17 @@ def split_contention(x: np.ndarray) -> ContentionSplit:
     if not bursts_after.any() or not len(kept):
         return ContentionSplit(keep, int(bursts_after.sum()), 0.0, shift_index)
     centre = float(np.median(kept))
-    # The latest bursts may keep a beat that earlier ones (a neighbour, the capture's decode)
-    # do not: the longest evenly spaced run of bursts up to the last one.
+    if not _may_keep_a_beat(runs):
+        excess = float(np.sum(x[bursts_after] - centre)) / len(kept)
+        return ContentionSplit(
+            keep, int(bursts_after.sum()), max(excess, 0.0), shift_index, bursts=len(runs)
+        )
     excess_per_run = np.array([float(np.sum(x[start:end] - centre)) for start, end in runs])
-    for first in range(len(runs) - MIN_PERIODIC_BURSTS + 1):
+    # The latest bursts may keep a beat that earlier ones (a neighbour, the capture's decode)
+    # do not: the longest evenly spaced run of bursts up to the last one, among the last
+    # MAX_BEAT_BURSTS (a noisy host's thousands of bursts cost no more to search).
+    lowest = max(0, len(runs) - MAX_BEAT_BURSTS)
+    for first in range(lowest, len(runs) - MIN_PERIODIC_BURSTS + 1):
         period = burst_period(runs[first:], len(x))
         if period is not None and _alike(excess_per_run[first:]):
             break
@@ -263,11 +285,10 @@ def split_contention(x: np.ndarray) -> ContentionSplit:
         )
     # The job's own recurring work: its mean excess per occurrence, spread over the period;
     # the bursts before the beat began stay contention.
-    recurring = runs[first:]
     per_run = excess_per_run[first:]
     se = float(per_run.std(ddof=1)) / math.sqrt(len(per_run)) / period
     excess = max(float(per_run.mean()) / period, 0.0)
-    before = sum(float(np.sum(x[start:end] - centre)) for start, end in runs[:first])
+    before = float(excess_per_run[:first].sum())
     return ContentionSplit(
         keep,
         int(bursts_after.sum()),
@@ -275,6 +296,6 @@ def split_contention(x: np.ndarray) -> ContentionSplit:
         shift_index,
         period,
         se,
-        len(recurring),
+        len(per_run),
         contention_excess_s=max(before / len(kept), 0.0),
     )

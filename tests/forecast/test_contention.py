@@ -209,3 +209,27 @@ def test_an_unmarked_evaluation_with_some_jitter_is_found() -> None:
             x[i] += cost_s * (1 + 0.1 * rng.standard_normal())
         found += split_contention(x).burst_period_steps == every
     assert found >= 32  # 80%: the smallest evaluations hide in the noise
+
+
+def test_the_beat_search_is_bounded_on_a_long_noisy_series(monkeypatch: pytest.MonkeyPatch) -> None:
+    """65,536 steps with thousands of bursts (a refresh of a long job on a noisy host): the
+    beat is looked for among the latest MAX_BEAT_BURSTS only (it was a search over every
+    suffix: ~0.3 s a refresh)."""
+    from ets_hook.forecast import contention
+
+    rng = np.random.default_rng(2)
+    x = steady(19, 65_536, cv=0.05, rho=0.3)
+    x[rng.choice(65_000, 3000, replace=False)] *= rng.uniform(2, 10, 3000)
+    x[[65_100, 65_200, 65_300]] *= 3.0  # the last three evenly spaced: the search runs
+    calls = []
+    real = contention.burst_period
+
+    def counted(runs: list[tuple[int, int]], length: int) -> int | None:
+        calls.append(len(runs))
+        return real(runs, length)
+
+    monkeypatch.setattr(contention, "burst_period", counted)
+    split = contention.split_contention(x)
+    assert split.bursts > 2000
+    assert 0 < len(calls) <= contention.MAX_BEAT_BURSTS
+    assert max(calls) <= contention.MAX_BEAT_BURSTS
