@@ -12,6 +12,7 @@ import functools
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 
 import pytest
 
@@ -46,6 +47,17 @@ def native_ops_built() -> str | None:
     except NativeOpsBuildError as exc:
         return str(exc)
     return None
+
+
+@pytest.fixture(autouse=True)
+def _ranks_notes_restored() -> Iterator[None]:
+    """Each test starts as a rank that logs: one that builds reporters for a rank without log
+    lines makes this process keep ets-hook's INFO notes to itself from then on
+    (``console.quiet_below_warning``: process-wide, as a process is one rank)."""
+    yield
+    from ets_hook.reporters.console import quiet_below_warning
+
+    quiet_below_warning(False)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
