@@ -35,6 +35,7 @@ from typing import Any, Literal
 import torch
 
 from . import __version__, exits
+from .capture.accumulation import UndeclaredAccumulation
 from .capture.batch_clock import BatchClock
 from .capture.compile_events import CompileWatcher
 from .capture.device_timer import CudaStepTimer
@@ -455,6 +456,18 @@ class ETSHook:
         # now, not by the decode thread against the training loop.
         if capture_steps > 0 and not disabled:
             blas_thread_setter()
+        # The job's length read from len(dataloader) as one batch a step: undeclared gradient
+        # accumulation would make every ETA k times too long (capture.accumulation).
+        self._accumulation = (
+            UndeclaredAccumulation(job.steps_per_epoch)
+            if dataloader is not None
+            and steps_per_epoch is None
+            and job.grad_accum_steps == 1
+            and job.steps_per_epoch is not None
+            and not disabled
+            else None
+        )
+        self._hooks_removal_deferred = False
         self._window = WindowRunner(
             self._forecaster,
             capture_steps=capture_steps,
@@ -468,7 +481,7 @@ class ETSHook:
             epoch_offset_ns=self._epoch_offset_ns,
             step_times_s=self._step_times_s,
             steps_completed=lambda: self.steps_completed,
-            remove_capture_hooks=lambda: self._detector.remove_capture_hooks(),
+            remove_capture_hooks=self._remove_capture_hooks,
             on_failure=self._fail,
             trace_estimator=estimator,
             trace_path=rank_trace,
@@ -501,7 +514,7 @@ class ETSHook:
                 self._guarded(self._on_boundary),
                 grad_scaler=grad_scaler,
                 on_first_activity=self._guarded(self._on_first_activity),
-                on_forward=self._guarded(self._window.on_forward),
+                on_forward=self._guarded(self._on_forward),
                 on_inputs_vary=self._guarded(self._on_inputs_vary),
                 forwards_per_step=job.grad_accum_steps,
             )
@@ -964,6 +977,12 @@ class ETSHook:
                 if load is not None:
                     self._forecaster.set_host_load(load.foreign_cpu, load.steal)
             self._window.on_step(step_index, start_ns, now_ns, self._last_compile_step)
+            if self._accumulation is not None:
+                self._accumulation.on_step(step_index)
+                if self._accumulation.done:
+                    self._accumulation = None
+                    if self._hooks_removal_deferred:
+                        self._detector.remove_capture_hooks()
             if self._cuda_timer is not None:
                 self._cuda_timer.record(step_index + 1)
                 for index, device_s in self._cuda_timer.poll():
@@ -981,6 +1000,20 @@ class ETSHook:
             # Everything since now_ns was ours (reads of hook.prediction by reporters and
             # callbacks included, hence an assignment).
             self._own_ns_in_step = time.perf_counter_ns() - now_ns
+
+    def _remove_capture_hooks(self) -> None:
+        """The window is over: the step detector's module hook goes, once the accumulation
+        check (a few steps' forwards) no longer needs it."""
+        if self._accumulation is not None:
+            self._hooks_removal_deferred = True
+            return
+        self._detector.remove_capture_hooks()
+
+    def _on_forward(self) -> None:
+        """A training forward while the step detector's module hook is installed."""
+        if self._accumulation is not None:
+            self._accumulation.on_forward()
+        self._window.on_forward()
 
     def _epoch_start_ns(self, step_index: int, duration_ns: int) -> int:
         """The input pipeline's epoch start-up in this step (``forecast.epochs``), ns; 0 for

@@ -1,0 +1,93 @@
+"""capture.accumulation: gradient accumulation the hook was not told of, with a job length read
+from len(dataloader)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from ets_hook import ETSHook
+from ets_hook.capture.accumulation import STEPS_COUNTED, UndeclaredAccumulation
+
+
+def _train(k: int, *, declared: bool = False, capture_steps: int | None = 0, **options) -> ETSHook:
+    """Two epochs of an 80-batch loader, ``k`` micro-batches per optimizer step."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = TensorDataset(torch.randn(640, 16), torch.randn(640, 1))
+    loader = DataLoader(data, batch_size=8)
+    options = {"dataloader": loader, "epochs": 2, **options}
+    hook = ETSHook(
+        model,
+        opt,
+        log_every=None,
+        capture_steps=capture_steps,
+        grad_accum_steps=k if declared else 1,
+        **options,
+    )
+    hooks_after_check = None
+    for _ in range(2):
+        for i, (x, y) in enumerate(loader):
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            if (i + 1) % k == 0:
+                opt.step()
+                opt.zero_grad()
+                if hook.steps_completed == STEPS_COUNTED + 2:
+                    hooks_after_check = len(model._forward_pre_hooks)
+    hook.close()
+    hook.hooks_after_check = hooks_after_check  # type: ignore[attr-defined]
+    return hook
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "training forwards" in r.getMessage()]
+
+
+@pytest.mark.parametrize("capture_steps", [0, None])
+def test_undeclared_accumulation_is_named_once(
+    caplog: pytest.LogCaptureFixture, capture_steps: int | None
+) -> None:
+    caplog.set_level(logging.WARNING, logger="ets_hook")
+    hook = _train(4, capture_steps=capture_steps)
+    assert hook.steps_completed == 40 and hook.total_steps == 160  # the length stays as given
+    (warning,) = _warnings(caplog)
+    assert "took 4 training forwards" in warning and "len(dataloader)=80" in warning
+    assert "grad_accum_steps=4" in warning and "steps_per_epoch=80" in warning
+    if capture_steps is None:
+        # The window (or its dropping) ended before the count: the module hook kept for it
+        # goes once it is done, and the job runs bare. (With capture_steps=0 the hook stays,
+        # as it always did without a window.)
+        assert hook.hooks_after_check == 0  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("k", "declared", "options"),
+    [
+        (4, True, {}),  # told: grad_accum_steps=4
+        (1, False, {}),  # one forward a step
+        (4, False, {"dataloader": None, "steps_per_epoch": 20}),  # given in optimizer steps
+        (4, False, {"dataloader": None, "epochs": None, "total_steps": 40}),  # no loader length
+    ],
+)
+def test_nothing_to_say_when_the_length_is_right_or_not_from_the_loader(
+    caplog: pytest.LogCaptureFixture, k: int, declared: bool, options: dict
+) -> None:
+    caplog.set_level(logging.WARNING, logger="ets_hook")
+    _train(k, declared=declared, **options)
+    assert _warnings(caplog) == []
+
+
+def test_uneven_forwards_per_step_are_not_accumulation() -> None:
+    check = UndeclaredAccumulation(batches_per_epoch=100)
+    for step, forwards in enumerate([0, 2, 3, 2]):  # step 0's opening forward is not reported
+        for _ in range(forwards):
+            check.on_forward()
+        assert check.on_step(step) is None
+    assert check.done
+    stopped = UndeclaredAccumulation(batches_per_epoch=100)
+    stopped.on_step(0)
+    assert stopped.on_step(1) is None and stopped.done  # no forward reported: hook gone
