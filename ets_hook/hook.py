@@ -100,6 +100,11 @@ _hook_of_model: weakref.WeakKeyDictionary[torch.nn.Module, weakref.ref[ETSHook]]
 )
 
 
+#: The local step after which the step detector's module hook goes even when no capture
+#: window ran: where the longest adaptive window, from step 1, would have ended.
+BARE_AFTER_STEP = 1 + MAX_ADAPTIVE_CAPTURE_STEPS
+
+
 def _plain_number(value: Any) -> Any:
     """``value`` as a Python ``int`` / ``float`` when it is another integral / real number type
     (numpy's ``int64``, ``float32``, ...); anything else (bools included) unchanged."""
@@ -966,6 +971,10 @@ class ETSHook:
                 self._on_compile_step(step_index, compile_ns, now_ns)
             if self._epochs is not None:
                 self._on_epoch_starts(epoch_start_ns, now_ns)
+            if step_index == BARE_AFTER_STEP and self._window.state == WindowState.OFF:
+                # No window ever ran (capture_steps=0, another profiler...): the module hook
+                # goes when a window's would have (it is idempotent after one that ran).
+                self._remove_capture_hooks()
             if step_index == 0 and self._price_checkpoints:
                 self._price_checkpoints = False
                 state_bytes = training_state_bytes(self.model, self._optimizers)

@@ -407,3 +407,25 @@ def test_status_file_mode_follows_the_umask(tmp_path) -> None:
         os.umask(old)
     for name in ("eta.json", "run.ets"):
         assert (Path(tmp_path / name).stat().st_mode & 0o777) == 0o644, name
+
+
+@pytest.mark.parametrize("capture_steps", [0, None])
+def test_the_job_runs_bare_after_the_windows_steps_even_without_a_window(
+    capture_steps: int | None,
+) -> None:
+    """The step detector's module hook (a forward pre-hook on the model) goes after the
+    capture window; with capture_steps=0 it stayed for the whole job (~1 µs a forward)."""
+    from ets_hook.hook import BARE_AFTER_STEP
+
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(model, opt, total_steps=100, capture_steps=capture_steps, log_every=None)
+    installed = []
+    for _ in range(BARE_AFTER_STEP + 3):
+        opt.zero_grad()
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        installed.append(len(model._forward_pre_hooks))
+    hook.close()
+    assert installed[0] == 1 and installed[-1] == 0
+    assert hook.steps_completed == BARE_AFTER_STEP + 3

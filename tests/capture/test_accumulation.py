@@ -10,7 +10,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from ets_hook import ETSHook
-from ets_hook.capture.accumulation import STEPS_COUNTED, UndeclaredAccumulation
+from ets_hook.capture.accumulation import UndeclaredAccumulation
+from ets_hook.hook import BARE_AFTER_STEP
 
 
 def _train(k: int, *, declared: bool = False, capture_steps: int | None = 0, **options) -> ETSHook:
@@ -36,7 +37,7 @@ def _train(k: int, *, declared: bool = False, capture_steps: int | None = 0, **o
             if (i + 1) % k == 0:
                 opt.step()
                 opt.zero_grad()
-                if hook.steps_completed == STEPS_COUNTED + 2:
+                if hook.steps_completed == BARE_AFTER_STEP + 2:
                     hooks_after_check = len(model._forward_pre_hooks)
     hook.close()
     hook.hooks_after_check = hooks_after_check  # type: ignore[attr-defined]
@@ -57,11 +58,9 @@ def test_undeclared_accumulation_is_named_once(
     (warning,) = _warnings(caplog)
     assert "took 4 training forwards" in warning and "len(dataloader)=80" in warning
     assert "grad_accum_steps=4" in warning and "steps_per_epoch=80" in warning
-    if capture_steps is None:
-        # The window (or its dropping) ended before the count: the module hook kept for it
-        # goes once it is done, and the job runs bare. (With capture_steps=0 the hook stays,
-        # as it always did without a window.)
-        assert hook.hooks_after_check == 0  # type: ignore[attr-defined]
+    # The module hook kept for the count (the window, or its dropping, ended first) goes
+    # once it is done: the job runs bare.
+    assert hook.hooks_after_check == 0  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(
