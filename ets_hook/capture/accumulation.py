@@ -26,8 +26,10 @@ class UndeclaredAccumulation:
     when each took the same k >= 2 forwards. Training thread only."""
 
     def __init__(self, batches_per_epoch: int) -> None:
-        """Args:
-        batches_per_epoch: ``len(dataloader)``, which the job's length was read from.
+        """Start counting.
+
+        Args:
+            batches_per_epoch: ``len(dataloader)``, which the job's length was read from.
         """
         self._batches_per_epoch = batches_per_epoch
         self._forwards = 0
