@@ -220,17 +220,23 @@ def test_early_summary_skips_partial_steps(traces: list[Trace]) -> None:
 
 def test_training_learns_the_early_to_steady_ratio(traces: list[Trace]) -> None:
     """Steady steps run at half the early per-op time: the trained model must get much closer
-    to that on a held-out job than the untrained per-op-median estimate."""
-    train, held_out = traces[:3], traces[3]
-    schema = fit_early_schema(train)
-    examples = [training_example(t, schema) for t in train]
+    to that on a held-out job than the untrained per-op-median estimate. Each of the four
+    jobs is held out in turn (the captured timings move with the machine's load: one split
+    alone came within the margin under load); the medians are compared."""
     config = _early_config(hidden=8, epochs=60, lr=3e-3)
-    predictor = fit_encoded([e.encoded for e in examples], schema, config).predictor
-    test = training_example(held_out, schema)
-    predicted = predict_step_ns(predictor, test.summary)
-    trained_error = abs(predicted / test.steady_step_ns - 1)
-    untrained_error = abs(test.summary.op_median_ns / test.steady_step_ns - 1)
-    assert trained_error < 0.5 * untrained_error, (trained_error, untrained_error)
+    trained_errors, untrained_errors = [], []
+    for k in range(len(traces)):
+        train, held_out = traces[:k] + traces[k + 1 :], traces[k]
+        schema = fit_early_schema(train)
+        examples = [training_example(t, schema) for t in train]
+        fitted = fit_encoded([e.encoded for e in examples], schema, config).predictor
+        test = training_example(held_out, schema)
+        predicted = predict_step_ns(fitted, test.summary)
+        trained_errors.append(abs(predicted / test.steady_step_ns - 1))
+        untrained_errors.append(abs(test.summary.op_median_ns / test.steady_step_ns - 1))
+    predictor = fitted  # the last split's (held out: traces[3]), used below
+    trained_error, untrained_error = np.median(trained_errors), np.median(untrained_errors)
+    assert trained_error < 0.5 * untrained_error, (trained_errors, untrained_errors)
 
     predictor.training["holdout_rel_error_95"] = 0.1
     estimate = LearnedTraceEstimator(predictor)(held_out)
