@@ -68,14 +68,10 @@ _owner: NativeOpCapture | None = None
 _owner_lock = threading.Lock()
 
 
-def native_observer_busy() -> bool:
-    """Whether a ``NativeOpCapture`` holds the observer (its session open, or its records not
-    yet read or discarded): another capture's ``start`` would raise ``NativeObserverBusyError``."""
-    return native_observer_holder() is not None
-
-
 def native_observer_holder() -> NativeOpCapture | None:
-    """The ``NativeOpCapture`` holding the observer, or None."""
+    """The ``NativeOpCapture`` holding the observer (its session open, or its records not yet
+    read or discarded: another capture's ``start`` would raise ``NativeObserverBusyError``), or
+    None."""
     with _owner_lock:
         return _owner
 

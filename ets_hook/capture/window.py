@@ -199,7 +199,7 @@ def choose_op_capture(mode: str, *, observer_busy: bool = False) -> OpCaptureCho
     Args:
         mode: ``"auto"``, ``"native"`` or ``"profiler"`` (``ETSHook(op_capture=)``).
         observer_busy: the native observer holds another hook's capture
-            (``capture.ops.native_observer_busy``): the profiler path runs instead.
+            (``capture.ops.native_observer_holder``): the profiler path runs instead.
 
     Returns:
         The choice: the native observer if loaded, free (and not ``"profiler"``); else the

@@ -116,10 +116,15 @@ def find_bursts(x: np.ndarray) -> np.ndarray:
 
 
 def _bursts(logs: np.ndarray) -> np.ndarray:
-    burst = np.zeros(len(logs), dtype=bool)
-    for start, end in _burst_runs(logs):
-        burst[start:end] = True
-    return burst
+    return _run_mask(_burst_runs(logs), len(logs))
+
+
+def _run_mask(runs: list[tuple[int, int]], length: int) -> np.ndarray:
+    """A boolean mask over ``length`` steps, True inside each ``(start, end)`` run."""
+    mask = np.zeros(length, dtype=bool)
+    for start, end in runs:
+        mask[start:end] = True
+    return mask
 
 
 def _burst_runs(logs: np.ndarray) -> list[tuple[int, int]]:
@@ -247,9 +252,7 @@ def split_contention(x: np.ndarray) -> ContentionSplit:
         return ContentionSplit(np.ones(len(x), dtype=bool), 0, 0.0, None)
     logs = np.log(x)
     runs = _burst_runs(logs)
-    burst = np.zeros(len(x), dtype=bool)
-    for start, end in runs:
-        burst[start:end] = True
+    burst = _run_mask(runs, len(x))
     calm = np.flatnonzero(~burst)
     shift = _level_shift(logs[calm]) if len(calm) else None
     shift_index = int(calm[shift]) if shift is not None else None

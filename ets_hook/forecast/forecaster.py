@@ -813,7 +813,7 @@ class Forecaster:
                     step,
                     job.total_steps,
                 )
-        remaining = None if total_steps is None else total_steps - step
+        remaining = job.remaining_steps(step) if total_steps is not None else None
         as_of_s = max(self._last_step_end_s, self._last_phase_end_s)
         elapsed_s = as_of_s - self.start_s
         overhead_s = self._overhead_per_step()

@@ -24,7 +24,7 @@ from ets_hook.capture.ops import (
     NativeObserverBusyError,
     NativeOpCapture,
     ProfilerOpCapture,
-    native_observer_busy,
+    native_observer_holder,
 )
 from ets_hook.trace.decode import RawOp, StepBounds, build_iterations
 from ets_hook.trace.names import AUTOGRAD_NODE_PREFIX, BACKWARD_SCOPE, USER_SCOPE
@@ -283,12 +283,12 @@ def test_a_capture_holds_the_observer_until_its_records_are_read(ops) -> None:
         torch.add(a, a)
     finally:
         first.stop()
-    assert native_observer_busy()
+    assert native_observer_holder() is not None
     # stopped but unread: a second start would forget the first capture's records
     with pytest.raises(NativeObserverBusyError):
         second.start(False)
     assert [r.name for r in first.read()] == ["aten::add"]
-    assert not native_observer_busy()
+    assert native_observer_holder() is None
     second.start(False)
     try:
         torch.mul(a, a)
@@ -297,7 +297,7 @@ def test_a_capture_holds_the_observer_until_its_records_are_read(ops) -> None:
     first.discard()  # given back already: must not reset what the second one holds
     assert first.read() == []
     assert [r.name for r in second.read()] == ["aten::mul"]
-    assert not native_observer_busy()
+    assert native_observer_holder() is None
 
 
 def test_a_discarded_or_refused_capture_gives_the_observer_back(ops) -> None:
@@ -305,14 +305,14 @@ def test_a_discarded_or_refused_capture_gives_the_observer_back(ops) -> None:
     dropped.start(False)
     dropped.stop()
     dropped.discard()
-    assert not native_observer_busy()
+    assert native_observer_holder() is None
     # torch refusing the callback (here: a session registered behind the captures' back)
     # leaves the observer free, not held by a capture that never started
     ops.start(False, ops.CHUNK_BYTES)
     try:
         with pytest.raises(RuntimeError, match="already open"):
             NativeOpCapture(ops).start(False)
-        assert not native_observer_busy()
+        assert native_observer_holder() is None
     finally:
         ops.stop()
         ops.reset()
@@ -363,7 +363,7 @@ def test_two_hooks_in_one_process_take_the_observer_in_turn(
     assert sorted(h.skip_steps for h in hooks)[1] > 1  # ... the second one waited
     assert "internal error" not in caplog.text and "abandoned" not in caplog.text
     assert "waits for it" in caplog.text
-    assert not native_observer_busy()
+    assert native_observer_holder() is None
 
 
 def test_a_window_left_open_by_a_stopped_loop_gives_the_observer_to_the_next_hook(
@@ -389,7 +389,7 @@ def test_a_window_left_open_by_a_stopped_loop_gives_the_observer_to_the_next_hoo
     assert old.capture_status.startswith("off") and "window abandoned" in old.capture_status
     assert hook.skip_steps == 1 + window_runner.STALE_HOLDER_STEPS
     assert trace is not None and trace.capture.op_capture == NativeOpCapture.name
-    assert not ops.registered() and not native_observer_busy()
+    assert not ops.registered() and native_observer_holder() is None
     assert f"saw no step in {window_runner.STALE_HOLDER_STEPS} of this hook's" in caplog.text
     old.close()  # still closes cleanly afterwards
 
