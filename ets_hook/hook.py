@@ -50,7 +50,12 @@ from .capture.sysinfo import (
     training_state_bytes,
     usable_cpu_count,
 )
-from .capture.window import MAX_ADAPTIVE_CAPTURE_STEPS, WindowState, check_window_settings
+from .capture.window import (
+    DEFAULT_SKIP_STEPS,
+    MAX_ADAPTIVE_CAPTURE_STEPS,
+    WindowState,
+    check_window_settings,
+)
 from .capture.window_runner import WindowRunner
 from .distributed.coordinator import (
     DEFAULT_EXCHANGE_TIMEOUT_S,
@@ -101,8 +106,8 @@ _hook_of_model: weakref.WeakKeyDictionary[torch.nn.Module, weakref.ref[ETSHook]]
 
 
 #: The local step after which the step detector's module hook goes even when no capture
-#: window ran: where the longest adaptive window, from step 1, would have ended.
-BARE_AFTER_STEP = 1 + MAX_ADAPTIVE_CAPTURE_STEPS
+#: window ran: where the longest adaptive window, after the default skip, would have ended.
+BARE_AFTER_STEP = DEFAULT_SKIP_STEPS + MAX_ADAPTIVE_CAPTURE_STEPS
 
 
 def _plain_number(value: Any) -> Any:
@@ -197,9 +202,11 @@ class ETSHook:
                 only (``capture_status`` says so) unless ``trace_path`` asks for the trace
                 (then its first step is decoded and written); elsewhere 5 steps.
             skip_steps: steps timed before the window starts (int >= 0); the window is steps
-                ``[skip_steps, skip_steps + capture_steps)`` of this process. None (default): 1,
-                postponed while steps still compile (``torch.compile``): the window starts
-                after two compile-free steps in a row, at most ``MAX_AUTO_SKIP_STEPS`` steps in.
+                ``[skip_steps, skip_steps + capture_steps)`` of this process. None (default):
+                ``DEFAULT_SKIP_STEPS`` (3: the steps the step-3 prediction rests on run
+                without capture), postponed while steps still compile (``torch.compile``):
+                the window starts after two compile-free steps in a row, at most
+                ``MAX_AUTO_SKIP_STEPS`` steps in.
                 Either way a window waits while another hook in this process holds the native
                 op observer (``capture.window_runner.MAX_OBSERVER_WAIT_STEPS`` at most).
             trace_path: where to write the captured trace (atomically; its folder must exist, a
@@ -318,7 +325,7 @@ class ETSHook:
         if isinstance(phase_every, Mapping):
             phase_every = {name: _plain_number(every) for name, every in phase_every.items()}
         auto_skip = skip_steps is None
-        skip_steps = 1 if skip_steps is None else skip_steps
+        skip_steps = DEFAULT_SKIP_STEPS if skip_steps is None else skip_steps
         adaptive_window = capture_steps is None
         capture_steps = MAX_ADAPTIVE_CAPTURE_STEPS if capture_steps is None else capture_steps
         check_window_settings(capture_steps, skip_steps, op_capture, record_shapes)

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ets_hook import ETSHook, Phase
+from ets_hook.capture.window import DEFAULT_SKIP_STEPS
 from ets_hook.trace.io import load_trace
 
 
@@ -156,17 +157,22 @@ def test_forward_marks_steps_when_nothing_else_does():
     assert hook.steps_completed == 4
 
 
-def test_the_default_window_starts_after_the_first_step():
-    """``skip_steps=None`` is 1 unless steps compile (it was 2 for every job: "nothing compiled
-    yet" read as "the step before compiled")."""
+def test_the_default_window_starts_after_three_clean_steps():
+    """``skip_steps=None`` is ``DEFAULT_SKIP_STEPS`` (3) unless steps compile: the steps the
+    step-3 prediction rests on (2 and 3) run without capture, and so does their decode."""
     model = tiny_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     hook = ETSHook(model, optimizer=opt, capture_steps=2, log_every=None)
-    train(model, opt, hook, 4)
+    train(model, opt, hook, 2)
+    waiting = hook.capture_status
+    train(model, opt, hook, 1)
+    started = hook.capture_status  # opened at the end of step 3, for step 4
+    train(model, opt, hook, 3)
     hook.close()
+    assert waiting.startswith("waiting") and started.startswith("capturing")
     trace = hook.wait_for_trace(30)
-    assert hook.skip_steps == 1
-    assert trace is not None and [it.step for it in trace.iterations] == [1, 2]
+    assert hook.skip_steps == DEFAULT_SKIP_STEPS == 3
+    assert trace is not None and [it.step for it in trace.iterations] == [3, 4]
 
 
 def test_gradient_accumulation_counts_optimizer_steps():
@@ -615,8 +621,9 @@ def test_default_trace_estimate_on_cpu_is_the_shipped_ets_model():
     model = tiny_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     hook = ETSHook(
-        model, optimizer=opt, total_steps=100, capture_steps=5, deadline=False, log_every=None
-    )
+        model, optimizer=opt, total_steps=100, skip_steps=1, capture_steps=5, deadline=False,
+        log_every=None,
+    )  # fmt: skip
     train(model, opt, hook, 7)
     assert hook.wait_for_trace(60) is not None
     train(model, opt, hook, 5)
@@ -655,7 +662,9 @@ def test_decode_leaves_the_interpreter_switch_interval_alone(monkeypatch):
     before = sys.getswitchinterval()
     model = tiny_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    hook = ETSHook(model, optimizer=opt, capture_steps=2, deadline=False, log_every=None)
+    hook = ETSHook(
+        model, optimizer=opt, skip_steps=1, capture_steps=2, deadline=False, log_every=None
+    )
     train(model, opt, hook, 4)
     assert hook.wait_for_trace(60) is not None
     hook.close()

@@ -85,9 +85,9 @@ def test_compile_time_is_a_one_off_phase_not_step_time(run: CompiledRun) -> None
     assert run.hook.step_times_s[0] < run.wall_s[0] - 0.5 * compile_phase.spent_s
 
 
-def test_the_window_starts_after_two_compile_free_steps(run: CompiledRun) -> None:
+def test_the_window_starts_after_the_default_skip(run: CompiledRun) -> None:
     hook = run.hook
-    assert hook.skip_steps == 3  # step 0 compiled; steps 1 and 2 were clean
+    assert hook.skip_steps == 3  # step 0 compiled; steps 1 and 2 were clean: the default
     trace = hook.wait_for_trace(30)
     assert trace is not None
     assert [it.step for it in trace.iterations] == [3, 4, 5]
@@ -102,3 +102,26 @@ def test_no_prediction_extrapolates_the_compile_step(run: CompiledRun) -> None:
     assert first.iteration_s < 0.5 * run.wall_s[0]
     assert first.total_s is not None and first.total_s < first.elapsed_s + STEPS * run.wall_s[0]
     assert later.warmup_steps >= 2  # the compile step and the one after it
+
+
+def test_a_recompile_postpones_the_window_until_two_compile_free_steps() -> None:
+    """A batch of another size at step 2 recompiles: the window, due after step 2, waits for
+    two compile-free steps in a row (steps 3 and 4) and captures from step 5."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    compiled = torch.compile(model, backend="aot_eager")
+    hook = ETSHook(compiled, optimizer, total_steps=12, capture_steps=2, log_every=None)
+    for step in range(9):
+        x = torch.randn(12 if step >= 2 else 8, 32)
+        y = torch.randint(0, 4, (x.shape[0],))
+        loss = torch.nn.functional.cross_entropy(compiled(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    hook.close()
+    trace = hook.wait_for_trace(30)
+    assert hook.skip_steps == 5
+    assert trace is not None and [it.step for it in trace.iterations] == [5, 6]

@@ -33,8 +33,8 @@ SCRIPT = textwrap.dedent(
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 8)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    hook = ETSHook(model, optimizer=opt, total_steps=50, capture_steps=5, op_capture=op_capture,
-                   status_path=status, log_every=None)
+    hook = ETSHook(model, optimizer=opt, total_steps=50, skip_steps=1, capture_steps=5,
+                   op_capture=op_capture, status_path=status, log_every=None)
     for step in range(50):
         model(torch.randn(4, 8)).sum().backward()
         if step == at:  # inside window step `at`, before its optimizer step ends it

@@ -40,6 +40,13 @@ OP_CAPTURE_MODES = ("auto", "native", "profiler")
 #: ``ETSHook(capture_steps=None)``: the window's most steps; it ends earlier when its predicted
 #: cost would pass ``CAPTURE_BUDGET_SHARE`` of the job's predicted total (``window_budget``).
 MAX_ADAPTIVE_CAPTURE_STEPS = 5
+#: ``ETSHook(skip_steps=None)``: steps timed before the window starts (then raised while steps
+#: compile). Three, so that the step-3 prediction rests on two steps the capture never touched:
+#: with the window at the second step (1, before), steps 2 and 3 were the window's and its
+#: decode's, whose cost in a fresh process's first window runs 2-4x what the window measures
+#: per op (``benchmarks/accuracy.py``, 26 jobs: step-3 error median 11-15% -> 9%; see the
+#: README's *The window after three clean steps*).
+DEFAULT_SKIP_STEPS = 3
 #: The capture's predicted cost (window + decode), at most this share of the job's total.
 CAPTURE_BUDGET_SHARE = 0.01
 

@@ -701,7 +701,11 @@ class Forecaster:
         count = series.count
         min_warmup = max(self.min_warmup_steps, self._warmup_end)
         clean = series.stride == 1 and count - self._perturbed_end >= CLEAN_STEPS_NEEDED
-        if clean:
+        # Clean steps before the window (the default window starts after three) stay in the
+        # estimate beside the clean ones after it; without them the perturbed steps are warm-up.
+        before_window = self._capture[0] if self._capture is not None else 0
+        keep_before = clean and before_window > min_warmup + 1
+        if clean and not keep_before:
             min_warmup = max(min_warmup, self._perturbed_end)
         key = (id(series), count, min_warmup, self._perturbed_end, self._variable_steps)
         if key != self._measured_key and (
@@ -716,6 +720,10 @@ class Forecaster:
                 # Every step so far compiled (or followed a compile): no steady step yet. The
                 # last one with the prior's wide first-step interval, flagged ``warming_up``.
                 values = values[-1:]
+            elif keep_before:
+                # The clean steps after the capture follow the ones before it: together they
+                # are the job's clean steps, the first ones still early (corrected as such).
+                values = np.concatenate([values[:before_window], values[self._perturbed_end :]])
             elif series.stride == 1 and not clean and self._capture is not None:
                 # Not enough clean steps yet: use the window's steps, corrected for the capture,
                 # but not the disturbed ones after it (a profiler disable can take 30 steps' time).

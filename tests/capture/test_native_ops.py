@@ -26,6 +26,7 @@ from ets_hook.capture.ops import (
     ProfilerOpCapture,
     native_observer_holder,
 )
+from ets_hook.capture.window import DEFAULT_SKIP_STEPS
 from ets_hook.trace.decode import RawOp, StepBounds, build_iterations
 from ets_hook.trace.names import AUTOGRAD_NODE_PREFIX, BACKWARD_SCOPE, USER_SCOPE
 
@@ -359,8 +360,8 @@ def test_two_hooks_in_one_process_take_the_observer_in_turn(
     first, second = sorted(traces, key=lambda t: t.iterations[0].start_ns)
     assert first.iterations[-1].end_ns <= second.iterations[0].start_ns  # one after the other
     assert all(len(t.iterations) == 2 and t.iterations[0].ops for t in traces)
-    assert sorted(h.skip_steps for h in hooks)[0] == 1  # the first window from step 1 ...
-    assert sorted(h.skip_steps for h in hooks)[1] > 1  # ... the second one waited
+    assert sorted(h.skip_steps for h in hooks)[0] == DEFAULT_SKIP_STEPS  # the first window ...
+    assert sorted(h.skip_steps for h in hooks)[1] > DEFAULT_SKIP_STEPS  # ... the second waited
     assert "internal error" not in caplog.text and "abandoned" not in caplog.text
     assert "waits for it" in caplog.text
     assert native_observer_holder() is None

@@ -441,6 +441,30 @@ def test_capture_perturbed_steps_are_dropped_once_clean_steps_exist() -> None:
         Forecaster(start_s=0.0).set_perturbed_steps(-1)
 
 
+def test_clean_steps_before_the_window_stay_once_clean_steps_follow_it() -> None:
+    """The window after three clean steps (the default ``skip_steps``): once three clean
+    steps follow the decode, the estimate rests on the clean steps before the window as well
+    as after it, and never on the window or the decode; a window after one step (no clean
+    step of its own before it) leaves the old rule: everything before the decode's end is
+    warm-up."""
+    durations = noisy(12, mean=0.2, cv=0.02, seed=4)
+    durations[0] *= 2.0  # the first step
+    durations[3:5] *= 1.5  # the window
+    durations[5:7] *= 4.0  # the decode
+    later = Forecaster(JobModel(total_steps=1000), start_s=0.0, wall_start_s=WALL_START)
+    later.set_capture_window(3, 5)
+    later.set_perturbed_steps(7)
+    drive(later, durations[:10])
+    p = later.prediction
+    assert p.measured_steps == 2 + 3  # steps 1-2 and 7-9
+    assert p.iteration_s == pytest.approx(0.2, rel=0.06)
+    early = Forecaster(JobModel(total_steps=1000), start_s=0.0, wall_start_s=WALL_START)
+    early.set_capture_window(1, 5)
+    early.set_perturbed_steps(7)
+    drive(early, durations[:10])
+    assert early.prediction.measured_steps == 3
+
+
 def test_capture_window_steps_are_corrected_and_the_disable_spike_is_ignored() -> None:
     """Inside the window steps run 1.2x slow (the profiler), the step after it carries the
     profiler's disable (20x): before any clean step exists the estimate must neither follow

@@ -288,12 +288,43 @@ def test_a_lone_spike_among_a_handful_of_steps_is_capped() -> None:
     assert est_many.ci_s >= 0.8 / 7
 
 
+def test_the_second_step_is_corrected_more_than_the_early_ones_after_it() -> None:
+    """Step 2 of a process runs slower than steps 3-6 (1.20x against 1.07x over the zoo): at
+    step 3 (steps 2 and 3 kept) the second-step prior takes most of that out; a prior without
+    it (the CUDA one: not measured there) keeps it; the correction shrinks with the step's
+    length (its excess part is a fixed time)."""
+    neutral = StepTimePrior(second_step_ratio=(1.0, 1.0), second_step_excess_s=(0.0, 0.0))
+    errors = {}
+    for steady in (0.005, 0.1):
+        y = np.array([2.5, 1.25, 1.05]) * steady
+        with_prior = estimate_measured(y, StepTimePrior())
+        without = estimate_measured(y, neutral)
+        assert with_prior is not None and without is not None
+        assert with_prior.iteration_s < without.iteration_s
+        assert with_prior.ci_s > without.ci_s  # its range is systematic uncertainty
+        errors[steady] = (with_prior.iteration_s / steady - 1, without.iteration_s / steady - 1)
+    assert abs(errors[0.005][0]) < 0.06 < errors[0.005][1]
+    assert errors[0.1][0] < errors[0.1][1]
+    assert StepTimePrior().second_step_ratio_at(0.005) == pytest.approx((1.0, 1.35))
+    assert StepTimePrior.for_device("cuda").second_step_ratio_at(0.005) == (1.0, 1.0)
+    with pytest.raises(ValueError, match="second_step_excess_s"):
+        StepTimePrior(second_step_excess_s=(0.002, 0.001))
+    with pytest.raises(ValueError, match="second_step_ratio"):
+        StepTimePrior(second_step_ratio=(1.2, 1.0))
+
+
 def test_steps_of_different_lengths_by_design_are_averaged_not_capped_or_split() -> None:
     """``variable=True`` (the batches change shape): the long steps are the job's own, so the
     estimate is the plain mean of the steps after the first, with an interval from their spread
     (not the steady state's few-percent CV prior); the same series read as noise is capped
     (few steps) or split into bursts (many)."""
-    prior = StepTimePrior(early_ratio=(1.0, 1.0), early_excess_s=(0.0, 0.0), early_steps=5)
+    prior = StepTimePrior(
+        early_ratio=(1.0, 1.0),
+        early_excess_s=(0.0, 0.0),
+        second_step_ratio=(1.0, 1.0),
+        second_step_excess_s=(0.0, 0.0),
+        early_steps=5,
+    )
     few = np.array([0.5, 0.2, 0.2, 1.0, 0.2, 0.2])
     varied = estimate_measured(few, prior, variable=True)
     noisy = estimate_measured(few, prior)
