@@ -492,7 +492,11 @@ def test_the_window_measures_its_own_slowdown_from_the_ops_it_records() -> None:
         opt.step()
     assert len(hook._window_ops) == 3 and all(n > 20 for n in hook._window_ops)
     ratio = hook._forecaster.prior.capture_ratio
-    assert ratio != NativeOpCapture.cpu_costs["capture_ratio"] and 1.0 < ratio[0] <= ratio[1]
+    # The measured slowdown (>= 1) times the prior's early range (0.95-1.05 plus the excess):
+    # its low end dips under 1 when capture is a small share of the step (a slow sanitizer
+    # build: 0.9988 once).
+    assert ratio != NativeOpCapture.cpu_costs["capture_ratio"]
+    assert 0.95 <= ratio[0] < ratio[1] and ratio[1] > 1.05
     # ... and the decode's one-off cost after it, from the same op counts
     spike = hook._forecaster.prior.capture_spike_steps
     assert spike != NativeOpCapture.cpu_costs["capture_spike_steps"] and 0.0 < spike[0] < spike[1]
