@@ -590,7 +590,9 @@ class Forecaster:
     def set_perturbed_steps(self, end_step: int) -> None:
         """Steps before ``end_step`` (0-based index) ran with capture cost in them (profiler on,
         decode thread busy). Once ``CLEAN_STEPS_NEEDED`` later steps exist, the measured estimate
-        treats them as warm-up; until then they are all there is. Any thread.
+        treats them as warm-up — except, when the window started after two or more clean steps
+        past the warm-up, those clean steps before it, which stay beside the later ones; until
+        then they are all there is (the window's steps corrected for its cost). Any thread.
 
         Args:
             end_step: local step index; replaces the previous value (also one that

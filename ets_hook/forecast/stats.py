@@ -559,10 +559,10 @@ def estimate_measured(
       kept steps on, if the kept part still drifts (its first 40% and last half differ by more
       than 3 long-run standard errors, or MSER's minimum sits at the edge of its search range),
       estimate from the recent half and add the drift as systematic uncertainty. Otherwise
-      correct kept steps 2..early_steps by the prior's early ratio and add its systematic
-      uncertainty. Finally, while fewer than ``early_steps`` steps are kept, fuse with the
-      first-step prior if the two agree (once they disagree, the prior is falsified and
-      dropped).
+      correct kept steps 2..early_steps by the prior's early ratio (step 2 also by its
+      second-step ratio) and add its systematic uncertainty. Finally, while fewer than
+      ``early_steps`` steps are kept, fuse with the first-step prior if the two agree (once
+      they disagree, the prior is falsified and dropped).
 
     Args:
         y: per-step times (1-D float array), seconds, oldest first.
