@@ -290,8 +290,8 @@ def test_a_lone_spike_among_a_handful_of_steps_is_capped() -> None:
 
 def test_the_second_step_is_corrected_more_than_the_early_ones_after_it() -> None:
     """Step 2 of a process runs slower than steps 3-6 (1.20x against 1.07x over the zoo): at
-    step 3 (steps 2 and 3 kept) the second-step prior takes most of that out; a prior without
-    it (the CUDA one: not measured there) keeps it; the correction shrinks with the step's
+    step 3 (steps 2 and 3 kept) the second-step prior takes most of that out; a neutral one
+    (as the CUDA prior's: not measured there) keeps it; the correction shrinks with the step's
     length (its excess part is a fixed time)."""
     neutral = StepTimePrior(second_step_ratio=(1.0, 1.0), second_step_excess_s=(0.0, 0.0))
     errors = {}
