@@ -151,6 +151,7 @@ class ETSHook:
         eval_dataloader: Any = None,
         checkpoint_every: int | None = None,
         checkpoint_files: int = 1,
+        checkpoint_in_memory: bool = False,
         phase_every: Mapping[str, int] | None = None,
         initial_step: int = 0,
         early_stopping: tuple[int, float, str] | EarlyStoppingRule | None = None,
@@ -235,6 +236,9 @@ class ETSHook:
             checkpoint_files: files each checkpoint writes the state to (int >= 1; the
                 Lightning callback passes 2 for ``ModelCheckpoint(save_last=True)``, its own
                 file and ``last.ckpt``): the checkpoint price is per file.
+            checkpoint_in_memory: each checkpoint file is serialised into memory before it is
+                written (Lightning does; the callback passes True): priced as one more pass
+                over the state, at ``CHECKPOINT_SERIALIZE_BYTES_PER_S``.
             phase_every: period in steps of any named phase (int >= 0; 0: one-off).
             initial_step: steps already done before this process (resumed jobs; int >= 0).
             early_stopping: ``(patience, min_delta, mode)`` or an ``EarlyStoppingRule``: the
@@ -300,7 +304,8 @@ class ETSHook:
                 ``total_steps``; ``epochs`` not a finite number > 0 or without steps per epoch;
                 ``dataloader`` not iterable, without ``len()`` beside ``epochs`` and no
                 ``steps_per_epoch``, or contradicting ``steps_per_epoch``;
-                ``eval_dataloader`` without ``len()``; ``checkpoint_files`` not an int >= 1; a
+                ``eval_dataloader`` without ``len()``; ``checkpoint_files`` not an int >= 1;
+                ``checkpoint_in_memory`` not a bool; a
                 string argument not one of its values (``deadline_policy`` too without a
                 deadline); ``model`` not an ``nn.Module``; ``optimizer`` not optimizers;
                 ``progress`` not a tqdm bar; ``trace_path`` or ``status_path`` a directory, in
@@ -340,6 +345,8 @@ class ETSHook:
             or checkpoint_files < 1
         ):
             raise ValueError(f"checkpoint_files must be an int >= 1, got {checkpoint_files!r}")
+        if not isinstance(checkpoint_in_memory, bool):
+            raise ValueError(f"checkpoint_in_memory must be a bool, got {checkpoint_in_memory!r}")
         eval_prior = (
             eval_prior_from_loaders(eval_dataloader, dataloader, grad_accum_steps)
             if eval_dataloader is not None
@@ -450,6 +457,7 @@ class ETSHook:
         self._optimizers = optimizers
         self._price_checkpoints = bool(job.phase_periods.get(CHECKPOINT))
         self._checkpoint_files = checkpoint_files
+        self._checkpoint_in_memory = checkpoint_in_memory
         self._ranks: RankCoordinator | None = None
         if world_size > 1 and exchange_timeout_s and not disabled:
             self._ranks = RankCoordinator(
@@ -986,7 +994,10 @@ class ETSHook:
                 self._price_checkpoints = False
                 state_bytes = training_state_bytes(self.model, self._optimizers)
                 self._forecaster.set_phase_prior(
-                    CHECKPOINT, checkpoint_cost_prior(state_bytes, self._checkpoint_files)
+                    CHECKPOINT,
+                    checkpoint_cost_prior(
+                        state_bytes, self._checkpoint_files, in_memory=self._checkpoint_in_memory
+                    ),
                 )
             if self._host_load is not None:
                 load = self._host_load.sample()  # at most once a second

@@ -443,6 +443,8 @@ def test_bad_arguments_name_the_value():
         ETSHook(model, record_shapes="some")
     with pytest.raises(ValueError, match="checkpoint_files must be an int >= 1, got 0"):
         ETSHook(model, checkpoint_files=0)
+    with pytest.raises(ValueError, match="checkpoint_in_memory must be a bool, got 'yes'"):
+        ETSHook(model, checkpoint_in_memory="yes")
     with pytest.raises(ValueError, match="optimizer"):
         ETSHook(model, optimizer="adam")
     with pytest.raises(ValueError, match="model"):

@@ -514,6 +514,7 @@ class BaseETSCallback:
         if checkpoint_every is not None:
             derived["checkpoint_every"] = checkpoint_every
             derived["checkpoint_files"] = trainer_checkpoint_files(trainer)
+            derived["checkpoint_in_memory"] = True  # _atomic_save: torch.save into a BytesIO
         rule = early_stopping_rule(self._early_stopping)
         if rule is not None:
             derived["early_stopping"] = rule

@@ -8,6 +8,7 @@ import pytest
 from ets_hook.forecast.forecaster import Forecaster
 from ets_hook.forecast.job import (
     CHECKPOINT_FIXED_S,
+    CHECKPOINT_SERIALIZE_BYTES_PER_S,
     CHECKPOINT_WRITE_BYTES_PER_S,
     FORWARD_SHARE,
     JobModel,
@@ -283,6 +284,16 @@ def test_a_checkpoint_is_priced_at_its_bytes_written() -> None:
     assert checkpoint_cost_prior(0).seconds == pytest.approx(CHECKPOINT_FIXED_S)
     # A save that writes the state twice (Lightning's own file and last.ckpt) costs twice.
     assert checkpoint_cost_prior(3 * 10**9, files=2).seconds == pytest.approx(2 * prior.seconds)
+    # Serialised into memory first (Lightning's saves), one more pass over the bytes per file.
+    in_memory = checkpoint_cost_prior(3 * 10**9, files=2, in_memory=True)
+    assert in_memory.seconds == pytest.approx(
+        2
+        * (
+            CHECKPOINT_FIXED_S
+            + 3e9 / CHECKPOINT_WRITE_BYTES_PER_S
+            + 3e9 / CHECKPOINT_SERIALIZE_BYTES_PER_S
+        )
+    )
 
 
 def test_a_priced_evaluation_brings_the_early_total_closer() -> None:

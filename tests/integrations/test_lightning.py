@@ -38,7 +38,11 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 from ets_hook.capture.batch_clock import TimedCollate
 from ets_hook.forecast.early_stop import EarlyStoppingRule
 from ets_hook.forecast.epochs import EPOCH_START
-from ets_hook.forecast.job import CHECKPOINT_FIXED_S, CHECKPOINT_WRITE_BYTES_PER_S
+from ets_hook.forecast.job import (
+    CHECKPOINT_FIXED_S,
+    CHECKPOINT_SERIALIZE_BYTES_PER_S,
+    CHECKPOINT_WRITE_BYTES_PER_S,
+)
 from ets_hook.integrations.lightning import (
     LOG_KEYS,
     ETSCallback,
@@ -245,6 +249,7 @@ def test_job_is_read_from_the_trainer(runs: Runs) -> None:
     assert options["eval_every"] == STEPS_PER_EPOCH  # validation every epoch
     assert options["checkpoint_every"] == STEPS_PER_EPOCH  # ModelCheckpoint after each one
     assert options["checkpoint_files"] == 2  # its own file and last.ckpt
+    assert options["checkpoint_in_memory"] is True  # serialised into a BytesIO, then written
     assert options["steps_per_epoch"] == STEPS_PER_EPOCH  # epoch start-up as a phase
     assert runs.first.callback.hook.total_steps == 24
     assert runs.first.callback.prediction.total_steps == 24
@@ -294,12 +299,17 @@ def test_validations_are_priced_before_the_first_one(runs: Runs) -> None:
     assert validation.remaining == 2  # after steps 8 and 16 (the last, at 24, is after the job)
     # The ModelCheckpoint's saves (after every validation), priced from the state they write:
     # the module's parameters and SGD's (empty: no momentum) state, twice (the epoch's file
-    # and last.ckpt).
+    # and last.ckpt), each serialised into memory and then written.
     checkpoint = {p.name: p for p in prediction.phases}["checkpoint"]
     assert checkpoint.cost_source == "prior" and checkpoint.remaining == 2
     state_bytes = sum(t.numel() * t.element_size() for t in runs.first.module.parameters())
     assert checkpoint.mean_s == pytest.approx(
-        2 * (CHECKPOINT_FIXED_S + state_bytes / CHECKPOINT_WRITE_BYTES_PER_S)
+        2
+        * (
+            CHECKPOINT_FIXED_S
+            + state_bytes / CHECKPOINT_WRITE_BYTES_PER_S
+            + state_bytes / CHECKPOINT_SERIALIZE_BYTES_PER_S
+        )
     )
     assert prediction.remaining_phase_s == pytest.approx(
         2 * validation.mean_s + 2 * checkpoint.mean_s
