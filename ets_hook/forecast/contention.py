@@ -195,6 +195,32 @@ def _alike(excess_s: np.ndarray) -> bool:
     return low > 0.0 and float(excess_s.max()) <= MAX_EXCESS_RATIO * low
 
 
+def _latest_beat(
+    runs: list[tuple[int, int]], x: np.ndarray, centre: float
+) -> tuple[int, int, np.ndarray] | None:
+    """The longest evenly spaced run of alike bursts up to the last one, among the last
+    ``MAX_BEAT_BURSTS`` (the latest bursts may keep a beat that earlier ones, a neighbour or
+    the capture's decode, do not; a noisy host's thousands of bursts cost no more to search).
+
+    Args:
+        runs: the bursts' ``(start, end)`` step ranges, in order.
+        x: the step times, seconds.
+        centre: the kept steps' median, seconds: a burst's excess is its time above it.
+
+    Returns:
+        ``(index of its first burst in runs, period in steps, every burst's excess)``, or None
+        (the excesses are not computed when ``_may_keep_a_beat`` rules a beat out).
+    """
+    if not _may_keep_a_beat(runs):
+        return None
+    excess_per_run = np.array([float(np.sum(x[start:end] - centre)) for start, end in runs])
+    for first in range(max(0, len(runs) - MAX_BEAT_BURSTS), len(runs) - MIN_PERIODIC_BURSTS + 1):
+        period = burst_period(runs[first:], len(x))
+        if period is not None and _alike(excess_per_run[first:]):
+            return first, period, excess_per_run
+    return None
+
+
 def find_level_shift(x: np.ndarray) -> int | None:
     """The index where ``x``'s last lasting level starts, if its level changed and stayed.
 
@@ -267,25 +293,13 @@ def split_contention(x: np.ndarray) -> ContentionSplit:
     if not bursts_after.any() or not len(kept):
         return ContentionSplit(keep, int(bursts_after.sum()), 0.0, shift_index)
     centre = float(np.median(kept))
-    if not _may_keep_a_beat(runs):
+    beat = _latest_beat(runs, x, centre)
+    if beat is None:
         excess = float(np.sum(x[bursts_after] - centre)) / len(kept)
         return ContentionSplit(
             keep, int(bursts_after.sum()), max(excess, 0.0), shift_index, bursts=len(runs)
         )
-    excess_per_run = np.array([float(np.sum(x[start:end] - centre)) for start, end in runs])
-    # The latest bursts may keep a beat that earlier ones (a neighbour, the capture's decode)
-    # do not: the longest evenly spaced run of bursts up to the last one, among the last
-    # MAX_BEAT_BURSTS (a noisy host's thousands of bursts cost no more to search).
-    lowest = max(0, len(runs) - MAX_BEAT_BURSTS)
-    for first in range(lowest, len(runs) - MIN_PERIODIC_BURSTS + 1):
-        period = burst_period(runs[first:], len(x))
-        if period is not None and _alike(excess_per_run[first:]):
-            break
-    else:
-        excess = float(np.sum(x[bursts_after] - centre)) / len(kept)
-        return ContentionSplit(
-            keep, int(bursts_after.sum()), max(excess, 0.0), shift_index, bursts=len(runs)
-        )
+    first, period, excess_per_run = beat
     # The job's own recurring work: its mean excess per occurrence, spread over the period;
     # the bursts before the beat began stay contention.
     per_run = excess_per_run[first:]
