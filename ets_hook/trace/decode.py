@@ -231,15 +231,25 @@ def build_iterations(
     iterations: list[IterationTrace] = []
     for slot, (bound, indices) in enumerate(zip(ordered_bounds, members)):
         last_backward_start = max((starts_ns[i] for i in indices if in_backward[i]), default=None)
+        # A closure: the step's forward and backward run inside ``optimizer.step(closure)``
+        # (Lightning's automatic optimization, LBFGS). Only what follows its last backward is
+        # the optimizer's; before, the usual rules apply.
+        closure_until = (
+            last_backward_start
+            if any(in_backward[i] and in_optimizer[i] for i in indices)
+            else None
+        )
         local = {raw_index: k for k, raw_index in enumerate(indices)}
         ops: list[OpEvent] = []
         append = ops.append
         for k, raw_index in enumerate(indices):
             raw = raws[raw_index]
-            if in_optimizer[raw_index]:
-                phase = Phase.OPTIMIZER
-            elif in_backward[raw_index]:
+            if in_backward[raw_index]:
                 phase = Phase.BACKWARD
+            elif in_optimizer[raw_index] and (
+                closure_until is None or raw.start_ns > closure_until
+            ):
+                phase = Phase.OPTIMIZER
             elif in_input[raw_index]:
                 phase = Phase.INPUT
             elif raw.thread == training_thread and (

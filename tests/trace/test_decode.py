@@ -62,6 +62,31 @@ def test_phases_depth_and_parents():
         assert op.parent < index
 
 
+def test_a_step_inside_an_optimizer_closure_keeps_its_forward_and_backward():
+    # Lightning's automatic optimization (and LBFGS): optimizer.step(closure) runs the forward
+    # and the backward inside the optimizer's annotation; only what follows is the optimizer's.
+    step = one_step(0)
+    closure = [raw("Optimizer.step#AdamW.step", 5, 240, scope=USER)]
+    closure += [r for r in step if not r.name.startswith("Optimizer.step")]
+    (iteration,) = build_iterations(closure, [StepBounds(0, 0, 250)])
+    phases = [(op.name, op.phase) for op in iteration.ops if op.depth == 0]
+    assert phases == [
+        ("aten::linear", Phase.FORWARD),
+        ("aten::relu", Phase.FORWARD),
+        ("aten::sum", Phase.FORWARD),
+        ("autograd::engine::evaluate_function: SumBackward0", Phase.BACKWARD),
+        ("autograd::engine::evaluate_function: AddmmBackward0", Phase.BACKWARD),
+        ("aten::norm", Phase.OPTIMIZER),  # after the backward, inside the annotation
+        ("aten::add_", Phase.OPTIMIZER),
+        ("aten::add_", Phase.OPTIMIZER),
+    ]
+    by_name = {op.name: op.phase for op in iteration.ops}
+    assert by_name["aten::mm"] is Phase.BACKWARD and by_name["aten::t"] is Phase.FORWARD
+    # The same step outside a closure: unchanged.
+    (plain,) = build_iterations(step, [StepBounds(0, 0, 250)])
+    assert [op.phase for op in plain.ops if op.name == "aten::add_"] == [Phase.OPTIMIZER] * 2
+
+
 def test_backward_on_another_thread_is_backward_and_forward_thread_detected():
     (iteration,) = build_iterations(one_step(0, thread_bwd=5), [StepBounds(0, 0, 250)])
     backward = [op for op in iteration.ops if op.thread == 5]
