@@ -84,8 +84,11 @@ def test_autocast_seen_at_the_first_forward_selects_the_low_precision_prior(auto
     first = hook.prediction
     hook.close()
     assert first is not None and first.source == "prior"
-    ratio = LOW_PRECISION_FIRST_STEP_RATIO if autocast else StepTimePrior().first_step_ratio
-    expected = hook.step_times_s[0] * _centre_of_inverse(ratio)
+    first_s = hook.step_times_s[0]
+    if autocast:  # a ratio only: the low-precision first step's range was measured as one
+        expected = first_s * _centre_of_inverse(LOW_PRECISION_FIRST_STEP_RATIO)
+    else:
+        expected = 0.5 * sum(StepTimePrior().first_step_range_s(first_s))
     assert first.iteration_s == pytest.approx(expected, rel=1e-9)
 
 
@@ -122,6 +125,10 @@ def test_low_precision_prior_changes_only_the_first_step_range() -> None:
     cpu = StepTimePrior.for_device("cpu")
     low = cpu.for_low_precision()
     assert low.first_step_ratio == LOW_PRECISION_FIRST_STEP_RATIO != cpu.first_step_ratio
-    assert dataclasses.replace(low, first_step_ratio=cpu.first_step_ratio) == cpu
+    assert low.first_step_excess_s == (0.0, 0.0)  # measured as a ratio
+    restored = dataclasses.replace(
+        low, first_step_ratio=cpu.first_step_ratio, first_step_excess_s=cpu.first_step_excess_s
+    )
+    assert restored == cpu
     cuda = StepTimePrior.for_device("cuda")
     assert cuda.for_low_precision() == cuda  # not measured on GPUs: unchanged

@@ -34,13 +34,16 @@ def ar1_noise(rng: np.random.Generator, trials: int, n: int, rho: float, cv: flo
 
 def with_warmup(rng: np.random.Generator, noise: np.ndarray) -> np.ndarray:
     """Step times whose warm-up follows the default CPU prior: step 1 at a uniform draw from its
-    first-step range, steps 2..early_steps at a common draw from its early range."""
+    first-step ratio plus one from its excess, steps 2..early_steps at a common draw from its
+    early range."""
     prior = StepTimePrior()
     trials, n = noise.shape
     factor = np.ones((trials, n))
+    excess = np.zeros((trials, n))
     factor[:, 0] = rng.uniform(*prior.first_step_ratio, trials)
+    excess[:, 0] = rng.uniform(*prior.first_step_excess_s, trials)
     factor[:, 1 : prior.early_steps] = rng.uniform(*prior.early_ratio, (trials, 1))
-    return MU * factor * (1.0 + noise)
+    return (MU * factor + excess) * (1.0 + noise)
 
 
 def coverage(series: np.ndarray) -> float:
@@ -110,12 +113,35 @@ def test_no_samples_no_estimate() -> None:
 
 
 def test_first_step_alone_uses_the_prior_range() -> None:
+    prior = StepTimePrior()
+    (r_lo, r_hi), (e_lo, e_hi) = prior.first_step_ratio, prior.first_step_excess_s
     est = estimate_measured(np.array([0.8]))
     assert est is not None
     assert est.source == "prior"
-    # Steady state lies in [0.8 / 2.3, 0.8 / 1.3] by the prior; the interval spans exactly that.
-    assert est.iteration_s - est.ci_s == pytest.approx(0.8 / 2.3)
-    assert est.iteration_s + est.ci_s == pytest.approx(0.8 / 1.3)
+    # Steady state lies in [(0.8 - e_hi) / r_hi, (0.8 - e_lo) / r_lo]; the interval spans that.
+    assert est.iteration_s - est.ci_s == pytest.approx((0.8 - e_hi) / r_hi)
+    assert est.iteration_s + est.ci_s == pytest.approx((0.8 - e_lo) / r_lo)
+    # A first step within the excess range: the steady state may be any share of it below...
+    short = estimate_measured(np.array([0.020]))
+    assert short is not None
+    assert short.iteration_s - short.ci_s == pytest.approx(0.0)
+    assert short.iteration_s + short.ci_s == pytest.approx((0.020 - e_lo) / r_lo)
+    # ... and one shorter than the least excess (prefetched batches) still bounds it.
+    assert prior.first_step_range_s(0.001) == pytest.approx((0.0, 0.0005 / r_lo))
+
+
+def test_the_first_step_plays_no_part_once_a_second_exists() -> None:
+    # A long step's first is ~1.2x the steady state, a short one's up to ~6x: the same later
+    # steps give the same estimate whatever the first step was.
+    later = [0.055, 0.052, 0.054]
+    for n in (2, 3, 4):
+        estimates = {
+            first: estimate_measured(np.array([first, *later[: n - 1]]))
+            for first in (0.065, 0.2, 0.02)
+        }
+        values = {round(e.iteration_s, 12) for e in estimates.values() if e is not None}
+        assert len(values) == 1, (n, estimates)
+        assert all(e is not None and e.source == "measured" for e in estimates.values())
 
 
 def test_two_samples_give_a_finite_wide_interval() -> None:
@@ -221,6 +247,9 @@ def test_series_flush_keeps_values_appended_meanwhile() -> None:
 def test_prior_validation_and_cv_mass() -> None:
     with pytest.raises(ValueError, match="first_step_ratio"):
         StepTimePrior(first_step_ratio=(2.0, 1.0))
+    for bad in ((0.01, 0.001), (-0.001, 0.01), (0.0, float("inf"))):
+        with pytest.raises(ValueError, match="first_step_excess_s"):
+            StepTimePrior(first_step_excess_s=bad)
     with pytest.raises(ValueError, match="early_steps must be >= 1, got 0"):
         StepTimePrior(early_steps=0)
     with pytest.raises(ValueError, match="device must be"):
@@ -295,7 +324,7 @@ def test_the_second_step_is_corrected_more_than_the_early_ones_after_it() -> Non
     length (its excess part is a fixed time)."""
     neutral = StepTimePrior(second_step_ratio=(1.0, 1.0), second_step_excess_s=(0.0, 0.0))
     errors = {}
-    for steady in (0.005, 0.1):
+    for steady in (0.01, 0.1):
         y = np.array([2.5, 1.25, 1.05]) * steady
         with_prior = estimate_measured(y, StepTimePrior())
         without = estimate_measured(y, neutral)
@@ -303,7 +332,7 @@ def test_the_second_step_is_corrected_more_than_the_early_ones_after_it() -> Non
         assert with_prior.iteration_s < without.iteration_s
         assert with_prior.ci_s > without.ci_s  # its range is systematic uncertainty
         errors[steady] = (with_prior.iteration_s / steady - 1, without.iteration_s / steady - 1)
-    assert abs(errors[0.005][0]) < 0.06 < errors[0.005][1]
+    assert abs(errors[0.01][0]) < 0.06 < errors[0.01][1]
     assert errors[0.1][0] < errors[0.1][1]
     assert StepTimePrior().second_step_ratio_at(0.005) == pytest.approx((1.0, 1.35))
     assert StepTimePrior.for_device("cuda").second_step_ratio_at(0.005) == (1.0, 1.0)
