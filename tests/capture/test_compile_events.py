@@ -295,7 +295,10 @@ def test_the_first_step_compiles_the_forward_then_the_lazy_backward(compiled_run
     assert all(e.duration_ns > 1_000_000 for e in events)  # > 1 ms each: real compile work
     compile_ns = watcher.compile_ns_in(first.start_ns, first.end_ns)
     step_ns = first.end_ns - first.start_ns
-    assert 0.5 * step_ns < compile_ns < step_ns  # compiling is most of the first step
+    # The compile events hold far more than a compiled step's work (not a share of the first
+    # step: on a slow VM its time outside the events, guards and tracing, was 62% of it).
+    steady_ns = max(s.end_ns - s.start_ns for s in steps[1:4])
+    assert 10 * steady_ns < compile_ns < step_ns
 
 
 def test_steady_steps_record_no_compile(compiled_run) -> None:
