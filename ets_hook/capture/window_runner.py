@@ -80,6 +80,7 @@ class WindowSink(Protocol):
         capture_spike_steps: tuple[float, float] | None = ...,
         measured: bool = ...,
         window_step_s: float | None = ...,
+        capture_spike_excess_s: tuple[float, float] | None = ...,
     ) -> None:
         """Steps ``[start_step, end_step)`` ran inside the capture window, at these costs."""
 

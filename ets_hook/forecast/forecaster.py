@@ -499,6 +499,7 @@ class Forecaster:
         capture_spike_steps: tuple[float, float] | None = None,
         measured: bool = False,
         window_step_s: float | None = None,
+        capture_spike_excess_s: tuple[float, float] | None = None,
     ) -> None:
         """Steps ``[start_step, end_step)`` ran inside the capture window: slower by the prior's
         ``capture_ratio``. Steps from ``end_step`` up to ``set_perturbed_steps`` are left out of
@@ -512,6 +513,9 @@ class Forecaster:
             capture_ratio: replaces the prior's ``capture_ratio`` (the op capture that runs
                 decides it); None: keep it.
             capture_spike_steps: replaces the prior's ``capture_spike_steps``; None: keep it.
+            capture_spike_excess_s: replaces the prior's ``capture_spike_excess_s`` (seconds
+                on top of the spike's steps); None: keep it. A measured window's costs
+                (``measured``) clear it: the job's own decode estimate is in steps.
             measured: ``capture_ratio`` was measured on this job's window (the capture's own
                 cost only); where the prior says window steps are early steps
                 (``early_in_window``: on the CPU) it is then widened by the prior's early
@@ -526,7 +530,9 @@ class Forecaster:
         if not 0 <= start_step <= end_step:
             raise ValueError(f"need 0 <= start_step <= end_step, got {start_step}, {end_step}")
         with self._lock:
-            self._set_capture_costs(capture_ratio, capture_spike_steps, measured, window_step_s)
+            self._set_capture_costs(
+                capture_ratio, capture_spike_steps, measured, window_step_s, capture_spike_excess_s
+            )
             self._capture = (start_step, end_step)
             self._perturbed_end = max(self._perturbed_end, end_step)
             self._version += 1
@@ -569,9 +575,16 @@ class Forecaster:
         capture_spike_steps: tuple[float, float] | None,
         measured: bool,
         window_step_s: float | None,
+        capture_spike_excess_s: tuple[float, float] | None = None,
     ) -> None:
         """``set_capture_window``'s costs into the prior (under the lock)."""
         prior = self._prior
+        if measured and capture_spike_steps is not None:
+            capture_spike_excess_s = (0.0, 0.0)  # the job's own decode cost, in its steps
+        if capture_spike_excess_s is not None:
+            prior = self._prior = dataclasses.replace(
+                prior, capture_spike_excess_s=capture_spike_excess_s
+            )
         if capture_ratio is not None and measured and prior.early_in_window:
             # The window's steps are early steps too: they still carry the job's own warm-up
             # on top of the capture's cost.
@@ -759,10 +772,13 @@ class Forecaster:
         window_left = max(0, end - max(done, start))
         r_lo, r_hi = self._prior.capture_ratio
         s_lo, s_hi = self._prior.capture_spike_steps
+        e_lo, e_hi = self._prior.capture_spike_excess_s
         centre_steps = (0.5 * (r_lo + r_hi) - 1.0) * window_left + 0.5 * (s_lo + s_hi)
         half_steps = 0.5 * (r_hi - r_lo) * window_left + 0.5 * (s_hi - s_lo)
         scale = normal_quantile(0.5 + self.level / 2) / normal_quantile(0.975)
-        return iteration_s * centre_steps, iteration_s * half_steps * scale
+        centre_s = iteration_s * centre_steps + 0.5 * (e_lo + e_hi)
+        half_s = iteration_s * half_steps + 0.5 * (e_hi - e_lo)
+        return centre_s, half_s * scale
 
     def _overhead_per_step(self) -> float:
         # Wall time between the first and the last step end that neither step durations,

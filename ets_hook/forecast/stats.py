@@ -105,6 +105,7 @@ class StepTimePrior:
         capture_ratio: range of steps inside ets-hook's capture window / steady state.
         capture_spike_steps: the one-off cost after the capture window, in steady steps
             (``0 <= lo <= hi``).
+        capture_spike_excess_s: seconds of that cost on top of its steps (``0 <= lo <= hi``).
         early_steps: last (1-based) step carrying the early-ratio bias, >= 1.
         early_in_window: the capture window's steps are early steps too: a capture ratio
             measured on this job's window (the capture's own cost only) is widened by
@@ -164,6 +165,9 @@ class StepTimePrior:
     # decode), in steady steps: on CPU 2.5-42 (2.5-97.5%), median 13, over 56 runs of the 14
     # accuracy-benchmark jobs; the range's midpoint and half-width are used.
     capture_spike_steps: tuple[float, float] = (2.0, 26.0)
+    # Seconds of that one-off cost on top of its steady steps (a capture path's decode costs
+    # about a fixed time, whatever the step's length: ``NativeOpCapture.cpu_costs``).
+    capture_spike_excess_s: tuple[float, float] = (0.0, 0.0)
     # Steps 2..early_steps (1-based) carry the early_ratio bias.
     early_steps: int = 6
     early_in_window: bool = True
@@ -174,7 +178,12 @@ class StepTimePrior:
         _check_range("first_step_ratio", self.first_step_ratio)
         _check_range("early_ratio", self.early_ratio)
         _check_range("second_step_ratio", self.second_step_ratio)
-        for name in ("first_step_excess_s", "early_excess_s", "second_step_excess_s"):
+        for name in (
+            "first_step_excess_s",
+            "early_excess_s",
+            "second_step_excess_s",
+            "capture_spike_excess_s",
+        ):
             lo, hi = getattr(self, name)
             if not 0.0 <= lo <= hi or not math.isfinite(hi):
                 raise ValueError(f"{name} must be 0 <= lo <= hi, got {(lo, hi)}")

@@ -487,6 +487,31 @@ def test_capture_window_steps_are_corrected_and_the_disable_spike_is_ignored() -
         aware.set_capture_window(5, 2)
 
 
+def test_the_native_capture_is_priced_in_seconds_and_steps_until_its_window_measures_it() -> None:
+    """The decode costs about a fixed time whatever the step's length: before the window's
+    own measure, a 0.23 s step's job is charged well under a second for it (0.5-11 steps, the
+    old prior, made 1.5 s of it); the window's measure, in the job's steps, replaces both."""
+    from ets_hook.capture.ops import NativeOpCapture
+
+    costs = NativeOpCapture.cpu_costs
+    f = Forecaster(JobModel(total_steps=120), start_s=0.0, wall_start_s=WALL_START)
+    f.set_capture_window(3, 5, **costs)
+    drive(f, noisy(3, mean=0.23, cv=0.01, seed=4))
+    p = f.prediction
+    (r_lo, r_hi), (s_lo, s_hi) = costs["capture_ratio"], costs["capture_spike_steps"]
+    e_lo, e_hi = costs["capture_spike_excess_s"]
+    steps = (0.5 * (r_lo + r_hi) - 1.0) * 2 + 0.5 * (s_lo + s_hi)
+    assert p.remaining_capture_s == pytest.approx(p.iteration_s * steps + 0.5 * (e_lo + e_hi))
+    assert p.remaining_capture_s < 0.2 < 0.5 * (0.5 + 11.0) * p.iteration_s
+    # The window's own measure (in steps) clears the seconds part.
+    f.set_capture_window(
+        3, 5, capture_ratio=(1.0, 1.1), capture_spike_steps=(0.2, 0.4), measured=True
+    )
+    assert f.prior.capture_spike_excess_s == (0.0, 0.0)
+    with pytest.raises(ValueError, match="capture_spike_excess_s"):
+        estimators.StepTimePrior(capture_spike_excess_s=(0.02, 0.01))
+
+
 def test_total_includes_the_capture_cost_still_to_come() -> None:
     """Until the step after the window has ended, the total carries the window steps not yet
     run (slowed by the capture ratio) and the one-off disable + decode spike; that step
