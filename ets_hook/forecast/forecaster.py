@@ -761,7 +761,8 @@ class Forecaster:
     def _remaining_capture_s(self, iteration_s: float, remaining: int) -> tuple[float, float]:
         """Expected capture cost still to come and its half-width at ``level``: the window's
         steps not yet run, slowed by the prior's ``capture_ratio``, and the one-off disable +
-        decode (``capture_spike_steps``) that lands in the step after the window (index
+        decode (``capture_spike_steps`` steady steps plus ``capture_spike_excess_s`` seconds)
+        that lands in the step after the window (index
         ``end``). Nothing once that step has ended, or if the job ends before it."""
         if self._capture is None:
             return 0.0, 0.0
