@@ -178,19 +178,17 @@ class StepTimePrior:
         _check_range("first_step_ratio", self.first_step_ratio)
         _check_range("early_ratio", self.early_ratio)
         _check_range("second_step_ratio", self.second_step_ratio)
+        _check_range("capture_ratio", self.capture_ratio)
         for name in (
             "first_step_excess_s",
             "early_excess_s",
             "second_step_excess_s",
+            "capture_spike_steps",
             "capture_spike_excess_s",
         ):
             lo, hi = getattr(self, name)
             if not 0.0 <= lo <= hi or not math.isfinite(hi):
                 raise ValueError(f"{name} must be 0 <= lo <= hi, got {(lo, hi)}")
-        _check_range("capture_ratio", self.capture_ratio)
-        lo, hi = self.capture_spike_steps
-        if not 0.0 <= lo <= hi or not math.isfinite(hi):
-            raise ValueError(f"capture_spike_steps must be 0 <= lo <= hi, got {(lo, hi)}")
         if self.early_steps < 1:
             raise ValueError(f"early_steps must be >= 1, got {self.early_steps}")
         if not 0.0 < self.cv_scale < 10.0:
