@@ -581,10 +581,6 @@ class Forecaster:
         prior = self._prior
         if measured and capture_spike_steps is not None:
             capture_spike_excess_s = (0.0, 0.0)  # the job's own decode cost, in its steps
-        if capture_spike_excess_s is not None:
-            prior = self._prior = dataclasses.replace(
-                prior, capture_spike_excess_s=capture_spike_excess_s
-            )
         if capture_ratio is not None and measured and prior.early_in_window:
             # The window's steps are early steps too: they still carry the job's own warm-up
             # on top of the capture's cost.
@@ -592,12 +588,13 @@ class Forecaster:
                 window_step_s if window_step_s is not None else math.nan
             )
             capture_ratio = (capture_ratio[0] * early_lo, capture_ratio[1] * early_hi)
-        if capture_ratio is None and capture_spike_steps is None:
+        if capture_ratio is None and capture_spike_steps is None and capture_spike_excess_s is None:
             return
         self._prior = dataclasses.replace(
             prior,
             capture_ratio=capture_ratio or prior.capture_ratio,
             capture_spike_steps=capture_spike_steps or prior.capture_spike_steps,
+            capture_spike_excess_s=capture_spike_excess_s or prior.capture_spike_excess_s,
         )
 
     def set_perturbed_steps(self, end_step: int) -> None:
