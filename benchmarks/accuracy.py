@@ -64,7 +64,12 @@ hits every job alike; a per-job table gives the ets-hook error at steps 3, 5 and
 baseline's and the best baseline's at step 5 and the job's noise floor (median [min-max] over
 the rounds), and in how many runs ets-hook was below every baseline at step 5 and met the
 target "error <= 5%, or within 2 points of the job's noise floor where that is higher, and below
-every baseline".
+every baseline". With three runs or more the table also gives each job's run-to-run floor at
+steps 3, 5 and 10 (``run_to_run_floor_pct``): how far this run's early steps stand from its
+steady state unlike the job's other runs — what no estimate read from those steps can know,
+even one that had learnt the job's own warm-up from its other runs. ``--rounds-from
+RUN_JSON...`` runs nothing and writes that table for runs already made (the per-run JSON files
+of several invocations, e.g. the runs of one code in an A/B that alternated it with another).
 """
 
 from __future__ import annotations
@@ -914,7 +919,17 @@ def main(argv: list[str] | None = None) -> int:
         help="run every job this many times, each in a fresh process, and report per job "
         "(0: every job once in this process)",
     )
+    parser.add_argument(
+        "--rounds-from",
+        nargs="+",
+        metavar="RUN_JSON",
+        default=None,
+        help="run nothing: the per-job table of runs already made (their per-run JSON files, "
+        "e.g. PREFIX_r*_*.json of several --rounds invocations), written to --out",
+    )
     args = parser.parse_args(argv)
+    if args.rounds_from:
+        return report_rounds(args.rounds_from, Path(args.out))
     if args.rounds < 0:
         parser.error(f"--rounds must be >= 0, got {args.rounds}")
     if args.steps <= max(REPORT_STEPS):
@@ -1086,8 +1101,71 @@ def run_rounds(args: argparse.Namespace, argv: list[str], out: Path) -> int:
     return 0
 
 
+RUN_TO_RUN_MIN_RUNS = 3  # runs of a job needed for its run-to-run floor
+
+
+def run_to_run_floor_pct(jobs: list[dict[str, Any]], k: int) -> float | None:
+    """How far a job's early steps stand from the steady state differently from run to run, %:
+    the floor under any estimate read from those steps at step ``k``.
+
+    Per run, ``x = median(steps 2..k) / that run's steady step time`` (step 1 is left out, as
+    the predictions leave it out once a second step exists; the median, as an estimate would
+    leave a one-off slow step out); each run's ``x`` is compared with
+    the median ``x`` of the job's *other* runs — what an estimator would know that had learnt
+    this job's own warm-up from them — and the floor is the median ``|x / that - 1|``. It is
+    the step rate's error, which the total's is about equal to while most steps are ahead.
+
+    Args:
+        jobs: the job's runs (``run_rounds``' per-job list: ``train_step_s``, ``true_step_s``).
+        k: the report step, >= 2.
+
+    Returns:
+        The floor in %, or None with fewer than ``RUN_TO_RUN_MIN_RUNS`` runs of at least ``k``
+        steps.
+    """
+    ratios = [
+        statistics.median(job["train_step_s"][1:k]) / job["true_step_s"]
+        for job in jobs
+        if len(job.get("train_step_s") or ()) >= k and (job.get("true_step_s") or 0.0) > 0.0
+    ]
+    if k < 2 or len(ratios) < RUN_TO_RUN_MIN_RUNS:
+        return None
+    misses = [
+        abs(x / statistics.median(ratios[:i] + ratios[i + 1 :]) - 1.0) for i, x in enumerate(ratios)
+    ]
+    return 100.0 * statistics.median(misses)
+
+
+def report_rounds(paths: list[str], out: Path) -> int:
+    """The per-job table (``rounds_table``) of runs already made, e.g. the runs of several
+    ``--rounds`` invocations of one code (an A/B alternates them with another code's).
+
+    Args:
+        paths: per-run JSON files (``run_rounds``' ``PREFIX_rN_JOB.json``; every job in them).
+        out: output prefix: ``OUT.rounds.md`` and ``OUT.rounds.json`` are written.
+
+    Returns:
+        0, or 2 when no path holds a run.
+    """
+    results: dict[str, list[dict[str, Any]]] = {}
+    for path in paths:
+        for job in json.loads(Path(path).read_text()).get("jobs", []):
+            results.setdefault(job["name"], []).append(job)
+    if not results:
+        print(f"no runs in {paths}", file=sys.stderr)
+        return 2
+    table = rounds_table(results)
+    print(table)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".rounds.md").write_text(table + "\n")
+    out.with_suffix(".rounds.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
 def rounds_table(results: dict[str, list[dict[str, Any]]]) -> str:
-    """Markdown: per job, median [min-max] over its runs (see ``run_rounds``)."""
+    """Markdown: per job, median [min-max] over its runs (see ``run_rounds``), and its
+    run-to-run floor at steps 3, 5 and 10 (``run_to_run_floor_pct``; "-" with fewer than
+    three runs)."""
 
     def stat(values: list[float]) -> str:
         values = [v for v in values if v is not None and math.isfinite(v)]
@@ -1098,9 +1176,9 @@ def rounds_table(results: dict[str, list[dict[str, Any]]]) -> str:
     rows = [
         "| job | runs | step 3 | step 5 | step 10 | "
         + " | ".join(f"{m} at step 5" for m in BASELINES)
-        + " | best baseline at step 5 | job's noise floor "
+        + " | best baseline at step 5 | job's noise floor | run-to-run floor at steps 3 / 5 / 10 "
         "| below every baseline at step 5 | target met at step 5 |",
-        "|---|---|---|---|---|" + "---|" * len(BASELINES) + "---|---|---|---|",
+        "|---|---|---|---|---|" + "---|" * len(BASELINES) + "---|---|---|---|---|",
     ]
     for name, jobs in results.items():
         if not jobs:
@@ -1123,9 +1201,26 @@ def rounds_table(results: dict[str, list[dict[str, Any]]]) -> str:
         rows.append(
             f"| {name} | {len(jobs)} | {stat(ours[3])} | {stat(ours[5])} | {stat(ours[10])} | "
             + " | ".join(stat(at5[m]) for m in BASELINES)
-            + f" | {stat(best)} | {stat([j['noise_floor_pct'] for j in jobs])} "
-            f"| {below}/{len(jobs)} | {met}/{len(jobs)} |"
+            + f" | {stat(best)} | {stat([j['noise_floor_pct'] for j in jobs])} | "
+            + " / ".join(
+                "-" if (f := run_to_run_floor_pct(jobs, k)) is None else f"{f:.1f}"
+                for k in (3, 5, 10)
+            )
+            + f" | {below}/{len(jobs)} | {met}/{len(jobs)} |"
         )
+    summary = []
+    for k in (3, 5, 10):
+        floors = [run_to_run_floor_pct(jobs, k) for jobs in results.values()]
+        floors = [f for f in floors if f is not None]
+        errors = [j["errors"]["ets-hook"].get(str(k), [math.nan])[0]
+                  for jobs in results.values() for j in jobs]  # fmt: skip
+        errors = [e for e in errors if math.isfinite(e)]
+        if floors and errors:
+            summary.append(f"step {k}: {statistics.median(floors):.1f}% "
+                           f"(ets-hook {statistics.median(errors):.1f}%)")  # fmt: skip
+    if summary:
+        rows += ["", "Run-to-run floor, median over jobs (ets-hook's median total error over "
+                 "every run): " + "; ".join(summary)]  # fmt: skip
     return "\n".join(rows)
 
 

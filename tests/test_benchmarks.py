@@ -277,3 +277,57 @@ def test_loader_jobs_iterate_epochs_and_are_scored_by_every_method(name: str) ->
     worst = bench.worst_jobs([run], [errors])
     if worst:
         assert worst[3]["worst_job"] == name
+
+
+def test_run_to_run_floor_compares_each_run_with_the_jobs_other_runs() -> None:
+    bench = accuracy()
+
+    def job(first_s: float, early_s: list[float], steady_s: float) -> dict[str, Any]:
+        later = [steady_s] * 20
+        return {"train_step_s": [first_s, *early_s, *later], "true_step_s": steady_s}
+
+    # steps 2..3 at 1.1 / 1.2 / 1.0 / 1.3x the run's own steady step (steady 1 s or 2 s)
+    jobs = [job(5.0, [1.1, 1.1], 1.0), job(9.0, [2.4, 2.4], 2.0),
+            job(0.1, [1.0, 1.0], 1.0), job(5.0, [2.6, 2.6], 2.0)]  # fmt: skip
+    # each against the median of the other three: 1.1/1.2, 1.2/1.1, 1.0/1.2, 1.3/1.1
+    misses = sorted([1 - 1.1 / 1.2, 1.2 / 1.1 - 1, 1 - 1.0 / 1.2, 1.3 / 1.1 - 1])
+    expected = 100 * (misses[1] + misses[2]) / 2
+    assert bench.run_to_run_floor_pct(jobs, 3) == pytest.approx(expected)
+    # the first step is not read; runs whose early steps stand alike have no floor
+    alike = [job(first, [1.2, 1.2], 1.0) for first in (1.0, 3.0, 9.0)]
+    assert bench.run_to_run_floor_pct(alike, 3) == pytest.approx(0.0)
+    # the early level is the steps' median: a one-off slow step among them is not read
+    spiked = [job(1.0, [1.2, 1.2, 9.0, 1.2], 1.0) if i == 1 else job(1.0, [1.2] * 4, 1.0)
+              for i in range(3)]  # fmt: skip
+    assert bench.run_to_run_floor_pct(spiked, 5) == pytest.approx(0.0)
+    # too few runs, or runs too short for the step: no floor
+    assert bench.run_to_run_floor_pct(jobs[:2], 3) is None
+    assert bench.run_to_run_floor_pct(jobs, 50) is None
+    errors = {"ets-hook": {"3": [4.0, 1.0], "5": [3.0, 1.0], "10": [2.0, 1.0]}}
+    runs = [{**j, "errors": errors, "noise_floor_pct": 1.0} for j in jobs]
+    table = bench.rounds_table({"constructed": runs})
+    assert "run-to-run floor at steps 3 / 5 / 10" in table
+    assert f"| {expected:.1f} / " in table
+    assert f"step 3: {expected:.1f}% (ets-hook 4.0%)" in table
+
+
+def test_rounds_from_reports_runs_already_made_without_running_a_job(tmp_path: Path) -> None:
+    steps = [2.0, *([1.0] * 20)]
+    errors = {"ets-hook": {"3": [4.0, 1.0], "5": [3.0, 1.0], "10": [2.0, 1.0]}}
+    paths = []
+    for i, early in enumerate((1.1, 1.2, 1.0)):
+        job = {"name": "constructed", "train_step_s": [2.0, early, early, *steps[3:]],
+               "true_step_s": 1.0, "errors": errors, "noise_floor_pct": 1.0}  # fmt: skip
+        paths.append(tmp_path / f"ab_r1_{i}.json")
+        paths[-1].write_text(json.dumps({"jobs": [job]}))
+    out = tmp_path / "report"
+    result = run("accuracy.py", "--rounds-from", *map(str, paths), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    table = out.with_suffix(".rounds.md").read_text()
+    assert "| constructed | 3 |" in table
+    # 1.1 / 1.1, 1.2 / 1.05, 1.0 / 1.15: misses 0, 14.3 and 13.0%, their median 1 - 1.0 / 1.15
+    assert f"| {100 * (1 - 1.0 / 1.15):.1f} / " in table
+    assert len(json.loads(out.with_suffix(".rounds.json").read_text())["constructed"]) == 3
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"jobs": []}))
+    assert run("accuracy.py", "--rounds-from", str(empty), "--out", str(out)).returncode == 2
