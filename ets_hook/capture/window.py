@@ -45,7 +45,8 @@ MAX_ADAPTIVE_CAPTURE_STEPS = 5
 #: with the window at the second step (1, before), steps 2 and 3 were the window's and its
 #: decode's, whose cost in a fresh process's first window runs 2-4x what the window measures
 #: per op (``benchmarks/accuracy.py``, 26 jobs, with the second-step prior: step-3 error median
-#: 8.5-15% -> 6-8%; see the README's *The window after three clean steps*).
+#: 8.5-15% -> 6-8%; see benchmarks/RESULTS.md,
+#: *The window after three clean steps*).
 DEFAULT_SKIP_STEPS = 3
 #: The capture's predicted cost (window + decode), at most this share of the job's total.
 CAPTURE_BUDGET_SHARE = 0.01

@@ -736,7 +736,7 @@ def estimate_measured(
     # a few ms, and fused "where the two agree" it moved whichever jobs sat off the prior's
     # centre (long steps pulled low: gru-medium -13% at step 3). Replayed on the benchmark's
     # step series, step-3 step-time error, median / P90: zoo 6.3 / 20.7 -> 5.0 / 22.0%,
-    # framework jobs 4.8 / 8.3 -> 3.2 / 8.3% (README, *The first step's excess*).
+    # framework jobs 4.8 / 8.3 -> 3.2 / 8.3% (benchmarks/RESULTS.md, *The first step's excess*).
     return measured
 
 
