@@ -395,10 +395,12 @@ def test_on_a_real_small_training_loop() -> None:
     assert final.total_s == pytest.approx(step_start - start)
     # The estimate is a mean (a total-time question) over the kept steps, or their recent half
     # when they drift; on a shared machine one hiccup can move it far from the median, so the
-    # bound is on those means, whatever the machine did.
+    # upper bound is on those means. Bursts of load from other processes are left out of the
+    # mean (forecast.contention): under them the estimate sits at the calm steps' level, as low
+    # as their median (a loaded machine's 60 steps of this loop: median 0.6 ms, mean 1-3 ms).
     kept = np.asarray(durations[final.warmup_steps :])
     means = (kept.mean(), kept[len(kept) // 2 :].mean())
-    assert 0.7 * min(means) < final.iteration_s < 1.3 * max(means)
+    assert 0.7 * min(*means, np.median(kept)) < final.iteration_s < 1.3 * max(means)
 
 
 def test_bad_durations_do_not_poison_the_estimate() -> None:
