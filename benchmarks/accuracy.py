@@ -65,9 +65,9 @@ baseline's and the best baseline's at step 5 and the job's noise floor (median [
 the rounds), and in how many runs ets-hook was below every baseline at step 5 and met the
 target "error <= 5%, or within 2 points of the job's noise floor where that is higher, and below
 every baseline". With three runs or more the table also gives each job's run-to-run floor at
-steps 3, 5 and 10 (``run_to_run_floor_pct``): how far this run's early steps stand from its
-steady state unlike the job's other runs — what no estimate read from those steps can know,
-even one that had learnt the job's own warm-up from its other runs. ``--rounds-from
+steps 3, 5 and 10 (``run_to_run_floor_pct``): how far a run's early steps stand from its
+steady state unlike the job's other runs — the miss of an estimate that had learnt the job's
+own warm-up from its other runs (a reference level, not a strict bound). ``--rounds-from
 RUN_JSON...`` runs nothing and writes that table for runs already made (the per-run JSON files
 of several invocations, e.g. the runs of one code in an A/B that alternated it with another).
 """
@@ -1106,7 +1106,8 @@ RUN_TO_RUN_MIN_RUNS = 3  # runs of a job needed for its run-to-run floor
 
 def run_to_run_floor_pct(jobs: list[dict[str, Any]], k: int) -> float | None:
     """How far a job's early steps stand from the steady state differently from run to run, %:
-    the floor under any estimate read from those steps at step ``k``.
+    a reference floor for an estimate read from those steps at step ``k`` (not a strict bound:
+    an estimate may weigh the steps otherwise).
 
     Per run, ``x = median(steps 2..k) / that run's steady step time`` (step 1 is left out, as
     the predictions leave it out once a second step exists; the median, as an estimate would
@@ -1117,18 +1118,20 @@ def run_to_run_floor_pct(jobs: list[dict[str, Any]], k: int) -> float | None:
 
     Args:
         jobs: the job's runs (``run_rounds``' per-job list: ``train_step_s``, ``true_step_s``).
-        k: the report step, >= 2.
+        k: the report step.
 
     Returns:
-        The floor in %, or None with fewer than ``RUN_TO_RUN_MIN_RUNS`` runs of at least ``k``
-        steps.
+        The floor in %, or None for ``k < 2`` or with fewer than ``RUN_TO_RUN_MIN_RUNS`` runs of
+        at least ``k`` steps.
     """
+    if k < 2:
+        return None
     ratios = [
         statistics.median(job["train_step_s"][1:k]) / job["true_step_s"]
         for job in jobs
         if len(job.get("train_step_s") or ()) >= k and (job.get("true_step_s") or 0.0) > 0.0
     ]
-    if k < 2 or len(ratios) < RUN_TO_RUN_MIN_RUNS:
+    if len(ratios) < RUN_TO_RUN_MIN_RUNS:
         return None
     misses = [
         abs(x / statistics.median(ratios[:i] + ratios[i + 1 :]) - 1.0) for i, x in enumerate(ratios)

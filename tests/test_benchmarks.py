@@ -303,6 +303,7 @@ def test_run_to_run_floor_compares_each_run_with_the_jobs_other_runs() -> None:
     # too few runs, or runs too short for the step: no floor
     assert bench.run_to_run_floor_pct(jobs[:2], 3) is None
     assert bench.run_to_run_floor_pct(jobs, 50) is None
+    assert bench.run_to_run_floor_pct(jobs, 1) is None  # no step after the first to read
     errors = {"ets-hook": {"3": [4.0, 1.0], "5": [3.0, 1.0], "10": [2.0, 1.0]}}
     runs = [{**j, "errors": errors, "noise_floor_pct": 1.0} for j in jobs]
     table = bench.rounds_table({"constructed": runs})
