@@ -751,20 +751,17 @@ def estimate_measured(
 # --------------------------------------------------------------------------------------------
 
 
-def fuse(
-    estimates: Sequence[Estimate | None], level: float = DEFAULT_LEVEL, *, widen: bool = True
-) -> Estimate | None:
+def fuse(estimates: Sequence[Estimate | None], level: float = DEFAULT_LEVEL) -> Estimate | None:
     """Inverse-variance weighted mean of the given estimates, with a disagreement guard.
 
     Weights are 1/ci^2 (all at ``level``). If the estimates disagree by more than their
     uncertainties explain, the fused half-width is multiplied by the Birge ratio
     sqrt(chi^2 / (N - 1)) (the PDG scale factor), so the result stays honest when one source
-    is biased (``widen=False`` skips this, for callers that gate on agreement themselves).
+    is biased.
 
     Args:
         estimates: estimates at ``level`` (not checked); ``None`` entries are ignored.
         level: confidence level of the inputs and the result, in (0, 1) (not checked).
-        widen: apply the Birge-ratio widening.
 
     Returns:
         None when no estimate is given; the only estimate, unchanged, when one is; the first
@@ -792,7 +789,7 @@ def fuse(
     chi2 = math.fsum(wi * (e.iteration_s - mean) ** 2 for wi, e in zip(w, items, strict=True))
     chi2 *= z * z
     scale = math.sqrt(chi2 / (len(items) - 1))
-    if widen and scale > 1.0:
+    if scale > 1.0:
         ci *= scale
     noise = [e.noise_sd_s for e in items if not math.isnan(e.noise_sd_s)]
     medians = [e.median_s for e in items if not math.isnan(e.median_s)]
