@@ -1093,12 +1093,19 @@ def run_rounds(args: argparse.Namespace, argv: list[str], out: Path) -> int:
             print(f"round {round_index + 1}: " + done.stdout.splitlines()[1].strip())
             sys.stdout.flush()
         print(f"# round {round_index + 1}/{args.rounds} done; load {os.getloadavg()}")
+    write_rounds(results, out)
+    return 0
+
+
+def write_rounds(results: dict[str, list[dict[str, Any]]], out: Path) -> None:
+    """Print the per-job table (``rounds_table``) and write it and the runs: ``OUT.rounds.md``,
+    ``OUT.rounds.json``."""
     table = rounds_table(results)
     print("\n" + table)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".rounds.md").write_text(table + "\n")
     out.with_suffix(".rounds.json").write_text(json.dumps(results, indent=1))
     print(f"\nwrote {out.with_suffix('.rounds.md')}, {out.with_suffix('.rounds.json')}")
-    return 0
 
 
 RUN_TO_RUN_MIN_RUNS = 3  # runs of a job needed for its run-to-run floor
@@ -1157,11 +1164,7 @@ def report_rounds(paths: list[str], out: Path) -> int:
     if not results:
         print(f"no runs in {paths}", file=sys.stderr)
         return 2
-    table = rounds_table(results)
-    print(table)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".rounds.md").write_text(table + "\n")
-    out.with_suffix(".rounds.json").write_text(json.dumps(results, indent=1))
+    write_rounds(results, out)
     return 0
 
 
@@ -1183,6 +1186,8 @@ def rounds_table(results: dict[str, list[dict[str, Any]]]) -> str:
         "| below every baseline at step 5 | target met at step 5 |",
         "|---|---|---|---|---|" + "---|" * len(BASELINES) + "---|---|---|---|---|",
     ]
+    floors = {name: [run_to_run_floor_pct(jobs, k) for k in PER_JOB_STEPS]
+              for name, jobs in results.items()}  # fmt: skip
     for name, jobs in results.items():
         if not jobs:
             continue
@@ -1205,21 +1210,17 @@ def rounds_table(results: dict[str, list[dict[str, Any]]]) -> str:
             f"| {name} | {len(jobs)} | {stat(ours[3])} | {stat(ours[5])} | {stat(ours[10])} | "
             + " | ".join(stat(at5[m]) for m in BASELINES)
             + f" | {stat(best)} | {stat([j['noise_floor_pct'] for j in jobs])} | "
-            + " / ".join(
-                "-" if (f := run_to_run_floor_pct(jobs, k)) is None else f"{f:.1f}"
-                for k in (3, 5, 10)
-            )
+            + " / ".join("-" if f is None else f"{f:.1f}" for f in floors[name])
             + f" | {below}/{len(jobs)} | {met}/{len(jobs)} |"
         )
     summary = []
-    for k in (3, 5, 10):
-        floors = [run_to_run_floor_pct(jobs, k) for jobs in results.values()]
-        floors = [f for f in floors if f is not None]
+    for i, k in enumerate(PER_JOB_STEPS):
+        at_k = [f[i] for f in floors.values() if f[i] is not None]
         errors = [j["errors"]["ets-hook"].get(str(k), [math.nan])[0]
                   for jobs in results.values() for j in jobs]  # fmt: skip
         errors = [e for e in errors if math.isfinite(e)]
-        if floors and errors:
-            summary.append(f"step {k}: {statistics.median(floors):.1f}% "
+        if at_k and errors:
+            summary.append(f"step {k}: {statistics.median(at_k):.1f}% "
                            f"(ets-hook {statistics.median(errors):.1f}%)")  # fmt: skip
     if summary:
         rows += ["", "Run-to-run floor, median over jobs (ets-hook's median total error over "
