@@ -567,6 +567,7 @@ class Forecaster:
             measure.get("capture_spike_steps"),
             bool(measure.get("measured", False)),
             measure.get("window_step_s"),
+            measure.get("capture_spike_excess_s"),
         )
 
     def _set_capture_costs(
@@ -575,7 +576,7 @@ class Forecaster:
         capture_spike_steps: tuple[float, float] | None,
         measured: bool,
         window_step_s: float | None,
-        capture_spike_excess_s: tuple[float, float] | None = None,
+        capture_spike_excess_s: tuple[float, float] | None,
     ) -> None:
         """``set_capture_window``'s costs into the prior (under the lock)."""
         prior = self._prior
