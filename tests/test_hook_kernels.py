@@ -8,6 +8,7 @@ after the window, and link each kernel to the op that launched it.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -67,6 +68,17 @@ class Net(nn.Module):
         return fake_gpu_op(self.linear(x))
 
 
+def link_counts(kernel_status: str) -> tuple[int, int, int]:
+    """Kernels linked by external correlation id, by launch time, and unlinked, as the
+    kernel capture status reports them after the decode."""
+    found = re.search(
+        r"(\d+) by external correlation id, (\d+) by launch time, (\d+) unlinked", kernel_status
+    )
+    assert found is not None, kernel_status
+    by_id, by_launch, unlinked = map(int, found.groups())
+    return by_id, by_launch, unlinked
+
+
 @pytest.fixture
 def fake_cupti(monkeypatch):
     for var, _ in cupti._ENV_CLIENTS:
@@ -92,6 +104,8 @@ def test_kernels_are_captured_and_linked_to_the_launching_op(fake_cupti):
     assert trace is not None, hook.capture_status
     assert hook.kernel_capture_status.startswith("on: CUPTI"), hook.kernel_capture_status
     assert "100.0% of kernels linked" in hook.kernel_capture_status
+    # no external correlation record in the fake buffers: the launch-time fallback linked them
+    assert link_counts(hook.kernel_capture_status) == (0, 3, 0)
     assert [it.step for it in trace.iterations] == [1, 2, 3]
     for iteration in trace.iterations:
         assert len(iteration.kernels) == 1, "one launch per step inside the window, none outside"
@@ -163,6 +177,8 @@ def test_native_ops_push_their_ids_and_kernels_link_through_them(fake_cupti):
     assert [bool(s) for s in _stacks] == [False, True, True, False]
     assert T.fake_external_stack() == []
     assert "100.0% of kernels linked" in hook.kernel_capture_status
+    # every kernel through the id its launch carried, none through the launch-time fallback
+    assert link_counts(hook.kernel_capture_status) == (2, 0, 0)
     for iteration in trace.iterations:
         (kernel,) = iteration.kernels
         op = iteration.ops[kernel.op_index]

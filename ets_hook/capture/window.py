@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..trace.decode import StepBounds, attach_kernels, build_iterations
+from ..trace.decode import KernelLinkCounts, StepBounds, attach_kernels, build_iterations
 from ..trace.events import CaptureInfo, DeviceInfo, HostInfo, Trace
 from . import native_ops
 from .ops import NativeOpCapture, ProfilerOpCapture, other_profiler_active
@@ -301,7 +301,8 @@ def build_window_trace(
         bounds: the window's timed steps.
         facts: everything else the trace records.
         collector: the stopped kernel collector, or None; it is drained and closed here.
-        kernel_status: ``kernel_capture_status`` so far; the linked share is appended.
+        kernel_status: ``kernel_capture_status`` so far; the linked share is appended, and
+            how many kernels were linked by external correlation id and by launch time.
         window_end_event: a CUDA event recorded at the window's end: waited for (this thread
             only) before the collector is flushed.
 
@@ -323,13 +324,17 @@ def build_window_trace(
         activity = decode_activity(records, clock_offset_ns=clock_offset_ns)
         # Ops of the native observer pushed their handle as external correlation id.
         op_of_handle = {raws[i].handle: at for i, at in positions.items() if raws[i].handle}
+        links = KernelLinkCounts()
         correlated = attach_kernels(
             iterations,
             activity.kernels,
             activity.launches,
             ops_by_correlation(activity.external_ids, op_of_handle),
+            links,
         )
-        kernel_status += f"; {100 * correlated:.1f}% of kernels linked to an op"
+        kernel_status += (
+            f"; {100 * correlated:.1f}% of kernels linked to an op ({links.describe()})"
+        )
     return Trace(
         iterations=iterations,
         device=facts.device,

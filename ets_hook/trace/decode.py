@@ -326,11 +326,43 @@ def _innermost_op(starts: list[int], ops: list[OpEvent], indices: list[int], tim
     return -1
 
 
+@dataclass(slots=True)
+class KernelLinkCounts:
+    """How ``attach_kernels`` linked the kernels it filed under an iteration (dropped ones,
+    outside every iteration, are not counted).
+
+    Attributes:
+        by_external_id: linked to the op whose handle their launch carried as CUPTI external
+            correlation id (the native observer's path: exact).
+        by_launch_time: linked to the innermost op holding their launch call on the launching
+            thread (the fallback: the profiler path, or a launch without an external id).
+        unlinked: filed under an iteration with no op (``op_index = -1``).
+    """
+
+    by_external_id: int = 0
+    by_launch_time: int = 0
+    unlinked: int = 0
+
+    @property
+    def filed(self) -> int:
+        """Kernels filed under an iteration, linked or not."""
+        return self.by_external_id + self.by_launch_time + self.unlinked
+
+    def describe(self) -> str:
+        """One phrase for a status line: ``N by external correlation id, M by launch time, K
+        unlinked``."""
+        return (
+            f"{self.by_external_id} by external correlation id, "
+            f"{self.by_launch_time} by launch time, {self.unlinked} unlinked"
+        )
+
+
 def attach_kernels(
     iterations: list[IterationTrace],
     kernels: Sequence[KernelEvent],
     launches: np.ndarray,
     op_by_correlation: Mapping[int, tuple[int, int]] | None = None,
+    link_counts: KernelLinkCounts | None = None,
 ) -> float:
     """Link kernels to ops, file them under iterations and fill the GPU ETS targets.
 
@@ -349,6 +381,8 @@ def attach_kernels(
             ``start_ns`` (already on the trace clock) of the runtime launch calls.
         op_by_correlation: CUPTI correlation id -> (index into ``iterations``, op index), from
             the external correlation records; None: link by launch time only.
+        link_counts: when given, the counts of this call's filed kernels by how they were
+            linked are added to it.
 
     Returns:
         The fraction of the filed kernels linked to an op; 1.0 when none was filed.
@@ -390,12 +424,13 @@ def attach_kernels(
     for (os_thread, profiler_thread), _count in votes.most_common():
         thread_map.setdefault(os_thread, profiler_thread)
 
-    correlated = 0
+    counts = KernelLinkCounts()
     exact = op_by_correlation or {}
     for kernel in kernels:
         launch = launch_by_corr.get(kernel.correlation_id)
         slot, op_index = exact.get(kernel.correlation_id, (-1, -1))
-        if slot < 0 and launch is not None:
+        by_external_id = slot >= 0
+        if not by_external_id and launch is not None:
             os_thread, start_ns = launch
             slot = locate(start_ns)
             profiler_thread = thread_map.get(os_thread)
@@ -407,13 +442,23 @@ def attach_kernels(
         if slot < 0:
             continue
         kernel.op_index = op_index
-        correlated += op_index >= 0
+        if op_index < 0:
+            counts.unlinked += 1
+        elif by_external_id:
+            counts.by_external_id += 1
+        else:
+            counts.by_launch_time += 1
         iterations[slot].kernels.append(kernel)
     for iteration in iterations:
         iteration.kernels.sort(key=lambda k: k.start_ns)
         fill_device_targets(iteration)
+    if link_counts is not None:
+        link_counts.by_external_id += counts.by_external_id
+        link_counts.by_launch_time += counts.by_launch_time
+        link_counts.unlinked += counts.unlinked
     total = sum(len(it.kernels) for it in iterations)
-    return correlated / total if total else 1.0
+    linked = counts.by_external_id + counts.by_launch_time
+    return linked / total if total else 1.0
 
 
 def fill_device_targets(iteration: IterationTrace) -> None:

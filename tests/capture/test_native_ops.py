@@ -5,6 +5,7 @@ torch.profiler, the same ops as the profiler path, dropped records counted, and 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -12,6 +13,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -259,6 +261,81 @@ def test_a_users_profiler_during_the_window_gets_its_full_trace_and_so_do_we(ops
     assert not torch.autograd._profiler_enabled()
 
 
+def test_a_users_profiler_open_before_the_window_and_across_it_gets_its_full_trace_and_so_do_we(
+    ops,
+) -> None:
+    """The user's profiler is already running when the hook is made and stays open past the
+    window's end: the window is still captured natively, and the user's trace still holds
+    every step, the window's included."""
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        hook = ETSHook(model, optimizer=opt, capture_steps=3, skip_steps=1, log_every=None)
+        for _ in range(5):  # step 0, the window (steps 1-3), step 4
+            sgd_step(model, opt, torch.randn(8, 16))
+        assert not ops.registered()  # the window is over, the user's profiler still runs
+        assert torch.autograd._profiler_enabled()
+    hook.close()
+    trace = hook.wait_for_trace(30)
+    assert trace is not None, hook.capture_status
+    assert trace.capture.op_capture == NativeOpCapture.name, hook.capture_status
+    assert "backed off" not in hook.capture_status
+    assert [it.step for it in trace.iterations] == [1, 2, 3]
+    for iteration in trace.iterations:
+        assert sum(op.name == "aten::linear" for op in iteration.ops) == 2
+        phases = {op.phase for op in iteration.top_level_ops()}
+        assert {Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER} <= phases
+    theirs = Counter(e.name for e in prof.events())
+    assert theirs["aten::linear"] == 10  # all five steps, the window's three among them
+    assert theirs["Optimizer.step#SGD.step"] == 5
+    assert theirs["autograd::engine::evaluate_function: AddmmBackward0"] == 10
+    assert not torch.autograd._profiler_enabled()
+
+
+QUIET = textwrap.dedent(
+    """
+    import sys, torch
+    from ets_hook import ETSHook
+
+    def train(op_capture):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        hook = ETSHook(model, optimizer=opt, capture_steps=2, skip_steps=1, log_every=None,
+                       op_capture=op_capture)
+        for _ in range(5):
+            opt.zero_grad(); model(torch.randn(8, 16)).sum().backward(); opt.step()
+        hook.close()
+        trace = hook.wait_for_trace(30)
+        print("STATUS", op_capture, hook.capture_status, flush=True)
+        print("OPS", op_capture, trace.capture.op_capture, len(trace.iterations), flush=True)
+
+    train("native")
+    print("=== profiler", file=sys.stderr, flush=True)
+    train("profiler")
+    """
+)
+KINETO_MARKERS = ("usdt", "profiler_start", "profiler_stop", "kineto", "stage:")
+
+
+def test_the_native_path_prints_nothing_on_stderr() -> None:
+    """Kineto prints ``USDT: ... profiler_start/stop`` lines on stderr (into the users'
+    progress bars); the native path prints nothing there. The profiler path then runs in the
+    same process, so the check is seen to catch Kineto's lines."""
+    run = subprocess.run(
+        [sys.executable, "-c", QUIET], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert run.returncode == 0, run.stderr
+    assert "STATUS native done: ops: native RecordFunction observer" in run.stdout, run.stdout
+    assert "OPS native native RecordFunction observer 2" in run.stdout, run.stdout
+    assert "OPS profiler torch kineto cpu profiler 2" in run.stdout, run.stdout
+    native_err, marker, profiler_err = run.stderr.partition("=== profiler\n")
+    assert marker, run.stderr
+    assert native_err == "", native_err
+    assert any(m in profiler_err.lower() for m in KINETO_MARKERS), profiler_err
+
+
 def test_records_past_the_budget_are_dropped_and_counted(ops) -> None:
     capture(ops, lambda: None)  # every buffer trimmed to one chunk
     held = ops.allocated_bytes()
@@ -425,8 +502,57 @@ def test_the_cache_key_follows_torch_and_sources(tmp_path: Path, monkeypatch) ->
     assert plan.torch_version == torch.__version__
     assert plan.output.name.startswith("_ops") and torch.__version__ in plan.output.parent.name
     assert "-DNDEBUG" in plan.command
+    assert native_ops.build_plan() == plan  # the same inputs: the same key and folder
+    with monkeypatch.context() as patched:
+        patched.setattr(torch, "__version__", "2.2.0")
+        other_torch = native_ops.build_plan()
+    assert other_torch.torch_version == "2.2.0"
+    assert '-DETS_TORCH_VERSION="2.2.0"' in other_torch.command
+    assert other_torch.key != plan.key and other_torch.output.parent != plan.output.parent
+    # the sources count by content, not by where they are
+    copy = tmp_path / "src"
+    shutil.copytree(native_ops.source_dir(), copy)
+    monkeypatch.setattr(native_ops, "source_dir", lambda: copy)
+    assert native_ops.build_plan().key == plan.key
+    header = copy / "string_table.h"
+    header.write_text(header.read_text() + "\n// edited\n")
+    edited = native_ops.build_plan()
+    assert edited.key != plan.key and edited.output.parent != plan.output.parent
     monkeypatch.setenv("ETS_HOOK_CACHE_DIR", str(tmp_path))
     assert native_ops.build_plan().output.parent.parent == tmp_path
+
+
+@pytest.mark.parametrize("mode", ["auto", "native"])
+def test_a_module_built_for_another_torch_is_not_loaded_and_the_profiler_captures(
+    ops, mode: str, monkeypatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The cached module records the torch it was built against (``TORCH_VERSION``); one that
+    records another torch than the running one is refused, with one log line naming why, and
+    the profiler captures the window."""
+    built_for_other = ModuleType(native_ops.MODULE_NAME)
+    built_for_other.TORCH_VERSION = "2.2.0"  # type: ignore[attr-defined]
+    monkeypatch.setattr(native_ops, "_module", None)  # not loaded yet in this process
+    monkeypatch.setattr(native_ops, "_failure", None)
+    monkeypatch.setattr(native_ops, "_import", lambda path: built_for_other)
+    reason = f"built for torch 2.2.0, running {torch.__version__}"
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with caplog.at_level("INFO", logger="ets_hook"):
+        hook = ETSHook(
+            model, optimizer=opt, capture_steps=2, skip_steps=1, log_every=None, op_capture=mode
+        )
+        for _ in range(4):
+            sgd_step(model, opt, torch.randn(8, 16))
+        hook.close()
+        trace = hook.wait_for_trace(30)
+    assert trace is not None, hook.capture_status
+    assert trace.capture.op_capture == ProfilerOpCapture.name
+    assert [it.step for it in trace.iterations] == [1, 2]
+    assert all(sum(op.name == "aten::linear" for op in it.ops) == 2 for it in trace.iterations)
+    assert f"ops: {ProfilerOpCapture.name} (native observer: {reason})" in hook.capture_status
+    assert native_ops.unavailable_reason() == reason
+    lines = [r.getMessage() for r in caplog.records if "native op observer" in r.getMessage()]
+    assert len(lines) == 1 and reason in lines[0], lines
 
 
 FALLBACK = textwrap.dedent(

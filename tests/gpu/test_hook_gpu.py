@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -15,8 +17,9 @@ pytestmark = pytest.mark.requires_cuda
 @pytest.mark.parametrize("op_capture", ["native", "profiler"])
 @pytest.mark.parametrize("name", ["resnet-w16-x2-b32-s32", "transformer-d128-l4-b16-t64"])
 def test_kernels_in_a_captured_step_are_linked_to_ops(name, op_capture):
-    """On the native path kernels link through the external ids each op pushed; on the
-    profiler path through launch times."""
+    """On the native path kernels link through the external ids each op pushed (>= 99% of
+    them: the launch-time fallback, which also links nearly all, must not be what does it); on
+    the profiler path through launch times."""
     job = workloads()[name].build("cuda")
     batches = job.batches()
     hook = ETSHook(
@@ -42,6 +45,18 @@ def test_kernels_in_a_captured_step_are_linked_to_ops(name, op_capture):
             assert iteration.start_ns - 10**6 <= kernel.start_ns <= iteration.end_ns + 10**9
         top = [op for op in iteration.top_level_ops() if op.kernel_count > 0]
         assert top and all(op.kernel_duration_ns > 0 for op in top)
+    found = re.search(
+        r"(\d+) by external correlation id, (\d+) by launch time, (\d+) unlinked",
+        hook.kernel_capture_status,
+    )
+    assert found is not None, hook.kernel_capture_status
+    by_id, by_launch, unlinked = map(int, found.groups())
+    filed = by_id + by_launch + unlinked
+    assert filed >= 10 * len(trace.iterations), hook.kernel_capture_status
+    if op_capture == "native":
+        assert by_id >= 0.99 * filed, hook.kernel_capture_status
+    else:  # the profiler pushes no ids of ours: the launch times link them
+        assert by_id == 0 and by_launch > 0, hook.kernel_capture_status
     prediction = hook.prediction
     assert prediction is not None and prediction.iteration_s > 0
 
