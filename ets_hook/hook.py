@@ -67,7 +67,7 @@ from .errors import DeadlineExceededError
 from .ets.blas import blas_thread_setter, single_threaded_blas
 from .forecast.early_stop import EarlyStoppingRule
 from .forecast.epochs import EPOCH_START, EpochStarts, loader_restarts_workers
-from .forecast.forecaster import Forecaster
+from .forecast.forecaster import Forecaster, check_time_limit_s
 from .forecast.job import (
     CHECKPOINT,
     COMPILE_PHASE,
@@ -169,6 +169,7 @@ class ETSHook:
         deadline: float | datetime | Literal[False] | None = None,
         on_deadline: str | Callable[[DeadlineMiss], Any] = "warn",
         deadline_policy: str = "confident",
+        time_limit_s: float | None = None,
         grad_scaler: Any = None,
         record_shapes: str = "first",
         op_capture: str = "auto",
@@ -275,6 +276,12 @@ class ETSHook:
                 ``DeadlineMiss``.
             deadline_policy: ``"confident"`` (even the optimistic end of the 95% interval
                 misses), ``"likely"`` (the converged point estimate misses) or ``"point"``.
+            time_limit_s: a wall-clock limit that ends the job, seconds from hook creation
+                (a finite number > 0: the loop stops there, a scheduler kills it, Lightning's
+                ``max_time``); the job ends at the earlier of its last step and the limit.
+                Predictions carry it (``Prediction.time_limit_s``): the job's only bound while
+                its length is unknown, and a predicted total beyond it becomes the limit
+                (``Prediction.stopped_by_time_limit``). None: no limit.
             grad_scaler: a ``torch.amp.GradScaler`` (or anything with ``update()``): its
                 ``update()`` marks steps, so steps whose optimizer step it skipped still count.
                 Its ``update`` is wrapped until ``close()``.
@@ -305,7 +312,8 @@ class ETSHook:
                 ``dataloader`` not iterable, without ``len()`` beside ``epochs`` and no
                 ``steps_per_epoch``, or contradicting ``steps_per_epoch``;
                 ``eval_dataloader`` without ``len()``; ``checkpoint_files`` not an int >= 1;
-                ``checkpoint_in_memory`` not a bool; a
+                ``checkpoint_in_memory`` not a bool; ``time_limit_s`` not a finite number
+                > 0; a
                 string argument not one of its values (``deadline_policy`` too without a
                 deadline); ``model`` not an ``nn.Module``; ``optimizer`` not optimizers;
                 ``progress`` not a tqdm bar; ``trace_path`` or ``status_path`` a directory, in
@@ -327,6 +335,7 @@ class ETSHook:
         epochs, prometheus_port, rank_exchange_timeout_s, deadline = map(
             _plain_number, (epochs, prometheus_port, rank_exchange_timeout_s, deadline)
         )
+        time_limit_s = check_time_limit_s(_plain_number(time_limit_s))
         if isinstance(phase_every, Mapping):
             phase_every = {name: _plain_number(every) for name, every in phase_every.items()}
         auto_skip = skip_steps is None
@@ -447,6 +456,7 @@ class ETSHook:
             reports=ReportDispatcher(reporters),
             rank=rank,
             world_size=world_size,
+            time_limit_s=time_limit_s,
         )
         self._forecaster.set_early_stopping(rule)
         self._batch_clocks: list[BatchClock] = []  # attached last (below)

@@ -19,7 +19,7 @@ import os
 import socket
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -112,13 +112,18 @@ def parse_status(data: bytes, path: str | os.PathLike[str]) -> dict[str, Any]:
             "total_s": optional,
             "total_ci_s": optional,
             "level": optional,
+            "elapsed_s": optional,
+            "time_limit_s": optional,
+            "stopped_by_time_limit": (bool,),
             "finish_time": (str, type(None)),
+            "start_time": (str, type(None)),
             "converged": (bool,),
             "source": (str,),
         }
         _check(prediction, name, "prediction.", fields, required=False)
-        if isinstance(prediction.get("finish_time"), str):
-            _timestamp(prediction["finish_time"], name, "prediction.finish_time")
+        for key in ("finish_time", "start_time"):
+            if isinstance(prediction.get(key), str):
+                _timestamp(prediction[key], name, f"prediction.{key}")
     return doc
 
 
@@ -216,7 +221,9 @@ def render_status(
 
     Returns:
         The lines: title, job, progress, step time, ETA, finish, total, age, then notes (stale,
-        process gone, job ended).
+        process gone, job ended). Where the job's length is unknown, ETA, finish and total say
+        so, with the time limit's bound when the job has one (``time_limit_s``); a total cut to
+        the time limit says ``stopped by time limit``.
     """
     state = doc["state"]
     job = f"{doc['host']}  pid {doc['pid']}  {state}"
@@ -275,19 +282,47 @@ def _prediction_lines(p: dict[str, Any], step_s: float | None) -> list[str]:
     step_text += f"  {source}, {'converged' if p.get('converged') else 'not converged yet'}"
     eta = _finite(p.get("eta_s"))
     finish = p.get("finish_time")
+    total_s = _finite(p.get("total_s"))
     unknown = "?" if total else "? (total steps unknown)"
+    eta_text = format_duration(eta) if eta is not None else unknown
     finish_text = _local(_timestamp(finish, "", "")) if finish else unknown
-    total_text = format_duration(_finite(p.get("total_s")))
+    total_text = format_duration(total_s) if total_s is not None else unknown
     total_ci = _finite(p.get("total_ci_s"))
-    if total_ci is not None and _finite(p.get("total_s")) is not None:
+    stopped = p.get("stopped_by_time_limit") is True and total_s is not None
+    if total_ci is not None and total_s is not None and not (stopped and total_ci == 0):
         total_text += f" ± {format_duration(total_ci)}{level_text}"
+    limit_s = _finite(p.get("time_limit_s"))
+    if stopped:
+        eta_text += " (stopped by time limit)"
+        total_text += " (stopped by time limit)"
+    elif total_s is None and not total and limit_s is not None:
+        eta_text, finish_text, total_text = _time_limit_bounds(p, limit_s)
     return [
         f"progress  {progress}",
         f"step      {step_text}",
-        f"ETA       {format_duration(eta) if eta is not None else unknown}",
+        f"ETA       {eta_text}",
         f"finish    {finish_text}",
         f"total     {total_text}",
     ]
+
+
+def _time_limit_bounds(p: dict[str, Any], limit_s: float) -> tuple[str, str, str]:
+    """ETA, finish and total of a job of unknown length with a time limit: at most the limit."""
+    elapsed_s = _finite(p.get("elapsed_s"))
+    if elapsed_s is not None and elapsed_s >= limit_s:
+        reached = f"? (total steps unknown; time limit {format_duration(limit_s)} reached)"
+        return reached, reached, reached
+    eta_text = "? (total steps unknown)"
+    if elapsed_s is not None:
+        left = format_duration(limit_s - elapsed_s)
+        eta_text = f"? (total steps unknown; at most {left}: time limit)"
+    finish_text = "? (total steps unknown)"
+    start = p.get("start_time")
+    if isinstance(start, str):
+        latest = _timestamp(start, "", "") + timedelta(seconds=limit_s)
+        finish_text = f"? (total steps unknown; {_local(latest)} at the latest: time limit)"
+    total_text = f"? (total steps unknown; at most {format_duration(limit_s)}: time limit)"
+    return eta_text, finish_text, total_text
 
 
 def _finite(value: Any) -> float | None:

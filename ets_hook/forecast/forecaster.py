@@ -50,7 +50,7 @@ from ..errors import DeadlineExceededError
 from .early_stop import EarlyStoppingRule, EarlyStopTracker, total_range_s
 from .input_supply import SupplyEstimate, bound_by_supply, supply_from_loaders
 from .job import JobModel, PhaseCostPrior, PhaseTracker, remaining_phase_time
-from .prediction import Prediction, ended_prediction, utc_from_timestamp
+from .prediction import Prediction, cut_at_time_limit, ended_prediction, utc_from_timestamp
 from .ranks import JobView
 from .stats import (
     DEFAULT_LEVEL,
@@ -81,6 +81,28 @@ REFRESH_GROWTH = 0.10
 REFRESH_INTERVAL_S = 10.0
 # Pending step times are folded into the series at least this often (bounded list growth).
 FLUSH_EVERY_STEPS = 4096
+
+
+def check_time_limit_s(time_limit_s: Any) -> float | None:
+    """Check a wall-clock limit on the job (``ETSHook(time_limit_s=...)``).
+
+    Args:
+        time_limit_s: seconds from hook creation, or None for no limit.
+
+    Returns:
+        The limit as a float, or None.
+
+    Raises:
+        ValueError: naming the value: not None and not a finite number > 0 (bools are not).
+    """
+    if time_limit_s is None:
+        return None
+    number = isinstance(time_limit_s, (int, float)) and not isinstance(time_limit_s, bool)
+    if not number or not math.isfinite(time_limit_s) or time_limit_s <= 0:
+        raise ValueError(
+            f"time_limit_s must be a finite number of seconds > 0 or None, got {time_limit_s!r}"
+        )
+    return float(time_limit_s)
 
 
 #: A loader's batch clock (``capture.batch_clock.BatchClock.read``): each worker's batch finish
@@ -178,6 +200,7 @@ class Forecaster:
         series_capacity: int = 1 << 16,
         rank: int = 0,
         world_size: int = 1,
+        time_limit_s: float | None = None,
     ) -> None:
         """Set up an empty forecaster; reads ``time.time()`` only when ``wall_start_s`` is None.
 
@@ -199,6 +222,9 @@ class Forecaster:
                 (longer series are compacted).
             rank: this process's rank (>= 0), carried into predictions.
             world_size: processes in the job (> rank).
+            time_limit_s: a wall-clock limit that ends the job, seconds from ``start_s`` (a
+                finite number > 0; ``check_time_limit_s``), carried into predictions and
+                cutting a total beyond it (``prediction.cut_at_time_limit``); None: none.
 
         Raises:
             ValueError: an argument is outside the range given above.
@@ -256,6 +282,7 @@ class Forecaster:
         self._perturbed_end = 0
         self._capture: tuple[int, int] | None = None
         self.rank, self.world_size = rank, world_size
+        self.time_limit_s = check_time_limit_s(time_limit_s)
         self._job_view: JobView | None = None
         self._host_load: tuple[float, float] | None = None  # (foreign CPU, steal) shares
         self._warmup_end = 0  # steps [0, _warmup_end) are known warm-up (compiles)
@@ -870,7 +897,7 @@ class Forecaster:
             finish_time = utc_from_timestamp(self.wall_start_s + total_s)
         stop = self._early_stop.forecast() if self._early_stop is not None else None
         converged = est.rel_ci <= self.converge_rel_ci
-        return Prediction(
+        prediction = Prediction(
             step=step,
             total_steps=total_steps,
             remaining_steps=remaining,
@@ -913,7 +940,9 @@ class Forecaster:
             host_foreign_cpu=self._host_load[0] if self._host_load is not None else None,
             host_steal=self._host_load[1] if self._host_load is not None else None,
             input_period_s=(job.grad_accum_steps * supply.period_s if supply is not None else None),
+            time_limit_s=self.time_limit_s,
         )
+        return cut_at_time_limit(prediction)
 
     def _job_lag_s(self, view: JobView | None) -> float | None:
         """The job's predicted end minus this rank's own, both as of the view's exchange."""

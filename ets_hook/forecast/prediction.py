@@ -99,6 +99,11 @@ class Prediction:
             (``forecast.input_supply``): ``iteration_s`` is the expected slower of it and the
             loop's own pace (source ``"input"`` where the workers' is the slower); None
             without a timed loader or before enough batches.
+        time_limit_s: the wall-clock limit that ends the job, seconds from hook creation
+            (``ETSHook(time_limit_s=...)``, Lightning's ``max_time``); None without one. While
+            the job length is unknown it is the only bound (``total_s`` stays None); a
+            predicted total beyond it is cut to it (``stopped_by_time_limit``,
+            ``cut_at_time_limit``).
     """
 
     step: int
@@ -139,6 +144,7 @@ class Prediction:
     host_foreign_cpu: float | None = None
     host_steal: float | None = None
     input_period_s: float | None = None
+    time_limit_s: float | None = None
 
     @property
     def host_busy(self) -> bool:
@@ -155,18 +161,30 @@ class Prediction:
         return self.source == SOURCE_INPUT
 
     @property
+    def stopped_by_time_limit(self) -> bool:
+        """The time limit ends the job before its last step: ``total_s`` is at or past
+        ``time_limit_s`` (the limit, or the elapsed time once the job ran to it)."""
+        return (
+            self.time_limit_s is not None
+            and self.total_s is not None
+            and self.total_s >= self.time_limit_s
+        )
+
+    @property
     def iteration_rel_ci(self) -> float:
         """Relative half-width of the step-time interval (0.011 = ±1.1%); inf if not > 0."""
         return self.iteration_ci_s / self.iteration_s if self.iteration_s > 0 else math.inf
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field plus ``iteration_rel_ci`` as a JSON-safe dict.
+        """Every field plus ``iteration_rel_ci`` and ``stopped_by_time_limit`` as a JSON-safe
+        dict.
 
         Datetimes become ISO 8601 strings with offset, non-finite floats None, phases dicts and
         tuples lists.
         """
         out: dict[str, Any] = {f.name: _json_safe(getattr(self, f.name)) for f in fields(self)}
         out["iteration_rel_ci"] = _json_safe(self.iteration_rel_ci)
+        out["stopped_by_time_limit"] = self.stopped_by_time_limit
         return out
 
     def to_json(self, **kwargs: Any) -> str:
@@ -224,6 +242,57 @@ def ended_prediction(prediction: Prediction) -> Prediction:
         expected_stop_step=prediction.step if stopped else None,
         total_range_s=(job_end_s, job_end_s) if stopped else None,
         local_total_s=elapsed_s,
+    )
+
+
+def cut_at_time_limit(prediction: Prediction) -> Prediction:
+    """``prediction`` with its total cut to its time limit, where the limit ends the job first.
+
+    The job ends at the earlier of its last step and ``time_limit_s`` (or at the step end that
+    reaches the limit: once the elapsed time is past it, at the elapsed time). A total beyond
+    that end becomes it: ``total_s``, ``eta_s``, ``finish_time``, ``local_total_s`` and both
+    ends of ``total_range_s`` move back by the excess, and ``total_ci_s`` shrinks by it (the
+    interval's early end stays where it was); ``total_steps`` and ``remaining_steps`` stay the
+    planned ones. Unchanged without a limit, without a total, or with a total within the limit.
+
+    Args:
+        prediction: a prediction of a running job (its ``total_s`` is ``elapsed_s + eta_s``).
+
+    Returns:
+        The prediction, or a new one; ``prediction`` is not changed.
+    """
+    limit_s, total_s = prediction.time_limit_s, prediction.total_s
+    if limit_s is None or total_s is None:
+        return prediction
+    end_s = max(limit_s, prediction.elapsed_s)
+    excess_s = total_s - end_s
+    if not excess_s > 0.0:
+        return prediction
+    finish_time = prediction.finish_time
+    if finish_time is not None:  # from the start where known: no sub-microsecond drift
+        start = prediction.start_time
+        finish_time = (
+            start + timedelta(seconds=end_s)
+            if start is not None
+            else finish_time - timedelta(seconds=excess_s)
+        )
+    low_high = prediction.total_range_s
+    return replace(
+        prediction,
+        total_s=end_s,
+        total_ci_s=(
+            max(prediction.total_ci_s - excess_s, 0.0)
+            if prediction.total_ci_s is not None
+            else None
+        ),
+        eta_s=end_s - prediction.elapsed_s,
+        finish_time=finish_time,
+        local_total_s=(
+            min(prediction.local_total_s, end_s) if prediction.local_total_s is not None else None
+        ),
+        total_range_s=(
+            (min(low_high[0], end_s), min(low_high[1], end_s)) if low_high is not None else None
+        ),
     )
 
 

@@ -7,8 +7,11 @@ Trainer's optimizers with what the Trainer knows:
 - ``total_steps``: ``trainer.max_steps`` when > 0, and ``trainer.estimated_stepping_batches``
   (``max_epochs`` x optimizer steps per epoch), the smaller of the two; unknown (no ETA, step
   time only, no made-up total) for an ``IterableDataset`` without ``len()`` and
-  ``max_steps=-1``, or ``max_epochs=-1``. ``max_time`` can end the job sooner: one log line
-  says so.
+  ``max_steps=-1``, or ``max_epochs=-1``.
+- ``time_limit_s``: what ``max_time`` still allows (``trainer_time_limit_s``: its ``Timer``'s
+  ``time_remaining()``, a resumed fit's trained time subtracted): the job's only bound while
+  its length is unknown, and a predicted total beyond it is cut to it
+  (``Prediction.stopped_by_time_limit``); one log line says which.
 - ``early_stopping``: with an ``EarlyStopping`` callback (the first of
   ``trainer.early_stopping_callbacks``), its rule (``EarlyStoppingRule.from_lightning(patience,
   abs(min_delta), mode, check_finite)``); its ``monitor`` value in ``trainer.callback_metrics``
@@ -125,6 +128,7 @@ from .lightning_trainer import (
     trainer_grad_scaler,
     trainer_optimizers,
     trainer_steps_per_epoch,
+    trainer_time_limit_s,
     trainer_total_steps,
     trainer_val_batches,
 )
@@ -494,6 +498,9 @@ class BaseETSCallback:
         total = trainer_total_steps(trainer)
         if total is not None:  # below the restored step: Lightning stops at once
             derived["total_steps"] = max(total, derived["initial_step"])
+        time_limit_s = trainer_time_limit_s(trainer)
+        if time_limit_s is not None:
+            derived["time_limit_s"] = time_limit_s
         callbacks = list(getattr(trainer, "callbacks", None) or [])
         if any(is_a(cb, "GradientAccumulationScheduler") for cb in callbacks):
             eval_every = checkpoint_every = None  # steps per epoch change with the accumulation
@@ -547,13 +554,7 @@ class BaseETSCallback:
                 f"{trainer_total} (using {hook.total_steps})"
             )
         callbacks = list(getattr(trainer, "callbacks", None) or [])
-        timer = next((cb for cb in callbacks if is_a(cb, "Timer")), None)
-        remaining = None
-        if timer is not None:
-            try:
-                remaining = timer.time_remaining()
-            except Exception:
-                remaining = None
+        remaining = trainer_time_limit_s(trainer)
         if hook.total_steps is None:
             notes.append(
                 "the job length in steps is unknown (train data without len() and "
@@ -561,11 +562,17 @@ class BaseETSCallback:
             )
         if remaining is not None:
             bound = f"Trainer(max_time=...) stops training after {format_duration(remaining)}"
-            if hook.total_steps is None:
-                notes.append(f"{bound} at the latest: that is the job's only bound")
+            if "time_limit_s" in self.hook_options:
+                notes.append(f"{bound} at the latest (time_limit_s given)")
+            elif hook.total_steps is None:
+                notes.append(
+                    f"{bound} at the latest: that is the job's only bound (predictions carry "
+                    "it as time_limit_s)"
+                )
             else:
                 notes.append(
-                    f"{bound} at the latest; the ETA assumes all {hook.total_steps} steps run"
+                    f"{bound} at the latest: a predicted total beyond it is cut to it "
+                    "(time_limit_s)"
                 )
         if self._early_stopping is None and any(is_a(cb, "EarlyStopping") for cb in callbacks):
             notes.append("EarlyStopping may end the job sooner: the total is an upper bound")
@@ -719,6 +726,7 @@ __all__ = [
     "trainer_checkpoint_files",
     "trainer_eval_every",
     "trainer_steps_per_epoch",
+    "trainer_time_limit_s",
     "trainer_total_steps",
     "trainer_val_batches",
 ]

@@ -30,7 +30,8 @@ def trainer_total_steps(trainer: Any) -> int | None:
 
     ``trainer.max_steps`` when > 0 and ``trainer.estimated_stepping_batches``, the smaller;
     None when neither bounds it (``max_epochs=-1`` with ``max_steps=-1``, or an iterable
-    dataset without ``len()``). ``max_time`` is not a step count and is not used.
+    dataset without ``len()``). ``max_time`` is not a step count (``trainer_time_limit_s``
+    reads it).
 
     Args:
         trainer: a Lightning ``Trainer`` whose train data is set up (``on_train_start``).
@@ -50,6 +51,32 @@ def trainer_total_steps(trainer: Any) -> int | None:
     if estimated is not None and estimated > 0:
         candidates.append(estimated)
     return min(candidates) if candidates else None
+
+
+def trainer_time_limit_s(trainer: Any) -> float | None:
+    """Seconds of training the Trainer's time limit still allows: the ``Timer`` callback's
+    ``time_remaining()`` (the one ``Trainer(max_time=...)`` adds, its duration parsed from a
+    ``timedelta``, a dict or ``"DD:HH:MM:SS"``; a resumed fit's trained time is subtracted).
+
+    Args:
+        trainer: a Lightning ``Trainer`` (read at ``on_train_start``).
+
+    Returns:
+        The seconds (> 0), or None without a ``Timer``, without a duration, or with none left
+        (Lightning then stops at once).
+    """
+    callbacks = list(getattr(trainer, "callbacks", None) or [])
+    timer = next((cb for cb in callbacks if is_a(cb, "Timer")), None)
+    if timer is None:
+        return None
+    try:
+        remaining = timer.time_remaining()
+    except Exception as exc:  # another Lightning version's Timer
+        logger.debug("ets-hook: the Trainer's time limit is unreadable: %r", exc)
+        return None
+    if isinstance(remaining, bool) or not isinstance(remaining, (int, float)):
+        return None
+    return float(remaining) if math.isfinite(remaining) and remaining > 0 else None
 
 
 def trainer_steps_per_epoch(trainer: Any) -> int | None:

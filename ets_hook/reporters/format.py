@@ -99,18 +99,29 @@ def format_prediction(p: Prediction) -> str:
 
     Returns:
         ``step 30/2000 · 0.412 s/step ±1.1% · ETA 13m32s · total 13m45s``; without ``/2000``
-        while the total step count is unknown, and without the ETA and total while ``eta_s`` is;
-        with early stopping followed, `` · early stop ~step 1200 · total 8m20s–13m45s``; in a
-        multi-process job once a rank exchange has given the job's end, `` · job of 8 ranks,
-        waits for rank 3`` (ETA and total are then the job's); while other work loads the
-        machine (``Prediction.host_busy``), `` · host busy: other processes 40% CPU,
-        steal 6%``; when the step time is the DataLoader workers' pace (source ``"input"``),
-        `` · input-bound: DataLoader workers``.
+        while the total step count is unknown, and with `` · total unknown`` in place of the
+        ETA and total while ``eta_s`` is (`` · total unknown, at most 1h00m (time limit)`` with
+        a time limit ahead, `` · total unknown, time limit 1h00m reached`` past it); a total
+        cut to the time limit gains `` (stopped by time limit)``; with early stopping
+        followed, `` · early stop ~step 1200 · total 8m20s–13m45s``; in a multi-process job
+        once a rank exchange has given the job's end,
+        `` · job of 8 ranks, waits for rank 3`` (ETA and total are then the job's); while other
+        work loads the machine (``Prediction.host_busy``),
+        `` · host busy: other processes 40% CPU, steal 6%``; when the step time is the
+        DataLoader workers' pace (source ``"input"``), `` · input-bound: DataLoader workers``.
     """
     steps = f"step {p.step}/{p.total_steps}" if p.total_steps is not None else f"step {p.step}"
     text = f"{steps} · {format_step_time(p.iteration_s)} {format_relative(p.iteration_rel_ci)}"
     if p.eta_s is not None:
         text += f" · ETA {format_duration(p.eta_s)} · total {format_duration(p.total_s)}"
+        if p.stopped_by_time_limit:
+            text += " (stopped by time limit)"
+    elif p.time_limit_s is None:
+        text += " · total unknown"
+    elif p.elapsed_s < p.time_limit_s:
+        text += f" · total unknown, at most {format_duration(p.time_limit_s)} (time limit)"
+    else:
+        text += f" · total unknown, time limit {format_duration(p.time_limit_s)} reached"
     if p.expected_stop_step is not None and p.total_range_s is not None:
         low, high = p.total_range_s
         text += (

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from support import PREDICTION_LINE
 
-from ets_hook.forecast.prediction import Prediction
+from ets_hook.forecast.prediction import Prediction, cut_at_time_limit
 from ets_hook.reporters.format import (
     format_duration,
     format_prediction,
@@ -70,7 +70,7 @@ def test_log_line_format() -> None:
     assert text == "step 30/2000 · 0.412 s/step ±1.1% · ETA 13m32s · total 13m45s"
     assert PREDICTION_LINE.match(text)
     unknown = prediction(total_steps=None, total_s=None, eta_s=None)
-    assert format_prediction(unknown) == "step 30 · 0.412 s/step ±1.1%"
+    assert format_prediction(unknown) == "step 30 · 0.412 s/step ±1.1% · total unknown"
 
 
 def test_an_input_bound_step_time_says_so() -> None:
@@ -112,3 +112,42 @@ def test_no_job_suffix(fields: dict[str, Any]) -> None:
     text = format_prediction(prediction(**fields))
     assert "job of" not in text and "waits for" not in text
     assert PREDICTION_LINE.match(text)
+
+
+def unknown_length(**overrides: Any) -> Prediction:
+    """A prediction of a job whose length is unknown: step time only."""
+    fields: dict[str, Any] = {
+        "total_steps": None,
+        "remaining_steps": None,
+        "total_s": None,
+        "total_ci_s": None,
+        "eta_s": None,
+    }
+    return prediction(**{**fields, **overrides})
+
+
+def test_unknown_total_with_a_time_limit_ahead_gives_the_bound() -> None:
+    text = format_prediction(unknown_length(time_limit_s=3600.0))  # 13 s elapsed
+    assert text == "step 30 · 0.412 s/step ±1.1% · total unknown, at most 1h00m (time limit)"
+    assert "ETA" not in text
+
+
+def test_unknown_total_past_its_time_limit_says_it_was_reached() -> None:
+    text = format_prediction(unknown_length(time_limit_s=600.0, elapsed_s=601.0))
+    assert text == "step 30 · 0.412 s/step ±1.1% · total unknown, time limit 10m00s reached"
+
+
+def test_a_total_cut_to_the_time_limit_says_the_limit_stops_the_job() -> None:
+    limited = cut_at_time_limit(prediction(time_limit_s=600.0))  # predicted 825 s: past it
+    assert limited.stopped_by_time_limit
+    text = format_prediction(limited)
+    assert text == (
+        "step 30/2000 · 0.412 s/step ±1.1% · ETA 9m47s · total 10m00s (stopped by time limit)"
+    )
+
+
+def test_a_time_limit_beyond_the_total_changes_nothing() -> None:
+    within = cut_at_time_limit(prediction(time_limit_s=3600.0))
+    assert not within.stopped_by_time_limit
+    assert format_prediction(within) == format_prediction(prediction())
+    assert PREDICTION_LINE.match(format_prediction(within))

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -290,7 +291,7 @@ def test_rank_documents_carry_scope_rank_and_world_size(
     f.close()
     doc = json.loads(path.read_text())
     validator.validate(doc)
-    assert doc["version"] == STATUS_VERSION == 4
+    assert doc["version"] == STATUS_VERSION == 5
     assert (doc["scope"], doc["rank"], doc["world_size"]) == (scope, rank, 2)
     p = doc["prediction"]
     assert (p["rank"], p["world_size"]) == (rank, 2)
@@ -330,3 +331,83 @@ def test_scope_and_rank_are_checked(tmp_path: Path, kwargs: dict[str, Any]) -> N
 def test_extra_may_not_replace_the_rank_keys(tmp_path: Path, key: str) -> None:
     with pytest.raises(ValueError, match="standard key"):
         StatusFileReporter(tmp_path / "s.json", extra={key: 1})
+
+
+def _limited_run(
+    tmp_path: Path, total_steps: int | None, time_limit_s: float | None, steps: int
+) -> tuple[Forecaster, Path]:
+    """A forecaster writing a status file (every step), run ``steps`` steps of ~0.1 s."""
+    path = tmp_path / "status.json"
+    reporter = StatusFileReporter(path, interval_s=0.001)
+    job = JobModel(total_steps=total_steps) if total_steps is not None else None
+    f = Forecaster(
+        job, start_s=0.0, time_limit_s=time_limit_s, reports=ReportDispatcher([reporter])
+    )
+    run_job(f, steps, 0.1)
+    return f, path
+
+
+def test_unknown_length_without_a_limit_has_no_total_and_no_bound(tmp_path: Path) -> None:
+    validator = _schema_validator()
+    _, path = _limited_run(tmp_path, None, None, 20)
+    doc = json.loads(path.read_text())
+    validator.validate(doc)
+    p = doc["prediction"]
+    assert (p["total_steps"], p["total_s"], p["eta_s"], p["finish_time"]) == (None,) * 4
+    assert p["time_limit_s"] is None and p["stopped_by_time_limit"] is False
+    assert p["iteration_s"] == pytest.approx(0.1, rel=0.1)
+
+
+def test_unknown_length_with_a_limit_carries_the_bound_not_a_total(tmp_path: Path) -> None:
+    validator = _schema_validator()
+    _, path = _limited_run(tmp_path, None, 60.0, 20)
+    doc = json.loads(path.read_text())
+    validator.validate(doc)
+    p = doc["prediction"]
+    assert p["time_limit_s"] == 60.0
+    assert (p["total_s"], p["eta_s"], p["total_steps"]) == (None, None, None)  # none made up
+    assert p["stopped_by_time_limit"] is False
+    assert not validator.is_valid({**doc, "prediction": {**p, "time_limit_s": 0}})
+    assert not validator.is_valid({**doc, "prediction": {**p, "stopped_by_time_limit": 1}})
+
+
+def test_a_total_past_the_limit_is_cut_to_it(tmp_path: Path) -> None:
+    validator = _schema_validator()
+    _, path = _limited_run(tmp_path, 400, 30.0, 100)  # ~10 s in, ~40 s predicted
+    doc = json.loads(path.read_text())
+    validator.validate(doc)
+    p = doc["prediction"]
+    elapsed = p["elapsed_s"]
+    assert elapsed < 30.0
+    assert p["stopped_by_time_limit"] is True
+    assert p["total_s"] == 30.0 and p["eta_s"] == pytest.approx(30.0 - elapsed)
+    assert p["total_steps"] == 400 and p["remaining_steps"] == 300  # the planned length
+    finish = datetime.fromisoformat(p["finish_time"])
+    start = datetime.fromisoformat(p["start_time"])
+    assert (finish - start).total_seconds() == pytest.approx(30.0, abs=1e-3)
+    # Without the limit the same run predicts past it: the cut is the limit's doing.
+    (tmp_path / "free").mkdir()
+    free = _limited_run(tmp_path / "free", 400, None, 100)[0].prediction
+    assert free is not None and free.total_s is not None and free.total_s > 35.0
+    assert not free.stopped_by_time_limit
+
+
+def test_a_job_that_ran_to_its_limit_ends_stopped_by_it(tmp_path: Path) -> None:
+    f, path = _limited_run(tmp_path, 400, 30.0, 301)  # the step that ends past 30 s is the last
+    running = json.loads(path.read_text())["prediction"]
+    assert running["elapsed_s"] >= 30.0
+    assert running["eta_s"] == 0.0 and running["total_s"] == running["elapsed_s"]
+    assert running["stopped_by_time_limit"] is True
+    f.close()
+    final = json.loads(path.read_text())
+    _schema_validator().validate(final)
+    p = final["prediction"]
+    assert final["state"] == "closed" and p["total_steps"] == 301
+    assert p["stopped_by_time_limit"] is True and p["time_limit_s"] == 30.0
+
+
+def test_a_job_that_ended_before_its_limit_was_not_stopped_by_it(tmp_path: Path) -> None:
+    f, path = _limited_run(tmp_path, 100, 30.0, 100)  # ~10 s: done long before 30 s
+    f.close()
+    p = json.loads(path.read_text())["prediction"]
+    assert p["total_s"] < 30.0 and p["stopped_by_time_limit"] is False
