@@ -372,23 +372,23 @@ class ETSHook:
             phase_every=phase_every,
             initial_step=initial_step,
         )
-        reporters = build_reporters(
-            log_every_n_steps=log_every,
-            verbose=verbose,
-            progress=progress,
-            status_path=status_path,
-            on_prediction=on_prediction,
-            deadline=deadline,
-            on_deadline=on_deadline,
-            deadline_policy=deadline_policy,
-            tensorboard_dir=tensorboard_dir,
-            prometheus_port=prometheus_port,
-            prometheus_textfile=prometheus_textfile,
-            dashboard_ranks=dashboard_ranks,
-            log_ranks=log_ranks,
-            rank=rank,
-            world_size=world_size,
-        )
+        # Kept to build them again for a rank learned later (_adopt_rank).
+        reporter_args: dict[str, Any] = {
+            "log_every_n_steps": log_every,
+            "verbose": verbose,
+            "progress": progress,
+            "status_path": status_path,
+            "on_prediction": on_prediction,
+            "deadline": deadline,
+            "on_deadline": on_deadline,
+            "deadline_policy": deadline_policy,
+            "tensorboard_dir": tensorboard_dir,
+            "prometheus_port": prometheus_port,
+            "prometheus_textfile": prometheus_textfile,
+            "dashboard_ranks": dashboard_ranks,
+            "log_ranks": log_ranks,
+        }
+        reporters = build_reporters(**reporter_args, rank=rank, world_size=world_size)
         exchange_timeout_s = check_exchange_timeout(rank_exchange_timeout_s)
         if disabled:
             reporters, capture_steps = [], 0
@@ -468,19 +468,17 @@ class ETSHook:
         self._price_checkpoints = bool(job.phase_periods.get(CHECKPOINT))
         self._checkpoint_files = checkpoint_files
         self._checkpoint_in_memory = checkpoint_in_memory
-        self._ranks: RankCoordinator | None = None
-        if world_size > 1 and exchange_timeout_s and not disabled:
-            self._ranks = RankCoordinator(
-                rank,
-                world_size,
-                namespace=f"restart{restart_count()}/hook{next_hook_number()}",
-                timeout_s=exchange_timeout_s,
-                first_step=skip_steps + capture_steps + 2,
-                current=lambda: self._forecaster.prediction,
-                apply=self._forecaster.set_job_view,
-                log_here=log_ranks is None or rank in log_ranks,
-                start_wall_s=self._forecaster.wall_start_s,
-            )
+        self._exchange_timeout_s = exchange_timeout_s if not disabled else None
+        self._log_ranks = log_ranks
+        self._first_exchange_step = skip_steps + capture_steps + 2
+        self._ranks = self._rank_coordinator(rank, world_size)
+        # A single process so far: torch.distributed may still be initialised after the hook
+        # was made (mp.spawn workers): looked for again up to the first exchange's step.
+        self._rank_recheck_until = (
+            self._first_exchange_step if world_size == 1 and not disabled else 0
+        )
+        self._trace_path_given = trace_path
+        self._reporter_args = reporter_args
         # The capture window: native op observer loading and machine facts gathered now.
         # Likewise numpy's BLAS setter (a scan of the loaded libraries, 1-10 ms, cached): found
         # now, not by the decode thread against the training loop.
@@ -928,6 +926,8 @@ class ETSHook:
         return call
 
     def _on_first_activity(self) -> None:
+        if self._rank_recheck_until:
+            self._recheck_rank()
         if self._compiles is not None:
             self._compiles.ensure_registered()
         if not self._device_given:
@@ -992,6 +992,8 @@ class ETSHook:
         self._own_ns_in_step = 0
         self._training_thread = threading.get_ident()
         try:
+            if step_index < self._rank_recheck_until:
+                self._recheck_rank()
             if compile_ns:
                 self._on_compile_step(step_index, compile_ns, now_ns)
             if self._epochs is not None:
@@ -1037,6 +1039,68 @@ class ETSHook:
             # Everything since now_ns was ours (reads of hook.prediction by reporters and
             # callbacks included, hence an assignment).
             self._own_ns_in_step = time.perf_counter_ns() - now_ns
+
+    def _rank_coordinator(self, rank: int, world_size: int) -> RankCoordinator | None:
+        """The rank exchange of a multi-process job (None: one process, or the exchange off)."""
+        if world_size <= 1 or not self._exchange_timeout_s:
+            return None
+        log_ranks = self._log_ranks
+        return RankCoordinator(
+            rank,
+            world_size,
+            namespace=f"restart{restart_count()}/hook{next_hook_number()}",
+            timeout_s=self._exchange_timeout_s,
+            first_step=self._first_exchange_step,
+            current=lambda: self._forecaster.prediction,
+            apply=self._forecaster.set_job_view,
+            log_here=log_ranks is None or rank in log_ranks,
+            start_wall_s=self._forecaster.wall_start_s,
+        )
+
+    def _recheck_rank(self) -> None:
+        """The hook found a single process at creation: if ``torch.distributed`` has been
+        initialised since (``mp.spawn`` workers that create the hook before
+        ``init_process_group``), take its rank and world size -- before the first step's end,
+        as if known at creation (``_adopt_rank``); later, when reporters have already acted
+        as rank 0, one warning naming the fix. A few calls per hook; O(1) each."""
+        rank, world_size = distributed_rank()
+        if world_size <= 1:
+            return
+        self._rank_recheck_until = 0
+        if self._forecaster.steps_done == 0:
+            self._adopt_rank(rank, world_size)
+            return
+        logger.warning(
+            "ets-hook: torch.distributed was initialised after this ETSHook was created "
+            "(rank %d of %d), after its first step: it goes on as a single process (no "
+            "job-level prediction; every rank logs and writes rank 0's status and trace "
+            "files); create the ETSHook after init_process_group",
+            rank,
+            world_size,
+        )
+
+    def _adopt_rank(self, rank: int, world_size: int) -> None:
+        """Become rank ``rank`` of ``world_size`` before the first step has ended: nothing that
+        depends on the rank has acted yet (no reporter was offered a prediction, the window's
+        trace is not decoded, no exchange was due), so its reporters, trace path, predictions
+        and rank exchange become what they would have been with the rank known at creation."""
+        trace_path = checked_trace_path(self._trace_path_given, rank, world_size)
+        reporters = build_reporters(**self._reporter_args, rank=rank, world_size=world_size)
+        self.trace_path = trace_path
+        self._ranks = self._rank_coordinator(rank, world_size)
+        self._forecaster.set_rank(rank, world_size, ReportDispatcher(reporters))
+        self._window.set_rank(
+            rank,
+            world_size,
+            trace_path,
+            self._ranks.set_breakdown if self._ranks is not None else None,
+        )
+        logger.info(
+            "ets-hook: torch.distributed was initialised after this ETSHook was created: "
+            "it runs as rank %d of %d",
+            rank,
+            world_size,
+        )
 
     def _remove_capture_hooks(self) -> None:
         """The window is over: the step detector's module hook goes, once the accumulation

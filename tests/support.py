@@ -5,13 +5,16 @@ from __future__ import annotations
 import csv
 import re
 import shutil
+import socket
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ets_hook.forecast.early_stop import MIN_POINTS
 from ets_hook.trace.events import (
     CaptureInfo,
     DeviceInfo,
@@ -34,6 +37,8 @@ if TYPE_CHECKING:
 ETS_HOOK = shutil.which("ets-hook", path=str(Path(sys.executable).parent))
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+#: The checkout's root (README.md, benchmarks/).
+REPO = Path(__file__).resolve().parents[1]
 
 
 def sample_trace() -> Trace:
@@ -241,3 +246,73 @@ def call_in_thread(call: Any, timeout: float = 20.0) -> Any:
     if "error" in outcome:
         raise outcome["error"]  # type: ignore[misc]
     return outcome["result"]
+
+
+def readme_python_blocks(title: str) -> list[str]:
+    """The ```python blocks of README.md's section headed ``title`` (up to the next heading
+    outside a code block). Fails the test when README.md has no such section."""
+    section: list[str] = []
+    inside = fenced = False
+    for line in (REPO / "README.md").read_text().splitlines(keepends=True):
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("#"):
+            if inside:
+                break
+            inside = line.lstrip("#").strip() == title
+            continue
+        if inside:
+            section.append(line)
+    assert section, f"README.md has no section {title!r}"
+    return re.findall(r"^```python\n(.*?)^```", "".join(section), re.DOTALL | re.MULTILINE)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a job's rendezvous)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class Seen:
+    """A framework callback's prediction right after its hook took in an evaluation of the
+    monitored metric (the early-stopping tests of tests/integrations)."""
+
+    step: int  # the trainer's global step then
+    evaluations: int  # evaluations the hook's early-stopping tracker has seen
+    prediction: Any
+
+
+def check_forecasts_until_the_stop(
+    seen: list[Seen], max_steps: int, stop_step: int, keeps_improving: bool = False
+) -> None:
+    """The early-stop forecast at each evaluation before ``stop_step`` (the step the run
+    really ended at), against what ``Prediction`` and ``forecast.early_stop`` promise.
+
+    None before ``MIN_POINTS`` evaluations; from then on an expected stop after the current
+    step and at most ``max_steps`` (exactly ``max_steps`` for a monitor that ``keeps_improving``:
+    a curve that keeps improving is forecast to run to the end), and ``total_range_s`` = (total
+    if the job stops there, ``total_s``): not before now, low < high exactly when the stop is
+    expected before ``max_steps``.
+    """
+    assert [s.evaluations for s in seen] == list(range(1, len(seen) + 1))  # each one taken in
+    before = [s for s in seen if s.step < stop_step]
+    assert len([s for s in before if s.evaluations >= MIN_POINTS]) >= 2, seen
+    for s in before:
+        prediction = s.prediction
+        assert prediction is not None and prediction.step == s.step
+        if s.evaluations < MIN_POINTS:
+            assert prediction.expected_stop_step is None and prediction.total_range_s is None
+            continue
+        assert s.step < prediction.expected_stop_step <= max_steps, s
+        if keeps_improving:
+            assert prediction.expected_stop_step == max_steps, s
+        assert prediction.total_range_s is not None
+        low_s, high_s = prediction.total_range_s
+        assert high_s == prediction.total_s
+        assert prediction.elapsed_s <= low_s <= high_s
+        if prediction.expected_stop_step < max_steps:
+            assert low_s < high_s, s
+        else:
+            assert low_s == high_s, s

@@ -8,6 +8,7 @@ compile events as inductor) in about a second instead of inductor's C++ build.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,3 +126,105 @@ def test_a_recompile_postpones_the_window_until_two_compile_free_steps() -> None
     trace = hook.wait_for_trace(30)
     assert hook.skip_steps == 5
     assert trace is not None and [it.step for it in trace.iterations] == [5, 6]
+
+
+RECOMPILE_STEPS = 28
+RECOMPILE_AT = 18  # the batch grows from 8 to 12 rows here: one recompile, long after warm-up
+
+
+@dataclass
+class RecompiledRun:
+    hook: ETSHook
+    predictions: list[Prediction]
+    wall_s: list[float]
+    graphs: int
+
+
+def _train_with_batch_sizes(
+    hook_args: dict[str, Any], steps: int, grow_at: int
+) -> tuple[ETSHook, list[Prediction], list[float], int]:
+    """A compiled model (static shapes) trained ``steps`` steps on batches of 8 rows, 12 from
+    step ``grow_at`` on: dynamo compiles at step 0 and recompiles at ``grow_at``. Returns the
+    closed hook, the prediction after each step, each step's wall time and dynamo's graphs."""
+    import time
+
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    compiled = torch.compile(model, backend="aot_eager", dynamic=False)
+    hook = ETSHook(compiled, optimizer, log_every=None, **hook_args)
+    batches = {rows: (torch.randn(rows, 32), torch.randint(0, 4, (rows,))) for rows in (8, 12)}
+    predictions, wall_s = [], []
+    for step in range(steps):
+        x, y = batches[12 if step >= grow_at else 8]
+        started = time.perf_counter()
+        loss = torch.nn.functional.cross_entropy(compiled(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        wall_s.append(time.perf_counter() - started)
+        predictions.append(hook.prediction)
+    hook.close()
+    return hook, predictions, wall_s, counters["stats"]["unique_graphs"]
+
+
+@pytest.fixture(scope="module")
+def recompiled() -> RecompiledRun:
+    hook, predictions, wall_s, graphs = _train_with_batch_sizes(
+        {"total_steps": RECOMPILE_STEPS, "capture_steps": 3}, RECOMPILE_STEPS, RECOMPILE_AT
+    )
+    return RecompiledRun(hook, predictions, wall_s, graphs)
+
+
+def test_a_recompile_mid_job_is_a_compile_phase(recompiled: RecompiledRun) -> None:
+    assert recompiled.graphs == 2  # dynamo really compiled a second graph
+    assert recompiled.hook.steps_completed == RECOMPILE_STEPS
+    before = {p.name: p for p in recompiled.predictions[RECOMPILE_AT - 1].phases}["compile"]
+    after = {p.name: p for p in recompiled.predictions[RECOMPILE_AT].phases}["compile"]
+    assert (before.occurrences, after.occurrences) == (1, 2)
+    assert after.remaining == 0 and after.remaining_s == 0.0  # a one-off: not projected
+    recompile_s = after.spent_s - before.spent_s
+    # The recompile step's wall time was mostly compile; its step time leaves that out.
+    assert recompile_s > 0.5 * recompiled.wall_s[RECOMPILE_AT]
+    assert recompiled.hook.step_times_s[RECOMPILE_AT] < (
+        recompiled.wall_s[RECOMPILE_AT] - 0.5 * recompile_s
+    )
+
+
+def test_a_recompile_mid_job_leaves_the_step_time_estimate_in_place(
+    recompiled: RecompiledRun,
+) -> None:
+    """The estimates after the recompile stay at the level of the job's steps, nowhere near
+    the recompile step's wall time (a new steady state taken from it would be): within 3x the
+    median of the steps that did not compile (the batch grew by half), and below a quarter of
+    that step's wall time (its compile alone is tens of steps)."""
+    times = recompiled.hook.step_times_s
+    steady_s = statistics.median(times[2:RECOMPILE_AT] + times[RECOMPILE_AT + 1 :])
+    recompile_wall_s = recompiled.wall_s[RECOMPILE_AT]
+    assert recompile_wall_s > 10 * steady_s  # the test's premise: compiling is slow
+    for prediction in recompiled.predictions[RECOMPILE_AT : RECOMPILE_AT + 4]:
+        assert prediction.iteration_s < 3 * steady_s
+        assert prediction.iteration_s < 0.25 * recompile_wall_s
+
+
+def test_a_recompile_mid_job_does_not_restart_the_warm_up(recompiled: RecompiledRun) -> None:
+    before = recompiled.predictions[RECOMPILE_AT - 1]
+    assert not before.warming_up and before.warmup_steps < RECOMPILE_AT
+    for prediction in recompiled.predictions[RECOMPILE_AT:]:
+        assert not prediction.warming_up
+        assert prediction.warmup_steps < RECOMPILE_AT  # a restart would drop steps 0..19
+
+
+def test_a_recompile_inside_the_window_is_left_out_of_the_trace() -> None:
+    """The window (steps 3-5, ``skip_steps`` given) keeps its length; step 4 recompiles: its
+    ops are mostly the compiler's, so the trace holds steps 3 and 5."""
+    hook, _, _, graphs = _train_with_batch_sizes(
+        {"total_steps": 12, "capture_steps": 3, "skip_steps": 3}, steps=8, grow_at=4
+    )
+    trace = hook.wait_for_trace(30)
+    assert graphs == 2
+    assert trace is not None and [it.step for it in trace.iterations] == [3, 5]

@@ -297,6 +297,26 @@ class WindowRunner:
         if self._decode_thread is not None:
             self._decode_thread.join(timeout_s)
 
+    def set_rank(
+        self,
+        rank: int,
+        world_size: int,
+        trace_path: str | os.PathLike[str] | None,
+        on_breakdown: Callable[[RankBreakdown], None] | None,
+    ) -> None:
+        """This process's place in the job, learned after creation (``torch.distributed``
+        initialised after the hook was made): recorded in the trace and used for its path.
+        Takes effect for a decode that has not started yet.
+
+        Args:
+            rank, world_size: recorded in the trace.
+            trace_path: where to save the decoded trace (this rank's); None: not saved.
+            on_breakdown: receives the trace's ``rank_breakdown``; None: not computed.
+        """
+        self._rank, self._world_size = rank, world_size
+        self._trace_path = trace_path
+        self._on_breakdown = on_breakdown
+
     # ------------------------------------------------------------------------------------------
     # Driving the window (training thread)
 

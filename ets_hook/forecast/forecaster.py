@@ -493,6 +493,31 @@ class Forecaster:
                 self._warmup_end = end_step
                 self._version += 1
 
+    def set_rank(self, rank: int, world_size: int, reports: ReportSink | None = None) -> None:
+        """This process's place in the job, learned after creation (``torch.distributed``
+        initialised after the hook was made): carried into predictions from now on, with
+        ``reports`` (built for that rank) replacing the reporters when given. Meant for before
+        the first step end, when no reporter has been offered anything. Any thread.
+
+        Args:
+            rank: this process's rank (>= 0).
+            world_size: processes in the job (> rank).
+            reports: the reporters for that rank; None: keep the current ones.
+
+        Raises:
+            ValueError: not ``0 <= rank < world_size``.
+        """
+        if not 0 <= rank < world_size:
+            raise ValueError(
+                f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}"
+            )
+        with self._lock:
+            self.rank, self.world_size = rank, world_size
+            if reports is not None:
+                self._dispatch = reports
+                self._next_index, self._next_s = 0, -math.inf  # ask the new ones when due
+            self._version += 1
+
     def set_job_view(self, view: JobView | None) -> None:
         """Apply the job-level view of the last rank exchange (None: back to this rank's own).
 

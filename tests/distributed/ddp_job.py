@@ -31,6 +31,16 @@ STEPS = 40
 EXCHANGE_TIMEOUT_S = 1.0
 
 
+def wait_for_exchange(hook: ETSHook, exchange: int, timeout_s: float = 10.0) -> None:
+    """Wait (at most ``timeout_s``) until ``hook.job_view`` is that of exchange ``exchange``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        view = hook.job_view
+        if view is not None and view.exchange == exchange:
+            return
+        time.sleep(0.01)
+
+
 def tiny_model() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 4))
@@ -59,12 +69,7 @@ def ddp_part(out: str, rank: int) -> None:
         loss.backward()
         optimizer.step()
     # Exchanges after local steps 8, 16, 32: wait (bounded) for the last one's view.
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        view = hook.job_view
-        if view is not None and view.exchange == 2:
-            break
-        time.sleep(0.01)
+    wait_for_exchange(hook, 2)
     prediction = hook.prediction
     view = hook.job_view
     result = {

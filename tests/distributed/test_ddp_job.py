@@ -6,7 +6,6 @@ FSDP2 (``fully_shard``) on CPU behaving per rank as DDP does."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,19 +13,13 @@ from typing import Any
 
 import jsonschema
 import pytest
-from support import ETS_HOOK
+from support import ETS_HOOK, free_port
 
 from ets_hook.reporters.status_file import status_schema_path
 from ets_hook.trace.io import load_trace
 
 SCRIPT = Path(__file__).with_name("ddp_job.py")
 SLOW_RANK = 1
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +31,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "torch.distributed.run",
         "--nproc_per_node=2",
         "--master_addr=127.0.0.1",
-        f"--master_port={_free_port()}",
+        f"--master_port={free_port()}",
         str(SCRIPT),
         str(out),
     ]
