@@ -691,7 +691,21 @@ def summarize(per_job: list[dict[str, dict[int, tuple[float, float]]]]) -> dict[
 def interval_calibration(runs: list[Run]) -> dict[int, dict[str, float]]:
     """At each report step: the share of jobs whose real total lies inside ets-hook's 95%
     interval of the total (``total_s +- total_ci_s``), and the median relative half-width of
-    that interval (``total_ci_s / true total``)."""
+    that interval (``total_ci_s / true total``).
+
+    The interval is closed: a real total exactly on its edge counts as covered. A job is left
+    out of a step at or past its last step, and where it made no prediction at that step or
+    its prediction carries no interval.
+
+    Args:
+        runs: the jobs' runs (``run.predictions[k - 1]`` is the prediction at step ``k``; the
+            real total is ``run.step_ends_s[-1]``).
+
+    Returns:
+        Per report step with at least one job scored: ``coverage_pct`` (% of those jobs
+        covered), ``half_width_median_pct`` (median half-width, % of the real total) and
+        ``jobs`` (how many were scored). Steps with no job scored are absent.
+    """
     out: dict[int, dict[str, float]] = {}
     for k in REPORT_STEPS:
         hits, widths = [], []

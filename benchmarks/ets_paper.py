@@ -18,11 +18,13 @@ What it does (DESIGN.md §3; issue 4, item 7; issue 16, item 5):
 2. The same with leave-one-model-out folds for ETS-LSTM and the trees (a held-out model's
    family siblings stay in training: an easier split; ``--no-lomo`` skips it).
 3. Learning curve: leave-one-family-out MRE versus the number of training files (random
-   subsets of each fold's training files, the same subsets for every kind).
+   subsets of each fold's training files, the same subsets for every kind; ``--curve-sizes``
+   sets the counts).
 4. ``--cross-gpu``: one model trained on both GPUs' files with device features (peak FLOPS,
    memory bandwidth, SMs), leave-one-model-out over the union of models, reported per GPU next
    to the per-GPU models.
-5. Numpy inference latency of a 1,000-op iteration for the trained ETS configuration.
+5. Numpy inference latency of a 1,000-op iteration for the trained ETS configuration
+   (``--no-latency`` skips it).
 
 Data: ``../shared/data/ets-traces`` next to the repository (``--data`` overrides), grown per GPU
 folder by ``../shared/data/ets-traces-extra`` when present (``--extra`` overrides, ``--no-extra``
@@ -617,6 +619,17 @@ def _run_split(
     return per
 
 
+def _curve_sizes(text: str) -> tuple[int, ...]:
+    """``--curve-sizes``: comma-separated positive training-file counts."""
+    try:
+        sizes = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return sizes
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="ets-traces directory")
@@ -648,11 +661,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--kinds", default="", help=f"comma-separated kinds (default: {KINDS})")
     ap.add_argument("--no-curve", action="store_true", help="skip the learning curve")
+    ap.add_argument(
+        "--curve-sizes",
+        type=_curve_sizes,
+        default=None,
+        help="comma-separated training-file counts of the learning curve (default: 3,6,10)",
+    )
+    ap.add_argument("--tree-rounds", type=int, default=None, help="boosting rounds of the trees")
     ap.add_argument("--no-lomo", action="store_true", help="skip leave-one-model-out")
     ap.add_argument(
         "--lomo-kinds", default=None, help="kinds in the leave-one-model-out split (lstm,tree)"
     )
     ap.add_argument("--cross-gpu", action="store_true", help="also train one model for both GPUs")
+    ap.add_argument(
+        "--no-latency", action="store_true", help="skip the numpy inference-latency table"
+    )
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1)")
     ap.add_argument("--json", type=Path, default=None, help="write all results as JSON")
     ap.add_argument("--markdown", type=Path, default=None, help="write the tables as markdown")
@@ -676,6 +699,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("lr", args.lr),
             ("val_fraction", args.val_fraction),
             ("target_transform", args.target_transform),
+            ("curve_sizes", args.curve_sizes),
+            ("tree_rounds", args.tree_rounds),
         )
         if v is not None
     }
@@ -762,14 +787,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
         results["cross_gpu"] = {"table": table, "runs": cross}
 
-    # latency of the ETS configuration used above (shapes matter, not weights)
-    schema, enc_train, _ = _encode(traces[gpus[0]], [], False)
-    small = fit_encoded(
-        enc_train[:2],
-        schema,
-        replace(settings.config("lstm", ensemble=1), epochs=0, val_fraction=0.0),
-    )
-    results["latency"] = _latency_variants(small.predictor)
+    if not args.no_latency:
+        # latency of the ETS configuration used above (shapes matter, not weights)
+        schema, enc_train, _ = _encode(traces[gpus[0]], [], False)
+        small = fit_encoded(
+            enc_train[:2],
+            schema,
+            replace(settings.config("lstm", ensemble=1), epochs=0, val_fraction=0.0),
+        )
+        results["latency"] = _latency_variants(small.predictor)
     results["seconds"] = time.perf_counter() - started
 
     text = markdown(results)

@@ -3,9 +3,11 @@ their measurements are not asserted here)."""
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -15,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from support import SHARED_DATA
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -332,3 +335,171 @@ def test_rounds_from_reports_runs_already_made_without_running_a_job(tmp_path: P
     empty = tmp_path / "empty.json"
     empty.write_text(json.dumps({"jobs": []}))
     assert run("accuracy.py", "--rounds-from", str(empty), "--out", str(out)).returncode == 2
+
+
+def test_interval_calibration_counts_an_interval_touching_the_total_as_covering() -> None:
+    bench = accuracy()
+    spec = bench.JobSpec("constructed", "mlp-w128-d2-b32")
+
+    def constructed(total_s: float, steps: int, predictions: dict[int, Any]) -> Any:
+        run = bench.Run(spec, steps=steps, step_ends_s=[total_s * i / steps for i in
+                                                        range(1, steps + 1)])  # fmt: skip
+        run.predictions = [predictions.get(k) for k in range(1, steps + 1)]
+        return run
+
+    def interval(total_s: float, ci_s: float | None) -> dict[str, float | None]:
+        return {"total_s": total_s, "total_ci_s": ci_s}
+
+    runs = [
+        # true total 100 s: at step 3 the interval 90 +- 10 ends exactly on it (inclusive: covers)
+        constructed(100.0, 20, {3: interval(90.0, 10.0), 5: interval(120.0, 10.0),
+                                10: interval(100.0, 4.0), 20: interval(100.0, 1.0)}),
+        # true total 200 s: no interval at step 2 (None), no prediction at all at step 10
+        constructed(200.0, 20, {2: interval(200.0, None), 3: interval(150.0, 30.0),
+                                5: interval(210.0, 30.0)}),
+        # a 4-step job: scored at step 3, not at step 5 (past its end)
+        constructed(50.0, 4, {3: interval(50.0, 1.0)}),
+    ]  # fmt: skip
+    assert runs[0].step_ends_s[-1] == 100.0  # the totals are exact, so is the touch at step 3
+    calibration = bench.interval_calibration(runs)
+    # step 20 is each 20-step job's last: not a report of its future, not scored
+    assert set(calibration) == {3, 5, 10}
+    # step 3: covers (touch), misses (|150 - 200| > 30), covers; half-widths 10, 15, 2% of
+    # the true totals (of the predicted totals they would be 11.1, 20, 2%)
+    assert calibration[3]["jobs"] == 3
+    assert calibration[3]["coverage_pct"] == pytest.approx(200 / 3)
+    assert calibration[3]["half_width_median_pct"] == pytest.approx(10.0)
+    # step 5: misses (|120 - 100| > 10), covers (|210 - 200| <= 30); half-widths 10 and 15%
+    assert calibration[5] == pytest.approx(
+        {"coverage_pct": 50.0, "half_width_median_pct": 12.5, "jobs": 2}
+    )
+    assert calibration[10] == pytest.approx(
+        {"coverage_pct": 100.0, "half_width_median_pct": 4.0, "jobs": 1}
+    )
+    # an interval a hair narrower than the miss no longer covers it
+    runs[0].predictions[2] = interval(90.0, 10.0 - 1e-9)
+    assert bench.interval_calibration(runs)[3]["coverage_pct"] == pytest.approx(100 / 3)
+    assert bench.interval_calibration([]) == {}
+
+
+ETS_SAMPLE = SHARED_DATA / "ets-traces"
+# a handful of the sample's smallest files: three families per GPU, two files a model at most
+ETS_SMOKE_FAMILY = {"alexnet": "alexnet", "resnet18": "resnet", "mobilenet_v2": "mobilenet",
+                    "mobilenet_v3_small": "mobilenet"}  # fmt: skip
+
+
+def _ets_smoke_sample(root: Path) -> dict[str, dict[str, list[str]]]:
+    """Links (not copies) to a few of the shared sample's files under ``root``, laid out as the
+    sample is; per GPU, family → the file names linked."""
+    rows = list(csv.DictReader((ETS_SAMPLE / "MANIFEST.csv").open()))
+    picked: dict[str, dict[str, list[str]]] = {}
+    per_model: dict[tuple[str, str], int] = {}
+    for row in sorted(rows, key=lambda r: (int(r["rows"]), r["file"])):
+        gpu, model = row["gpu"], row["model"]
+        if model not in ETS_SMOKE_FAMILY or per_model.get((gpu, model), 0) == 2:
+            continue
+        if not (ETS_SAMPLE / gpu / row["file"]).is_file():
+            continue
+        per_model[(gpu, model)] = per_model.get((gpu, model), 0) + 1
+        picked.setdefault(gpu, {}).setdefault(ETS_SMOKE_FAMILY[model], []).append(row["file"])
+    picked = {gpu: fams for gpu, fams in picked.items() if len(fams) == 3}
+    for name in ("MANIFEST.csv", "opCodes.dict"):
+        (root / name).symlink_to(ETS_SAMPLE / name)
+    for gpu, fams in picked.items():
+        (root / gpu).mkdir()
+        for name in (n for names in fams.values() for n in names):
+            (root / gpu / name).symlink_to(ETS_SAMPLE / gpu / name)
+    return picked
+
+
+@pytest.fixture(scope="module")
+def ets_paper_smoke(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One tiny run of the ETS paper reproduction (leave one family out and the learning curve,
+    ETS-LSTM and the per-op trees, 1 epoch / 5 rounds, no latency table) on links to a few
+    shared sample files."""
+    if not (ETS_SAMPLE / "MANIFEST.csv").is_file():
+        pytest.skip(f"shared ETS sample absent: {ETS_SAMPLE}")
+    root = tmp_path_factory.mktemp("ets-paper")
+    data = root / "data"
+    data.mkdir()
+    sample = _ets_smoke_sample(data)
+    if not sample:
+        pytest.skip("the shared ETS sample has no GPU with alexnet, resnet18 and mobilenet files")
+    out_json, out_md = root / "paper.json", root / "paper.md"
+    result = run(
+        "ets_paper.py", "--data", str(data), "--no-extra", "--quick", "--kinds", "lstm,tree",
+        "--epochs", "1", "--tree-rounds", "5", "--curve-sizes", "2,1", "--ensemble", "1",
+        "--no-latency", "--json", str(out_json), "--markdown", str(out_md),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return {"sample": sample, "results": json.loads(out_json.read_text()),
+            "markdown": out_md.read_text()}  # fmt: skip
+
+
+def _finite_mre(value: Any) -> bool:
+    return isinstance(value, float) and math.isfinite(value) and value >= 0
+
+
+def test_ets_paper_leaves_each_family_out_once_per_gpu(ets_paper_smoke: dict[str, Any]) -> None:
+    sample, results = ets_paper_smoke["sample"], ets_paper_smoke["results"]
+    assert results["kinds"] == ["lstm", "tree"]
+    assert set(results["families"]) == set(results["lofo"]) == set(sample)
+    for gpu, fams in sample.items():
+        # the families read from the model names, each model's file count
+        assert {fam: sum(models.values()) for fam, models in results["families"][gpu].items()} == {
+            fam: len(files) for fam, files in fams.items()
+        }
+    rows = results["lofo_per_fold"]
+    assert sorted((row["gpu"], row["fold"]) for row in rows) == sorted(
+        (gpu, fam) for gpu, fams in sample.items() for fam in fams
+    )  # one row per held-out family per GPU
+    for row in rows:
+        assert row["files"] == len(sample[row["gpu"]][row["fold"]])
+        # the per-op baseline is scored beside the BiLSTM on the same held-out files
+        assert _finite_mre(row["lstm"]) and _finite_mre(row["tree"])
+    for gpu, fams in sample.items():
+        files = sorted(name for names in fams.values() for name in names)
+        for kind in ("lstm", "tree"):
+            per = results["lofo"][gpu][kind]
+            # every held-out file predicted once, by the fold that left its family out
+            labels = [r["label"].split("/", 1) for r in per["records"]]  # "T4/a.1_7.csv#7"
+            assert sorted(name.rsplit("#", 1)[0] for _, name in labels) == files
+            assert {held_gpu for held_gpu, _ in labels} == {gpu}
+            assert all(r["family"] == r["fold"] for r in per["records"])
+            assert per["summary"]["files"] == len(files)
+            assert per["summary"]["folds"] == len(fams)
+            assert _finite_mre(per["summary"]["mre"])
+    table = ets_paper_smoke["markdown"]
+    assert "## Leave one family out" in table
+    for gpu in sample:
+        assert f"| {gpu} | " in table
+    assert "| ETS-LSTM |" in table and "| per-op boosted trees |" in table
+    assert "## Leave one model out" not in table  # --quick leaves it out
+
+
+def test_ets_paper_learning_curve_grows_its_training_sets(ets_paper_smoke: dict[str, Any]) -> None:
+    sample, results = ets_paper_smoke["sample"], ets_paper_smoke["results"]
+    assert set(results["learning_curve"]) == set(sample)
+    for gpu, points in results["learning_curve"].items():
+        *subsets, full = points
+        sizes = [point["train_files"] for point in subsets]
+        assert sizes == [1, 2]  # --curve-sizes, in increasing order
+        smallest_pool = min(
+            sum(len(files) for other, files in sample[gpu].items() if other != held)
+            for held in sample[gpu]
+        )
+        assert sizes[-1] < smallest_pool  # so every family is held out at every size
+        for point in subsets:
+            assert point["folds"] == len(sample[gpu])
+            assert _finite_mre(point["lstm"]) and _finite_mre(point["tree"])
+        # the last point: all of each fold's training files, the leave-one-family-out run itself
+        assert full["train_files"].startswith("all (")
+        for kind in ("lstm", "tree"):
+            assert full[kind] == pytest.approx(results["lofo"][gpu][kind]["summary"]["mre"])
+    assert "## Learning curve" in ets_paper_smoke["markdown"]
+
+
+def test_ets_paper_rejects_a_curve_size_below_one() -> None:
+    result = run("ets_paper.py", "--curve-sizes", "2,0")
+    assert result.returncode == 2
+    assert "--curve-sizes" in result.stderr and "'2,0'" in result.stderr
