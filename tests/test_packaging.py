@@ -13,6 +13,7 @@ import configparser
 import fnmatch
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -147,6 +148,60 @@ def test_metadata_and_console_script(wheel: Path, wheel_names: list[str]) -> Non
 
 # ---------------------------------------------------------------------------------------------
 # The installed package
+
+#: The optional extras and the distributions each must bring (pyproject.toml
+#: [project.optional-dependencies]): the integrations' and reporters' ImportErrors name them.
+EXTRAS = {
+    "transformers": {"transformers", "accelerate"},
+    "lightning": {"lightning"},
+    "tensorboard": {"tensorboardx"},
+    "prometheus": {"prometheus-client"},
+}
+
+EXTRAS_REPORT = textwrap.dedent(
+    """
+    import json, pathlib
+    from importlib import metadata
+    dist = metadata.distribution("ets-hook")
+    print(json.dumps({
+        "location": str(pathlib.Path(dist.locate_file("")).resolve()),
+        "provides_extra": dist.metadata.get_all("Provides-Extra") or [],
+        "requires": dist.requires or [],
+    }))
+    """
+)
+
+
+def test_the_installed_metadata_declares_the_extras(installed: Installed, tmp_path: Path) -> None:
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    run = run_installed(installed, EXTRAS_REPORT, tmp_path)
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    # importlib.metadata found the wheel's own distribution, not the checkout's editable one.
+    assert Path(report["location"]) == installed.site_packages.resolve(), report
+    assert set(EXTRAS) <= set(report["provides_extra"]), report["provides_extra"]
+    requirements = [Requirement(line) for line in report["requires"]]
+    for extra, packages in EXTRAS.items():
+        named = {
+            canonicalize_name(r.name)
+            for r in requirements
+            if r.marker is not None and r.marker.evaluate({"extra": extra})
+        }
+        assert packages <= named, (extra, named)
+    # Importing ets_hook needs none of them: they are not unconditional requirements.
+    unconditional = {canonicalize_name(r.name) for r in requirements if r.marker is None}
+    assert not set().union(*EXTRAS.values()) & unconditional, unconditional
+    # Every extra an ImportError message of the package tells users to install is declared.
+    advised = {
+        name
+        for path in SOURCE.rglob("*.py")
+        for name in re.findall(r"pip install 'ets-hook\[(\w+)\]'", path.read_text())
+    }
+    assert set(EXTRAS) <= advised, advised
+    assert advised <= set(report["provides_extra"]), advised
+
 
 IMPORT_ALL = textwrap.dedent(
     """

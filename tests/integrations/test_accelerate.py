@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,11 +18,13 @@ pytest.importorskip("accelerate")  # only so the core suite runs where the extra
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
+from support import readme_python_blocks
 
 from ets_hook import ETSHook
 
 BATCHES = 12
 ACCUMULATION = 2
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -32,18 +35,27 @@ class Loop:
     inner_steps: int
 
 
+def tiny_job() -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.utils.data.DataLoader]:
+    """A small MLP, its SGD optimizer and a loader of ``BATCHES`` batches of 4 random samples."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = torch.utils.data.TensorDataset(torch.randn(4 * BATCHES, 8), torch.randn(4 * BATCHES, 1))
+    return model, optimizer, torch.utils.data.DataLoader(data, batch_size=4)
+
+
+def reset_accelerate_state() -> None:
+    """Accelerate's state is process-wide: leave none behind for other tests' Trainers."""
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
 @pytest.fixture(scope="module")
 def loop() -> Iterator[Loop]:
     """12 micro-batches, accumulation 2: 6 optimizer steps, under an ETSHook."""
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=ACCUMULATION)
     try:
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-        data = torch.utils.data.TensorDataset(
-            torch.randn(4 * BATCHES, 8), torch.randn(4 * BATCHES, 1)
-        )
-        loader = torch.utils.data.DataLoader(data, batch_size=4)
+        model, optimizer, loader = tiny_job()
         model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
         inner_steps = 0
 
@@ -69,9 +81,7 @@ def loop() -> Iterator[Loop]:
         counter.remove()
         yield Loop(hook, model, optimizer, inner_steps)
     finally:
-        # Accelerate's state is process-wide: leave none behind for other tests' Trainers.
-        AcceleratorState._reset_state(reset_partial_state=True)
-        GradientState._reset_state()
+        reset_accelerate_state()
 
 
 def test_steps_counted_are_optimizer_steps(loop: Loop) -> None:
@@ -88,5 +98,69 @@ def test_closed_hook_leaves_nothing(loop: Loop) -> None:
     assert not torch.autograd._profiler_enabled()
     assert not loop.model._forward_pre_hooks
     inner = loop.optimizer.optimizer
+    assert not inner._optimizer_step_pre_hooks
+    assert not inner._optimizer_step_post_hooks
+
+
+# --------------------------------------------------------------------------------------------
+# The README's snippet, verbatim
+
+#: The README's Accelerate example, verbatim (test_readme_shows_this_snippet keeps them equal;
+#: test_readme_snippet_runs runs it).
+README_SNIPPET = """\
+from accelerate import Accelerator
+from ets_hook import ETSHook
+
+accelerator = Accelerator()
+model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+with ETSHook(model, optimizer=optimizer, total_steps=epochs * len(loader)) as hook:
+    for epoch in range(epochs):
+        for x, y in loader:
+            loss = loss_fn(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+print(hook.prediction)
+"""
+
+
+def test_readme_shows_this_snippet() -> None:
+    assert README_SNIPPET in readme_python_blocks("Accelerate (plain loop)")
+
+
+def test_readme_snippet_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")  # CPU where a GPU is present too
+    model, optimizer, loader = tiny_job()
+    inner = optimizer
+    inner_steps = 0
+
+    def count(*args: Any) -> None:
+        nonlocal inner_steps
+        inner_steps += 1
+
+    counter = inner.register_step_post_hook(count)
+    namespace: dict[str, Any] = {
+        "model": model,
+        "optimizer": optimizer,
+        "loader": loader,
+        "loss_fn": torch.nn.functional.mse_loss,
+        "epochs": 2,
+    }
+    try:
+        exec(compile(README_SNIPPET, "README.md", "exec"), namespace)
+    finally:
+        counter.remove()
+        reset_accelerate_state()
+    hook, prepared = namespace["hook"], namespace["optimizer"]
+    assert prepared is not inner and prepared.optimizer is inner  # the AcceleratedOptimizer
+    assert inner_steps == 2 * BATCHES
+    assert hook.steps_completed == 2 * BATCHES == hook.total_steps
+    prediction = hook.prediction
+    assert prediction is not None
+    assert prediction.step == prediction.total_steps == 2 * BATCHES
+    assert prediction.eta_s == 0 and prediction.total_s > 0
+    # Closed by the with block: nothing left on the model or the optimizer.
+    assert not torch.autograd._profiler_enabled()
+    assert not namespace["model"]._forward_pre_hooks
     assert not inner._optimizer_step_pre_hooks
     assert not inner._optimizer_step_post_hooks

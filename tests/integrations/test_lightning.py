@@ -33,10 +33,11 @@ pytest.importorskip("lightning")
 import lightning.pytorch as L
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
+from support import Seen, check_forecasts_until_the_stop, readme_python_blocks
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from ets_hook.capture.batch_clock import TimedCollate
-from ets_hook.forecast.early_stop import EarlyStoppingRule
+from ets_hook.forecast.early_stop import MIN_POINTS, EarlyStoppingRule
 from ets_hook.forecast.epochs import EPOCH_START
 from ets_hook.forecast.job import (
     CHECKPOINT_FIXED_S,
@@ -400,8 +401,13 @@ def test_unknown_length_with_max_time_gives_step_time_only(
     assert prediction.total_steps is None  # no made-up total
     assert prediction.eta_s is None and prediction.total_s is None
     assert prediction.iteration_s > 0
+    # max_time is the job's only bound: the Timer's time left at training start, in seconds.
+    assert 0 < callback.resolved_options["time_limit_s"] <= 300.0
+    assert prediction.time_limit_s == callback.resolved_options["time_limit_s"]
+    assert not prediction.stopped_by_time_limit
     ended = callback.prediction  # once the fit is over, its length is known
     assert (ended.step, ended.total_steps, ended.eta_s) == (6, 6, 0.0)
+    assert ended.time_limit_s == prediction.time_limit_s and not ended.stopped_by_time_limit
     assert "total_steps" not in callback.resolved_options
     assert "ets/iteration_s" in trainer.progress_bar_metrics  # the step time, in place of the ETA
     assert "ets/eta_s" not in trainer.logged_metrics
@@ -864,10 +870,7 @@ def test_readme_snippet_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_readme_shows_this_snippet() -> None:
-    readme = (REPO / "README.md").read_text()
-    if "ets_hook.integrations.lightning" not in readme:
-        pytest.skip("README has no Lightning section yet")
-    assert README_SNIPPET in readme
+    assert README_SNIPPET in readme_python_blocks("PyTorch Lightning")
 
 
 # --------------------------------------------------------------------------------------------
@@ -881,33 +884,104 @@ class _FallingValLoss(TinyModule):
         self.log("val_loss", torch.tensor(1.0 / (1.0 + self.global_step)))
 
 
+#: ``val_loss`` at the k-th validation (k = 1..30) of the run that stops early: 0.4 +
+#: 0.6·exp(-k/1.5) plus N(0, 0.002) noise (numpy seed 0), rounded. It levels off from about the
+#: 9th validation, so ``EarlyStopping(patience=2)`` stops the fit well before its 60 steps (at
+#: step 24: what the test reads is the Trainer's own stop).
+PLATEAU_VAL_LOSS = [
+    0.7083, 0.5579, 0.4825, 0.4419, 0.4203, 0.4117, 0.4083, 0.4048, 0.4001, 0.3982,
+    0.3991, 0.4003, 0.3955, 0.3996, 0.3975, 0.3985, 0.3989, 0.3994, 0.4008, 0.4021,
+    0.3997, 0.4027, 0.3987, 0.4007, 0.4018, 0.4002, 0.3985, 0.3982, 0.3991, 0.4004,
+]  # fmt: skip
+
+
+class _PlateauValLoss(TinyModule):
+    """``val_loss`` takes the values of ``PLATEAU_VAL_LOSS``, one per validation run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.validations = 0
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("val_loss", torch.tensor(PLATEAU_VAL_LOSS[self.validations]))
+
+    def on_validation_epoch_end(self) -> None:
+        if not self.trainer.sanity_checking:
+            self.validations += 1
+
+
+class _PredictionAtEachEvaluation(L.Callback):
+    """Placed after ``ETSCallback``: its prediction each time its hook has taken in a new
+    value of the monitored metric (at validation end or train epoch end, as EarlyStopping)."""
+
+    def __init__(self, callback: ETSCallback) -> None:
+        self.callback = callback
+        self.seen: list[Seen] = []
+        self.validations = 0
+
+    def _look(self, trainer: L.Trainer) -> None:
+        hook = self.callback.hook
+        tracker = hook._forecaster._early_stop if hook is not None else None
+        if tracker is not None and tracker.evaluations > len(self.seen):
+            self.seen.append(
+                Seen(trainer.global_step, tracker.evaluations, self.callback.prediction)
+            )
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self.validations += 1
+            self._look(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._look(trainer)
+
+
 @pytest.mark.parametrize(
-    ("trainer_kwargs", "at_epoch_end"),
-    [({}, True), ({"val_check_interval": 2}, False)],
-    ids=["checks-at-train-epoch-end", "checks-at-validation-end"],
+    ("trainer_kwargs", "module_class", "at_epoch_end"),
+    [
+        ({"max_epochs": 8}, _FallingValLoss, True),  # 32 steps, a validation every 4
+        ({"max_epochs": 15, "val_check_interval": 2}, _PlateauValLoss, False),  # 60, every 2
+    ],
+    ids=["keeps-improving-checked-at-train-epoch-end", "plateaus-checked-at-validation-end"],
 )
 def test_follows_the_trainers_early_stopping(
-    trainer_kwargs: dict[str, Any], at_epoch_end: bool
+    trainer_kwargs: dict[str, Any], module_class: type[TinyModule], at_epoch_end: bool
 ) -> None:
     early = EarlyStopping(monitor="val_loss", patience=2)
     callback = ETSCallback(capture_steps=0, log_every=None)
+    watcher = _PredictionAtEachEvaluation(callback)
     trainer = quiet_trainer(
-        max_epochs=5, num_sanity_val_steps=1, callbacks=[callback, early], **trainer_kwargs
+        num_sanity_val_steps=1, callbacks=[callback, early, watcher], **trainer_kwargs
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer.fit(_FallingValLoss(), *loaders(batches=4))
+        trainer.fit(module_class(), *loaders(batches=4))
+    max_steps = 4 * trainer_kwargs["max_epochs"]  # 4 batches an epoch, no accumulation
     assert early._check_on_train_epoch_end is at_epoch_end
     assert callback.resolved_options["early_stopping"] == EarlyStoppingRule(
         2, 0.0, "min", stop_on_non_finite=True
     )
     tracker = callback.hook._forecaster._early_stop
     assert tracker is not None
-    validations = 5 if at_epoch_end else 10  # the sanity check is not reported
-    assert tracker.evaluations == validations >= 4
+    # Every validation's monitor was taken in (the sanity check's is not reported).
+    assert tracker.evaluations == watcher.validations == len(watcher.seen) >= MIN_POINTS + 2
+    stop_step = trainer.global_step
+    if module_class is _PlateauValLoss:
+        # The monitor plateaus: the fit stops early, at the validation where the hook's rule
+        # fired; at the last validation before it, the expected stop is within 40% of the real
+        # one (the tolerance the synthetic-curve tests hold the forecast to).
+        assert stop_step < max_steps
+        assert tracker.stopped_step == stop_step == watcher.seen[-1].step
+        last = [s for s in watcher.seen if s.step < stop_step][-1]
+        assert abs(last.prediction.expected_stop_step - stop_step) <= 0.4 * stop_step, last
+        assert watcher.seen[-1].prediction.expected_stop_step == stop_step
+    else:
+        assert stop_step == max_steps and not tracker.stopped
+    check_forecasts_until_the_stop(
+        watcher.seen, max_steps, stop_step, keeps_improving=module_class is _FallingValLoss
+    )
     prediction = callback.prediction
-    assert prediction.expected_stop_step is not None
-    assert prediction.expected_stop_step <= trainer.global_step == 20
+    assert prediction.expected_stop_step == stop_step == prediction.step
     assert prediction.total_range_s is not None
 
 
@@ -923,3 +997,44 @@ def test_explicit_early_stopping_wins(caplog: pytest.LogCaptureFixture) -> None:
     assert tracker is not None and tracker.rule == EarlyStoppingRule(4, 0.5, "min")
     assert tracker.evaluations == 4  # the monitor is still reported
     assert any("early_stopping=(4, 0.5) given" in r.getMessage() for r in caplog.records)
+
+
+class _StopAt(L.Callback):
+    """Stops the fit once ``trainer.global_step`` reaches ``step``."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.global_step >= self.step:
+            trainer.should_stop = True
+
+
+@pytest.mark.parametrize("max_steps", [-1, 1_000_000])
+def test_max_time_bounds_a_fit_without_an_epoch_limit(max_steps: int) -> None:
+    # max_epochs=-1: with max_steps=-1 the length is unknown and max_time is the only bound;
+    # with a million steps the predicted total is far past 30 s, so max_time ends the job.
+    max_time_s = 30.0 if max_steps > 0 else 3600.0
+    callback = ETSCallback(capture_steps=0, log_every=None)
+    at_step_5 = PredictionAt(callback, at=5)
+    trainer = quiet_trainer(
+        max_epochs=-1,
+        max_steps=max_steps,
+        max_time=timedelta(seconds=max_time_s),
+        callbacks=[callback, at_step_5, _StopAt(6)],
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(TinyModule(), loaders()[0])
+    prediction = at_step_5.prediction
+    assert trainer.global_step == 6 and prediction.step == 5
+    assert 0 < prediction.time_limit_s <= max_time_s
+    if max_steps < 0:
+        assert prediction.total_steps is None and prediction.total_s is None
+        assert not prediction.stopped_by_time_limit
+    else:
+        assert prediction.total_steps == max_steps
+        assert prediction.stopped_by_time_limit
+        assert prediction.total_s == prediction.time_limit_s
+        assert prediction.eta_s == pytest.approx(prediction.time_limit_s - prediction.elapsed_s)
+    assert not callback.prediction.stopped_by_time_limit  # stopped at step 6, before the limit

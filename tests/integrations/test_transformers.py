@@ -26,6 +26,7 @@ import pytest
 pytest.importorskip("transformers")  # only so the core suite runs where the extra is absent
 
 import torch
+from support import Seen, check_forecasts_until_the_stop, readme_python_blocks
 from transformers import (
     EarlyStoppingCallback,
     GPT2Config,
@@ -39,7 +40,7 @@ from transformers.trainer_callback import ProgressCallback
 
 from ets_hook.capture.batch_clock import TimedCollate
 from ets_hook.capture.sysinfo import training_state_bytes
-from ets_hook.forecast.early_stop import EarlyStoppingRule
+from ets_hook.forecast.early_stop import MIN_POINTS, EarlyStoppingRule
 from ets_hook.forecast.epochs import EPOCH_START
 from ets_hook.forecast.job import CHECKPOINT_FIXED_S, CHECKPOINT_WRITE_BYTES_PER_S
 from ets_hook.integrations.transformers import (
@@ -499,6 +500,24 @@ def test_hook_closed_after_training(runs: Runs) -> None:
 # --------------------------------------------------------------------------------------------
 # The README's snippet, verbatim
 
+REPO = Path(__file__).resolve().parents[2]
+
+#: The README's Hugging Face Trainer example, verbatim (test_readme_shows_this_snippet keeps
+#: them equal; test_readme_snippet runs it).
+README_SNIPPET = """\
+from transformers import Trainer
+from ets_hook.integrations.transformers import ETSTrainerCallback
+
+ets = ETSTrainerCallback()  # ETSHook options go here, e.g. status_path="eta.json"
+trainer = Trainer(model=model, args=args, train_dataset=train_set, callbacks=[ets])
+trainer.train()  # ets/iteration_s, ets/eta_s, ets/total_s in the logs; ETA on the bar
+print(ets.prediction)  # the final Prediction
+"""
+
+
+def test_readme_shows_this_snippet() -> None:
+    assert README_SNIPPET in readme_python_blocks("Hugging Face Trainer")
+
 
 def test_readme_snippet(tmp_path: Path) -> None:
     model = tiny_gpt2()
@@ -506,16 +525,9 @@ def test_readme_snippet(tmp_path: Path) -> None:
         output_dir=str(tmp_path), max_steps=6, logging_steps=2, report_to="none", use_cpu=True,
         disable_tqdm=True,
     )  # fmt: skip
-    train_set = TokenSet(16)
-
-    # README "Hugging Face Trainer" (keep in sync) -------------------------------------------
-    from ets_hook.integrations.transformers import ETSTrainerCallback
-
-    ets = ETSTrainerCallback()  # ETSHook options go here, e.g. status_path="eta.json"
-    trainer = Trainer(model=model, args=args, train_dataset=train_set, callbacks=[ets])
-    trainer.train()  # ets/iteration_s, ets/eta_s, ets/total_s in the logs; ETA on the bar
-    print(ets.prediction)  # the final Prediction
-    # ----------------------------------------------------------------------------------------
+    namespace: dict[str, Any] = {"model": model, "args": args, "train_set": TokenSet(16)}
+    exec(compile(README_SNIPPET, "README.md", "exec"), namespace)
+    ets, trainer = namespace["ets"], namespace["trainer"]
 
     assert ets.prediction is not None and ets.prediction.step == 6
     assert ets.hook is not None and ets.hook.total_steps == 6
@@ -686,16 +698,62 @@ def test_import_without_transformers_names_the_extra(monkeypatch: pytest.MonkeyP
 # Early stopping: the hook follows the Trainer's EarlyStoppingCallback
 
 
+#: The accuracy-like metric the early-stopping run reports at its k-th evaluation (k = 1..30):
+#: 0.8 - 0.6·exp(-k/1.5) plus N(0, 0.002) noise (numpy seed 0), rounded. It levels off from
+#: about the 8th evaluation, so ``EarlyStoppingCallback(patience=2)`` stops the run well before
+#: ``EARLY_STOP_MAX_STEPS`` (at step 20 of 60: what the test reads is the Trainer's own stop).
+PLATEAU_ACCURACY = [
+    0.4922, 0.6416, 0.7201, 0.7585, 0.7775, 0.7897, 0.797, 0.799, 0.7971, 0.7967,
+    0.7984, 0.7999, 0.7952, 0.7995, 0.7975, 0.7985, 0.7989, 0.7994, 0.8008, 0.8021,
+    0.7997, 0.8027, 0.7987, 0.8007, 0.8018, 0.8002, 0.7985, 0.7982, 0.7991, 0.8004,
+]  # fmt: skip
+EARLY_STOP_MAX_STEPS = 60  # an evaluation every 2 steps: one value above for each
+
+
+class PredictionAtEachEvaluation(TrainerCallback):
+    """Placed after ``ETSTrainerCallback``: its prediction at each evaluation, once the hook
+    has taken in the evaluation's metric."""
+
+    def __init__(self, callback: ETSTrainerCallback) -> None:
+        self.callback = callback
+        self.seen: list[Seen] = []
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        hook = self.callback.hook
+        tracker = hook._forecaster._early_stop if hook is not None else None
+        evaluations = tracker.evaluations if tracker is not None else 0
+        self.seen.append(Seen(state.global_step, evaluations, self.callback.prediction))
+
+
+@dataclass
+class EarlyStoppingRun:
+    trainer: Trainer
+    callback: ETSTrainerCallback
+    lines: list[str]
+    seen: list[Seen]
+
+
 def _early_stopping_run(
-    tmp_path: Path, max_steps: int, **hook_options: Any
-) -> tuple[Trainer, ETSTrainerCallback, list[str]]:
-    """A run evaluating (and saving) every 2 steps under ``EarlyStoppingCallback(patience=2)``,
-    on its own training data (its eval loss falls)."""
+    tmp_path: Path, max_steps: int, accuracy: list[float] | None = None, **hook_options: Any
+) -> EarlyStoppingRun:
+    """A run evaluating (and saving) every 2 steps under ``EarlyStoppingCallback(patience=2)``.
+
+    It monitors ``eval_loss`` on its own training data (which falls), or with ``accuracy`` an
+    ``accuracy`` metric (greater is better) taking those values, one per evaluation.
+    """
     data = TokenSet(16)
+    evaluated: list[int] = []
+
+    def compute_metrics(prediction: Any) -> dict[str, float]:
+        evaluated.append(1)
+        assert accuracy is not None
+        return {"accuracy": accuracy[len(evaluated) - 1]}
+
     args = training_args(
         tmp_path, max_steps=max_steps, gradient_accumulation_steps=1, logging_steps=2,
         eval_steps=2, save_steps=2, save_total_limit=1, load_best_model_at_end=True,
-        metric_for_best_model="eval_loss", learning_rate=1e-3,
+        metric_for_best_model="eval_loss" if accuracy is None else "accuracy",
+        learning_rate=1e-3,
     )  # fmt: skip
     records = Records()
     ets_logger = logging.getLogger("ets_hook")
@@ -703,35 +761,50 @@ def _early_stopping_run(
     level = ets_logger.level
     ets_logger.setLevel(logging.INFO)
     callback = ETSTrainerCallback(log_every=None, capture_steps=0, **hook_options)
+    watcher = PredictionAtEachEvaluation(callback)
     trainer = Trainer(
         model=tiny_gpt2(), args=args, train_dataset=data, eval_dataset=TokenSet(4),
-        callbacks=[callback, EarlyStoppingCallback(early_stopping_patience=2)],
+        compute_metrics=None if accuracy is None else compute_metrics,
+        callbacks=[callback, EarlyStoppingCallback(early_stopping_patience=2), watcher],
     )  # fmt: skip
     try:
         trainer.train()
     finally:
         ets_logger.removeHandler(records)
         ets_logger.setLevel(level)
-    return trainer, callback, records.lines
+    return EarlyStoppingRun(trainer, callback, records.lines, watcher.seen)
 
 
 def test_follows_the_trainers_early_stopping_callback(tmp_path: Path) -> None:
-    trainer, callback, _ = _early_stopping_run(tmp_path, max_steps=20)
-    hook = callback.hook
+    run = _early_stopping_run(tmp_path, EARLY_STOP_MAX_STEPS, accuracy=PLATEAU_ACCURACY)
+    hook = run.callback.hook
     assert hook is not None
     tracker = hook._forecaster._early_stop
     assert tracker is not None
-    assert tracker.rule == EarlyStoppingRule(2, 0.0, "min", best_on_any_improvement=True)
-    evaluations = [e for e in trainer.state.log_history if "eval_loss" in e]
-    assert tracker.evaluations == len(evaluations) >= 4
-    prediction = callback.prediction
-    assert prediction is not None and prediction.expected_stop_step is not None
-    assert prediction.expected_stop_step <= 20
-    assert prediction.total_range_s is not None
+    # metric_for_best_model="accuracy": the Trainer reports (and stops on) "eval_accuracy",
+    # greater is better.
+    assert tracker.rule == EarlyStoppingRule(2, 0.0, "max", best_on_any_improvement=True)
+    evaluations = [e for e in run.trainer.state.log_history if "eval_accuracy" in e]
+    assert tracker.evaluations == len(evaluations) == len(run.seen) >= MIN_POINTS + 2
+    # The metric plateaus: the Trainer stops early, at the evaluation where the hook's rule
+    # fired.
+    stop_step = run.trainer.state.global_step
+    assert stop_step < EARLY_STOP_MAX_STEPS
+    assert tracker.stopped_step == stop_step == run.seen[-1].step
+    check_forecasts_until_the_stop(run.seen, EARLY_STOP_MAX_STEPS, stop_step)
+    # At the last evaluation before the stop, the expected stop is within 40% of the real one
+    # (the tolerance the synthetic-curve tests hold the forecast to); at the stop, it is it.
+    last = [s for s in run.seen if s.step < stop_step][-1]
+    assert abs(last.prediction.expected_stop_step - stop_step) <= 0.4 * stop_step, last
+    assert run.seen[-1].prediction.expected_stop_step == stop_step
+    final = run.callback.prediction
+    assert final is not None and final.expected_stop_step == stop_step == final.step
+    assert final.total_range_s is not None and final.total_range_s[0] == final.total_range_s[1]
 
 
 def test_explicit_early_stopping_wins(tmp_path: Path) -> None:
-    _, callback, lines = _early_stopping_run(tmp_path, max_steps=8, early_stopping=(5, 0.1))
+    run = _early_stopping_run(tmp_path, max_steps=8, early_stopping=(5, 0.1))
+    callback, lines = run.callback, run.lines
     assert callback.hook is not None
     tracker = callback.hook._forecaster._early_stop
     assert tracker is not None and tracker.rule == EarlyStoppingRule(5, 0.1, "min")
