@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import statistics
+from dataclasses import dataclass
+
 import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from ets_hook import ETSHook, Phase
+from ets_hook import ETSHook, Phase, Prediction, Trace
 from ets_hook.capture.batch_clock import TimedCollate
 from ets_hook.ets.rows import ets_rows
+from ets_hook.reporters.format import format_prediction
 from ets_hook.trace.breakdown import breakdown_iteration
 
 
@@ -25,8 +29,14 @@ class AugmentedVectors(Dataset):
         return (x - x.mean()) / (x.std() + 1e-6), torch.tensor(index % 4)
 
 
+@dataclass
+class LoaderRun:
+    trace: Trace  # the window's
+    prediction: Prediction  # once the trace was ready
+
+
 @pytest.fixture(scope="module", params=["native", "profiler"])
-def loader_trace(request):
+def loader_run(request) -> LoaderRun:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -46,10 +56,12 @@ def loader_trace(request):
         if step == 11:
             break
     trace = hook.wait_for_trace(60)
+    prediction = hook.prediction
     hook.close()
     assert trace is not None, hook.capture_status
     assert request.param in trace.capture.op_capture
-    return trace
+    assert prediction is not None
+    return LoaderRun(trace, prediction)
 
 
 def whole_steps(trace):
@@ -61,7 +73,8 @@ def whole_steps(trace):
     return whole
 
 
-def test_the_datasets_ops_are_input_work(loader_trace) -> None:
+def test_the_datasets_ops_are_input_work(loader_run: LoaderRun) -> None:
+    loader_trace = loader_run.trace
     for iteration in whole_steps(loader_trace):
         names = {op.name for op in iteration.ops if op.phase is Phase.INPUT}
         assert {"aten::randn", "aten::sort", "aten::stack"} <= names
@@ -73,7 +86,8 @@ def test_the_datasets_ops_are_input_work(loader_trace) -> None:
         assert any(iteration.ops[i].phase is Phase.FORWARD for i in ets_rows(iteration))
 
 
-def test_input_work_counts_as_data_wait(loader_trace) -> None:
+def test_input_work_counts_as_data_wait(loader_run: LoaderRun) -> None:
+    loader_trace = loader_run.trace
     for iteration in whole_steps(loader_trace):
         b = breakdown_iteration(iteration)
         input_top_s = (
@@ -83,6 +97,37 @@ def test_input_work_counts_as_data_wait(loader_trace) -> None:
         assert b.data_wait_s >= input_top_s > 0
         first_model = min(op.start_ns for op in iteration.ops if op.phase is not Phase.INPUT)
         assert b.data_wait_s == pytest.approx((first_model - iteration.start_ns) / 1e9)
+
+
+def test_the_input_wait_reaches_predictions(loader_run: LoaderRun) -> None:
+    """The Dataset's per-sample work (num_workers=0) is most of each step here: the prediction
+    says how much, from the whole captured steps' breakdowns."""
+    prediction = loader_run.prediction
+    steps = [breakdown_iteration(it) for it in whole_steps(loader_run.trace)]
+    waits = sorted(b.data_wait_s for b in steps)
+    assert waits[0] <= prediction.data_wait_s <= waits[-1]
+    assert prediction.data_wait_share == pytest.approx(
+        prediction.data_wait_s / statistics.median(b.wall_s for b in steps)
+    )
+    assert prediction.waits_for_input  # the input work outweighs the tiny model's
+    assert "% of a step waits for input" in format_prediction(prediction)
+
+
+def test_a_loop_without_input_work_does_not_wait_for_input() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 4))  # ~1 ms a step
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(model, optimizer=opt, total_steps=12, capture_steps=3, log_every=None)
+    x, y = torch.randn(256, 256), torch.randint(0, 4, (256,))
+    for _ in range(12):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    assert hook.wait_for_trace(60) is not None, hook.capture_status
+    prediction = hook.prediction
+    hook.close()
+    assert prediction is not None and prediction.data_wait_share is not None
+    assert not prediction.waits_for_input
 
 
 def _phase(prediction, name):

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from ..trace.breakdown import RankBreakdown, rank_breakdown
+from ..trace.breakdown import RankBreakdown, breakdown_iteration, rank_breakdown
 from ..trace.decode import StepBounds
 from ..trace.events import Trace
 from ..trace.io import save_trace
@@ -93,6 +93,10 @@ class WindowSink(Protocol):
 
     def set_trace_estimate(self, estimate: TraceEstimate | None) -> None:
         """The step-time estimate made from the decoded trace."""
+
+    def set_input_wait(self, data_wait_s: float, step_wall_s: float) -> None:
+        """The captured steps' median wait for input (a step's start to its first model op,
+        ``trace.breakdown``) and their median wall time, seconds."""
 
 
 class WindowRunner:
@@ -702,6 +706,7 @@ class WindowRunner:
                 self.kernel_status = trace.capture.kernel_capture
                 self.trace = trace
                 self._publish_trace_estimate(trace)
+                self._publish_input_wait(trace)
                 if self._on_breakdown is not None:
                     self._on_breakdown(rank_breakdown(trace))
             if self._trace_path is not None:
@@ -718,6 +723,18 @@ class WindowRunner:
         self._sink.set_perturbed_steps(
             max(self.skip_steps + self.capture_steps + 1, self._steps_completed() + 1)
         )
+
+    def _publish_input_wait(self, trace: Trace) -> None:
+        """The whole captured steps' median wait for input and wall time, to the sink (steps
+        whose capture began after their data loading -- the profiler path's restart -- would
+        show no wait: left out)."""
+        partial = set(trace.metadata.get("partial_steps", ()))
+        steps = [breakdown_iteration(it) for it in trace.iterations if it.step not in partial]
+        if steps:
+            self._sink.set_input_wait(
+                statistics.median(s.data_wait_s for s in steps),
+                statistics.median(s.wall_s for s in steps),
+            )
 
     def _publish_trace_estimate(self, trace: Trace) -> None:
         try:

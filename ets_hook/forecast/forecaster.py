@@ -285,6 +285,7 @@ class Forecaster:
         self.time_limit_s = check_time_limit_s(time_limit_s)
         self._job_view: JobView | None = None
         self._host_load: tuple[float, float] | None = None  # (foreign CPU, steal) shares
+        self._input_wait: tuple[float, float] | None = None  # (median s, share of a step)
         self._warmup_end = 0  # steps [0, _warmup_end) are known warm-up (compiles)
         self._low_precision = False
 
@@ -429,6 +430,24 @@ class Forecaster:
                 self._version += 1
         except Exception as exc:
             logger.info("ets-hook: early-stopping metric ignored: %r", exc)
+
+    def set_input_wait(self, data_wait_s: float, step_wall_s: float) -> None:
+        """What the captured steps waited for their input (``WindowSink``): the median wait (a
+        step's start to its first model op: the DataLoader's ``__next__`` in this process,
+        ``Dataset`` / ``collate_fn`` work with ``num_workers=0``, a slow input pipeline) and the
+        median step wall time, seconds; shown in predictions (``data_wait_s``,
+        ``data_wait_share``). Any thread.
+
+        Raises:
+            ValueError: either is not a finite number >= 0.
+        """
+        for name, value in (("data_wait_s", data_wait_s), ("step_wall_s", step_wall_s)):
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        share = min(data_wait_s / step_wall_s, 1.0) if step_wall_s > 0 else 0.0
+        with self._lock:
+            self._input_wait = (float(data_wait_s), share)
+            self._version += 1
 
     def set_trace_estimate(self, estimate: TraceEstimate | None) -> None:
         """Install (or, with None, remove) the trace-based estimate. Any thread.
@@ -966,6 +985,8 @@ class Forecaster:
             host_steal=self._host_load[1] if self._host_load is not None else None,
             input_period_s=(job.grad_accum_steps * supply.period_s if supply is not None else None),
             time_limit_s=self.time_limit_s,
+            data_wait_s=self._input_wait[0] if self._input_wait is not None else None,
+            data_wait_share=self._input_wait[1] if self._input_wait is not None else None,
         )
         return cut_at_time_limit(prediction)
 

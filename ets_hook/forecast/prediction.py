@@ -27,6 +27,8 @@ def utc_from_timestamp(ts: float) -> datetime:
 #: ``Prediction.source`` of a step time set by the DataLoader workers' pace
 #: (``forecast.input_supply``).
 SOURCE_INPUT = "input"
+#: ``Prediction.waits_for_input`` from this share of a captured step spent waiting for input.
+INPUT_WAIT_SHARE = 0.25
 #: ``Prediction.host_busy`` from this share of the machine's CPU used by other processes...
 BUSY_FOREIGN_CPU = 0.25
 #: ... or this share taken as steal time.
@@ -104,6 +106,13 @@ class Prediction:
             the job length is unknown it is the only bound (``total_s`` stays None); a
             predicted total beyond it is cut to it (``stopped_by_time_limit``,
             ``cut_at_time_limit``).
+        data_wait_s: the median time a captured step waited for its input, seconds: its
+            start (the previous step's end) to its first model op — the DataLoader's
+            ``__next__`` in the training process, ``Dataset`` / ``collate_fn`` work with
+            ``num_workers=0``, a slow input pipeline (``trace.breakdown``); part of
+            ``iteration_s``, not added to it. None before the window's trace.
+        data_wait_share: ``data_wait_s`` over the captured steps' median wall time, 0..1:
+            the share of a step spent waiting for input. None before the window's trace.
     """
 
     step: int
@@ -145,6 +154,8 @@ class Prediction:
     host_steal: float | None = None
     input_period_s: float | None = None
     time_limit_s: float | None = None
+    data_wait_s: float | None = None
+    data_wait_share: float | None = None
 
     @property
     def host_busy(self) -> bool:
@@ -159,6 +170,12 @@ class Prediction:
         """The step time is the DataLoader workers' pace (source ``SOURCE_INPUT``): the loop
         will wait for its batches."""
         return self.source == SOURCE_INPUT
+
+    @property
+    def waits_for_input(self) -> bool:
+        """A large share of each step waits for its input: ``data_wait_share`` >=
+        ``INPUT_WAIT_SHARE`` (a quarter of the step)."""
+        return (self.data_wait_share or 0.0) >= INPUT_WAIT_SHARE
 
     @property
     def stopped_by_time_limit(self) -> bool:

@@ -108,7 +108,9 @@ def format_prediction(p: Prediction) -> str:
         `` · job of 8 ranks, waits for rank 3`` (ETA and total are then the job's); while other
         work loads the machine (``Prediction.host_busy``),
         `` · host busy: other processes 40% CPU, steal 6%``; when the step time is the
-        DataLoader workers' pace (source ``"input"``), `` · input-bound: DataLoader workers``.
+        DataLoader workers' pace (source ``"input"``), `` · input-bound: DataLoader workers``;
+        else, when a quarter or more of a captured step waited for its input
+        (``Prediction.waits_for_input``), `` · 62% of a step waits for input``.
     """
     steps = f"step {p.step}/{p.total_steps}" if p.total_steps is not None else f"step {p.step}"
     text = f"{steps} · {format_step_time(p.iteration_s)} {format_relative(p.iteration_rel_ci)}"
@@ -130,6 +132,8 @@ def format_prediction(p: Prediction) -> str:
         )
     if p.input_bound:
         text += " · input-bound: DataLoader workers"
+    elif p.waits_for_input and p.data_wait_share is not None:
+        text += f" · {100 * p.data_wait_share:.0f}% of a step waits for input"
     if p.world_size > 1 and p.slowest_rank is not None:
         text += f" · job of {p.world_size} ranks, waits for rank {p.slowest_rank}"
     foreign, steal = p.host_foreign_cpu or 0.0, p.host_steal or 0.0

@@ -88,6 +88,32 @@ def test_unknown_total_gives_step_time_only() -> None:
     assert p.iteration_s == pytest.approx(0.2, rel=0.05)
 
 
+def test_the_windows_input_wait_is_shown_not_added() -> None:
+    f = Forecaster(JobModel(total_steps=100), start_s=0.0, wall_start_s=WALL_START)
+    drive(f, noisy(20))
+    before = f.prediction
+    assert before is not None and before.data_wait_s is None and before.data_wait_share is None
+    assert not before.waits_for_input
+    f.set_input_wait(0.06, 0.2)
+    p = f.prediction
+    assert p is not None and p.data_wait_s == 0.06
+    assert p.data_wait_share == pytest.approx(0.3) and p.waits_for_input
+    assert p.iteration_s == before.iteration_s and p.total_s == before.total_s  # already in it
+    f.set_input_wait(0.01, 0.2)
+    assert f.prediction is not None and not f.prediction.waits_for_input
+    f.set_input_wait(0.5, 0.2)  # a wait longer than the median step: the share stops at 1
+    assert f.prediction is not None and f.prediction.data_wait_share == 1.0
+
+
+@pytest.mark.parametrize(
+    ("wait", "wall"), [(-0.1, 0.2), (0.1, math.nan), (math.inf, 0.2), ("0.1", 0.2)]
+)
+def test_an_input_wait_out_of_range_is_refused(wait: object, wall: object) -> None:
+    f = Forecaster(JobModel(total_steps=100), start_s=0.0)
+    with pytest.raises(ValueError, match=r"data_wait_s|step_wall_s"):
+        f.set_input_wait(wait, wall)  # type: ignore[arg-type]
+
+
 def test_json_round_trip_is_strict_and_complete() -> None:
     job = JobModel.from_args(total_steps=50, checkpoint_every=10)
     f = Forecaster(job, start_s=0.0, wall_start_s=WALL_START)

@@ -79,6 +79,16 @@ def test_an_input_bound_step_time_says_so() -> None:
     assert "input-bound" not in format_prediction(prediction(source="fused"))
 
 
+def test_a_step_that_mostly_waits_for_input_says_so() -> None:
+    text = format_prediction(prediction(data_wait_s=0.256, data_wait_share=0.62))
+    assert text == format_prediction(prediction()) + " · 62% of a step waits for input"
+    assert "waits for input" not in format_prediction(prediction(data_wait_share=0.2))
+    assert "waits for input" not in format_prediction(prediction(data_wait_share=None))
+    # The workers' pace already says the step is input-bound: one note, not two.
+    both = prediction(source="input", input_period_s=0.412, data_wait_share=0.62)
+    assert format_prediction(both).endswith(" · input-bound: DataLoader workers")
+
+
 def test_job_suffix_names_the_rank_the_job_waits_for() -> None:
     local = format_prediction(prediction(rank=2, world_size=8))
     text = format_prediction(prediction(rank=2, world_size=8, slowest_rank=3, job_view_step=30))
