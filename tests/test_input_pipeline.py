@@ -325,3 +325,34 @@ def test_a_hook_that_refuses_its_arguments_leaves_the_loader_alone(bad) -> None:
     with pytest.raises(ValueError):
         ETSHook(nn.Linear(16, 4), dataloader=loader, log_every=None, **bad)
     assert loader.collate_fn is original
+
+
+def test_a_failing_input_wait_never_costs_the_window_its_trace(monkeypatch, tmp_path) -> None:
+    from ets_hook.forecast.forecaster import Forecaster
+
+    def broken(self, data_wait_s: float, step_wall_s: float) -> None:
+        raise RuntimeError("broken on purpose")
+
+    monkeypatch.setattr(Forecaster, "set_input_wait", broken)
+    torch.manual_seed(0)
+    model = nn.Linear(16, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(
+        model,
+        optimizer=opt,
+        total_steps=10,
+        capture_steps=2,
+        log_every=None,
+        trace_path=tmp_path / "run.ets",
+    )
+    for _ in range(8):
+        opt.zero_grad()
+        model(torch.randn(8, 16)).sum().backward()
+        opt.step()
+    trace = hook.wait_for_trace(60)
+    prediction = hook.prediction
+    hook.close()
+    assert trace is not None and len(trace.iterations) == 2, hook.capture_status
+    assert "fail" not in hook.capture_status, hook.capture_status
+    assert (tmp_path / "run.ets").is_file()  # saved after the input wait: the window went on
+    assert prediction is not None and prediction.data_wait_share is None

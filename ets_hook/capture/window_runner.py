@@ -728,13 +728,16 @@ class WindowRunner:
         """The whole captured steps' median wait for input and wall time, to the sink (steps
         whose capture began after their data loading -- the profiler path's restart -- would
         show no wait: left out)."""
-        partial = set(trace.metadata.get("partial_steps", ()))
-        steps = [breakdown_iteration(it) for it in trace.iterations if it.step not in partial]
-        if steps:
-            self._sink.set_input_wait(
-                statistics.median(s.data_wait_s for s in steps),
-                statistics.median(s.wall_s for s in steps),
-            )
+        try:
+            partial = set(trace.metadata.get("partial_steps", ()))
+            steps = [breakdown_iteration(it) for it in trace.iterations if it.step not in partial]
+            if steps:
+                self._sink.set_input_wait(
+                    statistics.median(s.data_wait_s for s in steps),
+                    statistics.median(s.wall_s for s in steps),
+                )
+        except Exception as exc:  # shown, not needed: never fails the window
+            logger.debug("ets-hook: the window's input wait is unavailable: %r", exc)
 
     def _publish_trace_estimate(self, trace: Trace) -> None:
         try:
