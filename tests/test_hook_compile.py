@@ -34,8 +34,26 @@ def _model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
 
 
-def _train(order: str) -> CompiledRun:
+def _timed_steps(
+    compiled: Any, optimizer: torch.optim.Optimizer, hook: ETSHook, batches: list[Any]
+) -> tuple[list[Prediction | None], list[float]]:
+    """One training step per batch: the hook's prediction after each, and each step's wall
+    time."""
     import time
+
+    predictions, wall_s = [], []
+    for x, y in batches:
+        started = time.perf_counter()
+        loss = torch.nn.functional.cross_entropy(compiled(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        wall_s.append(time.perf_counter() - started)
+        predictions.append(hook.prediction)
+    return predictions, wall_s
+
+
+def _train(order: str) -> CompiledRun:
 
     import torch._dynamo
     from torch._dynamo.utils import counters
@@ -50,16 +68,8 @@ def _train(order: str) -> CompiledRun:
     else:
         hook = ETSHook(model, optimizer, total_steps=STEPS, capture_steps=3, log_every=None)
         compiled = torch.compile(model, backend="aot_eager")
-    x, y = torch.randn(8, 32), torch.randint(0, 4, (8,))
-    predictions, wall_s = [], []
-    for _ in range(STEPS):
-        started = time.perf_counter()
-        loss = torch.nn.functional.cross_entropy(compiled(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        wall_s.append(time.perf_counter() - started)
-        predictions.append(hook.prediction)
+    batch = (torch.randn(8, 32), torch.randint(0, 4, (8,)))
+    predictions, wall_s = _timed_steps(compiled, optimizer, hook, [batch] * STEPS)
     hook.close()
     frames = counters["stats"]["unique_graphs"]
     breaks = sum(counters["graph_break"].values())
@@ -146,7 +156,6 @@ def _train_with_batch_sizes(
     """A compiled model (static shapes) trained ``steps`` steps on batches of 8 rows, 12 from
     step ``grow_at`` on: dynamo compiles at step 0 and recompiles at ``grow_at``. Returns the
     closed hook, the prediction after each step, each step's wall time and dynamo's graphs."""
-    import time
 
     import torch._dynamo
     from torch._dynamo.utils import counters
@@ -158,16 +167,8 @@ def _train_with_batch_sizes(
     compiled = torch.compile(model, backend="aot_eager", dynamic=False)
     hook = ETSHook(compiled, optimizer, log_every=None, **hook_args)
     batches = {rows: (torch.randn(rows, 32), torch.randint(0, 4, (rows,))) for rows in (8, 12)}
-    predictions, wall_s = [], []
-    for step in range(steps):
-        x, y = batches[12 if step >= grow_at else 8]
-        started = time.perf_counter()
-        loss = torch.nn.functional.cross_entropy(compiled(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        wall_s.append(time.perf_counter() - started)
-        predictions.append(hook.prediction)
+    order = [batches[12 if step >= grow_at else 8] for step in range(steps)]
+    predictions, wall_s = _timed_steps(compiled, optimizer, hook, order)
     hook.close()
     return hook, predictions, wall_s, counters["stats"]["unique_graphs"]
 

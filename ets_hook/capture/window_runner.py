@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from ..trace.breakdown import RankBreakdown, breakdown_iteration, rank_breakdown
+from ..trace.breakdown import RankBreakdown, rank_breakdown
 from ..trace.decode import StepBounds
 from ..trace.events import Trace
 from ..trace.io import save_trace
@@ -706,9 +706,9 @@ class WindowRunner:
                 self.kernel_status = trace.capture.kernel_capture
                 self.trace = trace
                 self._publish_trace_estimate(trace)
-                self._publish_input_wait(trace)
+                breakdown = self._publish_input_wait(trace)
                 if self._on_breakdown is not None:
-                    self._on_breakdown(rank_breakdown(trace))
+                    self._on_breakdown(breakdown or rank_breakdown(trace))
             if self._trace_path is not None:
                 save_trace(trace, self._trace_path)
             self.state = WindowState.DONE
@@ -724,20 +724,24 @@ class WindowRunner:
             max(self.skip_steps + self.capture_steps + 1, self._steps_completed() + 1)
         )
 
-    def _publish_input_wait(self, trace: Trace) -> None:
+    def _publish_input_wait(self, trace: Trace) -> RankBreakdown | None:
         """The whole captured steps' median wait for input and wall time, to the sink (steps
         whose capture began after their data loading -- the profiler path's restart -- would
-        show no wait: left out)."""
+        show no wait: left out).
+
+        Returns:
+            That breakdown when no step was left out (it is then the whole trace's, for the
+            rank exchange), else None.
+        """
+        partial = set(trace.metadata.get("partial_steps", ()))
         try:
-            partial = set(trace.metadata.get("partial_steps", ()))
-            steps = [breakdown_iteration(it) for it in trace.iterations if it.step not in partial]
-            if steps:
-                self._sink.set_input_wait(
-                    statistics.median(s.data_wait_s for s in steps),
-                    statistics.median(s.wall_s for s in steps),
-                )
+            whole = rank_breakdown(trace, leave_out=partial)
+            if whole is not None:
+                self._sink.set_input_wait(whole.data_wait_s, whole.wall_s)
         except Exception as exc:  # shown, not needed: never fails the window
             logger.debug("ets-hook: the window's input wait is unavailable: %r", exc)
+            return None
+        return None if partial else whole
 
     def _publish_trace_estimate(self, trace: Trace) -> None:
         try:

@@ -105,6 +105,12 @@ def check_time_limit_s(time_limit_s: Any) -> float | None:
     return float(time_limit_s)
 
 
+def _check_rank(rank: int, world_size: int) -> None:
+    """Raises ValueError unless ``0 <= rank < world_size``."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+
+
 #: A loader's batch clock (``capture.batch_clock.BatchClock.read``): each worker's batch finish
 #: times and CPU times so far, seconds.
 WorkerClock = Callable[[], tuple[Sequence[Sequence[float]], Sequence[Sequence[float]]]]
@@ -239,10 +245,7 @@ class Forecaster:
             raise ValueError(f"min_warmup_steps must be >= 0, got {min_warmup_steps}")
         if not math.isfinite(start_s):
             raise ValueError(f"start_s must be finite, got {start_s}")
-        if not 0 <= rank < world_size:
-            raise ValueError(
-                f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}"
-            )
+        _check_rank(rank, world_size)
         self._job = job if job is not None else JobModel()
         self.start_s = start_s
         self.wall_start_s = time.time() if wall_start_s is None else wall_start_s
@@ -526,10 +529,7 @@ class Forecaster:
         Raises:
             ValueError: not ``0 <= rank < world_size``.
         """
-        if not 0 <= rank < world_size:
-            raise ValueError(
-                f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}"
-            )
+        _check_rank(rank, world_size)
         with self._lock:
             self.rank, self.world_size = rank, world_size
             if reports is not None:

@@ -19,7 +19,7 @@ waiting. Per captured step:
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from .events import IterationTrace, Phase, Trace
@@ -134,16 +134,18 @@ def breakdown_iteration(iteration: IterationTrace) -> StepBreakdown:
     return StepBreakdown(iteration.step, wall_s, compute_s, data_wait_s, collective_s, other_s)
 
 
-def rank_breakdown(trace: Trace) -> RankBreakdown | None:
+def rank_breakdown(trace: Trace, leave_out: Collection[int] = ()) -> RankBreakdown | None:
     """The medians of a trace's step breakdowns.
 
     Args:
         trace: one rank's trace.
+        leave_out: step numbers not summarised (e.g. ``metadata["partial_steps"]``, captured
+            from inside the step: no data wait seen).
 
     Returns:
-        The summary, or None when the trace has no iterations.
+        The summary, or None when no iteration is left.
     """
-    steps = [breakdown_iteration(it) for it in trace.iterations]
+    steps = [breakdown_iteration(it) for it in trace.iterations if it.step not in leave_out]
     if not steps:
         return None
 
