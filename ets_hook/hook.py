@@ -37,6 +37,7 @@ import torch
 from . import __version__, exits
 from .capture.accumulation import UndeclaredAccumulation
 from .capture.batch_clock import BatchClock
+from .capture.clocks import read_clocks
 from .capture.compile_events import CompileWatcher
 from .capture.device_timer import CudaStepTimer
 from .capture.host_load import HostLoadSampler
@@ -416,7 +417,7 @@ class ETSHook:
 
         # Steps are timed with perf_counter_ns; the trace's clock is Unix time: one offset.
         self._created_ns = time.perf_counter_ns()
-        self._epoch_offset_ns = time.time_ns() - time.perf_counter_ns()
+        self._epoch_offset_ns = read_clocks().epoch_offset_ns
         self._step_start_ns = self._created_ns
         self._phase_ns_in_step = 0
         # ets-hook's own time on the training thread inside the current step (its boundary
@@ -506,7 +507,6 @@ class ETSHook:
             off_note=f"disabled by {DISABLE_ENV}" if disabled else "",
             capture_kernels=capture_kernels,
             device=self._device,
-            epoch_offset_ns=self._epoch_offset_ns,
             step_times_s=self._step_times_s,
             steps_completed=lambda: self.steps_completed,
             remove_capture_hooks=self._remove_capture_hooks,

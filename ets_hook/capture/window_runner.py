@@ -32,6 +32,7 @@ from ..trace.decode import StepBounds
 from ..trace.events import Trace
 from ..trace.io import save_trace
 from . import native_ops
+from .clocks import ClockReading, epoch_ns, read_clocks
 from .ops import (
     NativeOpCapture,
     ProfilerOpCapture,
@@ -128,7 +129,6 @@ class WindowRunner:
         op_capture: str,
         capture_kernels: bool | None,
         device: torch.device,
-        epoch_offset_ns: int,
         step_times_s: array[float],
         steps_completed: Callable[[], int],
         remove_capture_hooks: Callable[[], None],
@@ -160,8 +160,6 @@ class WindowRunner:
             capture_kernels: start the CUPTI kernel collector with the op capture; None: when
                 ``device`` is CUDA.
             device: the training device.
-            epoch_offset_ns: Unix time minus ``time.perf_counter_ns()``: the step bounds given
-                in perf-counter time plus this are the trace's clock.
             step_times_s: the hook's step times (appended to as steps end; read, never written).
             steps_completed: returns the hook's count of completed steps.
             remove_capture_hooks: removes the step detector's capture-only hooks (the forward
@@ -219,10 +217,12 @@ class WindowRunner:
         self.kernel_status = "not requested"
         # The window's steps, as the hook times them.
         self._device = device
-        self._epoch_offset_ns = epoch_offset_ns
+        # Both clocks read at the window's start and end: the step bounds (perf-counter time)
+        # are moved onto the events' Unix time with these (``clocks``).
+        self._clocks_at_start: ClockReading | None = None
         self._step_times_s = step_times_s
         self._steps_completed = steps_completed
-        self._window_bounds: list[StepBounds] = []
+        self._window_bounds: list[StepBounds] = []  # perf-counter time until ``finish``
         # Steps of the window whose op capture began after the step started (see on_forward).
         self._partial_steps: list[int] = []
         self._restart_pending = False
@@ -402,6 +402,7 @@ class WindowRunner:
         if isinstance(self._ops, NativeOpCapture):
             self._ops.on_preempt = self._preempted
         self._capture_thread = threading.get_ident()
+        self._clocks_at_start = read_clocks()
         self.window_ops = []
         self._window_records = self._ops.records() if isinstance(self._ops, NativeOpCapture) else 0
         self.state = WindowState.CAPTURING
@@ -435,7 +436,7 @@ class WindowRunner:
         self.state = WindowState.DECODING
         if truncated:
             self._capture_note = f"window cut short after {len(self._window_bounds)} steps"
-        snapshot = (self._ops, list(self._window_bounds), window_end_event)
+        snapshot = (self._ops, self._bounds_on_event_clock(), window_end_event)
         if self._decode_in_background:
             self._decode_thread = threading.Thread(
                 target=self._decode, args=snapshot, name="ets-hook-decode", daemon=True
@@ -508,8 +509,7 @@ class WindowRunner:
             and self._ops.active
             and not compiled_now  # its ops are mostly the compiler's: left out of the trace
         ):
-            offset = self._epoch_offset_ns
-            self._window_bounds.append(StepBounds(step_index, start_ns + offset, end_ns + offset))
+            self._window_bounds.append(StepBounds(step_index, start_ns, end_ns))
             if isinstance(self._ops, NativeOpCapture) and self._device.type == "cpu":
                 self._measure_window_step()
         elif compiled_now and isinstance(self._ops, NativeOpCapture) and self._ops.active:
@@ -624,6 +624,16 @@ class WindowRunner:
         decode_us = 0.0 if self._dropped else 0.5 * sum(self._ops.decode_us_per_op)
         decode_s = sum(self.window_ops) * decode_us * 1e-6
         return window_s + decode_s
+
+    def _bounds_on_event_clock(self) -> list[StepBounds]:
+        """The window's step bounds moved from perf-counter time onto the events' Unix time,
+        with the clocks read at the window's start and now (its end)."""
+        first = self._clocks_at_start if self._clocks_at_start is not None else read_clocks()
+        last = read_clocks()
+        return [
+            StepBounds(b.step, epoch_ns(b.start_ns, first, last), epoch_ns(b.end_ns, first, last))
+            for b in self._window_bounds
+        ]
 
     def _shorten_window(self, completed: int) -> None:
         """The adaptive window ends after ``completed`` steps: its length, and the sink's."""
