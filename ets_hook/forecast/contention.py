@@ -316,3 +316,34 @@ def split_contention(x: np.ndarray) -> ContentionSplit:
         len(per_run),
         contention_excess_s=max(before / len(kept), 0.0),
     )
+
+
+#: Steps in a row that must all sit off an estimate made from earlier steps before it is set
+#: aside: one more than the longest burst.
+OUTDATED_RUN_STEPS = MAX_BURST_STEPS + 1
+
+
+def outdated_by_recent_steps(recent_s: np.ndarray, iteration_s: float, ci_s: float) -> bool:
+    """Whether the latest steps say an estimate made from earlier ones no longer holds.
+
+    The last ``OUTDATED_RUN_STEPS`` steps all above the estimate's interval (and at least
+    ``MIN_SHIFT_REL`` above the estimate), or all below it: longer than a burst, so the start of
+    a lasting shift (which ``split_contention`` confirms ``MIN_SHIFT_STEPS`` steps after the
+    change), or an estimate that was off. A step as noisy as the estimate allows stays inside
+    the band: six in a row on one side of it by chance is rarer than 1 in 1000 at a 20% CV.
+
+    Args:
+        recent_s: the latest step times, seconds, oldest first (only the last
+            ``OUTDATED_RUN_STEPS`` are read).
+        iteration_s: the estimate's mean step time, seconds.
+        ci_s: the estimate's half-width, seconds.
+
+    Returns:
+        True when the latest ``OUTDATED_RUN_STEPS`` steps all lie outside the band; False with
+        fewer steps, or when any lies inside it.
+    """
+    if len(recent_s) < OUTDATED_RUN_STEPS or not iteration_s > 0:
+        return False
+    last = np.asarray(recent_s[-OUTDATED_RUN_STEPS:], dtype=float)
+    band_s = max(ci_s, MIN_SHIFT_REL * iteration_s)
+    return bool(np.all(last > iteration_s + band_s) or np.all(last < iteration_s - band_s))

@@ -47,6 +47,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import DeadlineExceededError
+from .contention import OUTDATED_RUN_STEPS, outdated_by_recent_steps
 from .early_stop import EarlyStoppingRule, EarlyStopTracker, total_range_s
 from .input_supply import SupplyEstimate, bound_by_supply, supply_from_loaders
 from .job import JobModel, PhaseCostPrior, PhaseTracker, remaining_phase_time
@@ -827,6 +828,14 @@ class Forecaster:
             self._measured_at_s = self._last_step_end_s
         return self._measured
 
+    def _recent_clean_steps(self) -> np.ndarray | None:
+        """The latest ``OUTDATED_RUN_STEPS`` step times after the capture-perturbed ones (the
+        series the measured estimate reads), or None: fewer, or a compacted series."""
+        series = self._device_series if self._device_series.count >= 2 else self._series
+        if series.stride != 1 or series.count - self._perturbed_end < OUTDATED_RUN_STEPS:
+            return None
+        return series.values()[-OUTDATED_RUN_STEPS:]
+
     def _remaining_capture_s(self, iteration_s: float, remaining: int) -> tuple[float, float]:
         """Expected capture cost still to come and its half-width at ``level``: the window's
         steps not yet run, slowed by the prior's ``capture_ratio``, and the one-off disable +
@@ -886,6 +895,22 @@ class Forecaster:
             if self._trace is not None and not self._variable_steps
             else None
         )
+        recent = self._recent_clean_steps()
+        if (
+            trace is not None
+            and measured is not None
+            and (
+                measured.level_shifted
+                or (
+                    recent is not None
+                    and outdated_by_recent_steps(recent, trace.iteration_s, trace.ci_s)
+                )
+            )
+        ):
+            # The window's steps no longer describe the job's: the measured estimate alone
+            # (fused, the trace's narrow interval held the prediction at the old level until
+            # the shift was confirmed, and halfway after).
+            trace = None
         job = self._job
         supply = self._input_supply()
         if trace is not None:
@@ -894,6 +919,12 @@ class Forecaster:
         est = fuse([measured, trace], level=self.level)
         if est is None:
             return None
+        if recent is not None and outdated_by_recent_steps(recent, est.iteration_s, est.ci_s):
+            # A run longer than a burst sits off the estimate: a lasting shift may be under way
+            # (confirmed MIN_SHIFT_STEPS steps after the change). The point waits for that; the
+            # interval reaches the level the latest steps run at.
+            reach_s = abs(float(np.median(recent)) - est.iteration_s)
+            est = dataclasses.replace(est, ci_s=max(est.ci_s, reach_s))
         est = bound_by_supply(est, supply, job.grad_accum_steps)
         step = job.initial_step + self._steps_done
         total_steps = job.total_steps

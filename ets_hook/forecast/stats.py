@@ -329,6 +329,8 @@ class Estimate:
             ``iteration_s`` (``forecast.contention``), or None.
         recurring_excess_s: what one occurrence of it adds over a calm step, seconds (0.0
             without).
+        level_shifted: the steps' level moved and stayed (``forecast.contention``): the
+            estimate rests on the steps since the change only.
     """
 
     iteration_s: float
@@ -341,6 +343,7 @@ class Estimate:
     warmup_steps: int = 0
     recurring_period_steps: int | None = None
     recurring_excess_s: float = 0.0
+    level_shifted: bool = False
 
     @property
     def rel_ci(self) -> float:
@@ -653,6 +656,7 @@ def estimate_measured(
     burst_excess = recurring_s = recurring_se_s = 0.0
     recurring_count = 0
     recurring_period: int | None = None
+    shifted = False
     if raw and not variable and len(x) >= MIN_BURST_SERIES:
         # A noisy host: bursts out of the mean (their excess widens the interval), and after a
         # lasting shift of the level only the steps at the new level (forecast.contention).
@@ -660,6 +664,7 @@ def estimate_measured(
         split = split_contention(x)
         if split.shift_index is not None:
             warmup_ongoing = False  # the level moved and stayed: that is not warm-up
+            shifted = True
         x, index = x[split.keep], index[split.keep]
         if split.burst_period_steps is not None:
             recurring_s, recurring_se_s = split.burst_excess_s, split.burst_excess_se_s
@@ -736,6 +741,7 @@ def estimate_measured(
         warmup_steps=d * stride,
         recurring_period_steps=recurring_period if recurring_s > 0.0 else None,
         recurring_excess_s=recurring_s * recurring_period if recurring_period else 0.0,
+        level_shifted=shifted,
     )
     # The first step is not fused in once a later one exists: its excess over the steady state
     # (2.8-39.6 ms over the accuracy benchmark's runs, 1.2-6.5x) says little about a step of

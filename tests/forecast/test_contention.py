@@ -8,8 +8,10 @@ import pytest
 from ets_hook.forecast.contention import (
     MAX_BURST_STEPS,
     MIN_SHIFT_STEPS,
+    OUTDATED_RUN_STEPS,
     find_bursts,
     find_level_shift,
+    outdated_by_recent_steps,
     split_contention,
 )
 from ets_hook.forecast.stats import estimate_measured
@@ -65,6 +67,8 @@ def test_a_lasting_shift_moves_the_estimate_to_the_new_level() -> None:
     est = estimate_measured(x)
     assert est is not None
     assert est.iteration_s == pytest.approx(1.5 * MU, rel=0.04)
+    assert est.level_shifted
+    assert not estimate_measured(steady(8, 200)).level_shifted  # type: ignore[union-attr]
 
 
 def test_a_raised_level_too_short_to_be_lasting_is_a_burst_not_a_shift() -> None:
@@ -233,3 +237,27 @@ def test_the_beat_search_is_bounded_on_a_long_noisy_series(monkeypatch: pytest.M
     assert split.bursts > 2000
     assert 0 < len(calls) <= contention.MAX_BEAT_BURSTS
     assert max(calls) <= contention.MAX_BEAT_BURSTS
+
+
+def test_an_estimate_is_outdated_only_by_a_run_longer_than_a_burst() -> None:
+    assert OUTDATED_RUN_STEPS == MAX_BURST_STEPS + 1
+    x = steady(11, 60)
+    # Steps as noisy as the job's own: never outdated, at any point of the series.
+    assert not any(outdated_by_recent_steps(x[: i + 1], MU, 0.02 * MU) for i in range(len(x)))
+    # A burst (the longest there is), then back: not outdated at any point.
+    burst = x.copy()
+    burst[30 : 30 + MAX_BURST_STEPS] *= 10.0
+    assert not any(
+        outdated_by_recent_steps(burst[: i + 1], MU, 0.02 * MU) for i in range(len(burst))
+    )
+    # A level that moved by 10x (or halved) and stayed: outdated from the sixth step on.
+    for factor in (10.0, 0.5):
+        moved = x.copy()
+        moved[30:] *= factor
+        flags = [outdated_by_recent_steps(moved[: i + 1], MU, 0.02 * MU) for i in range(len(x))]
+        assert flags.index(True) == 30 + OUTDATED_RUN_STEPS - 1
+    # Within the estimate's interval (or within MIN_SHIFT_REL of it): not outdated.
+    assert not outdated_by_recent_steps(np.full(10, 1.3 * MU), MU, 0.35 * MU)
+    assert not outdated_by_recent_steps(np.full(10, 1.08 * MU), MU, 0.0)
+    assert outdated_by_recent_steps(np.full(10, 1.12 * MU), MU, 0.0)
+    assert not outdated_by_recent_steps(np.full(OUTDATED_RUN_STEPS - 1, 5 * MU), MU, 0.0)

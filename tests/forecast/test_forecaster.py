@@ -188,6 +188,44 @@ def test_trace_estimate_is_fused_and_dominates_early() -> None:
     assert p2 is not None and p2.source == "prior"
 
 
+def _shifted_job(shift_steps: int, factor: float) -> Forecaster:
+    """100 steps of 10 ms with a trace estimate of 10 ms ± 0.3 ms, then ``shift_steps`` at
+    ``factor`` times that."""
+    f = Forecaster(JobModel(total_steps=400), start_s=0.0)
+    y = noisy(100, mean=0.010, cv=0.03, seed=5)
+    now = drive(f, y)
+    f.set_trace_estimate(TraceEstimate(0.010, 0.0003, step=0))
+    drive(
+        f, noisy(shift_steps, mean=0.010 * factor, cv=0.03, seed=6)[1:], start=now, first_index=100
+    )
+    return f
+
+
+def test_a_burst_keeps_the_trace_estimate_fused() -> None:
+    p = _shifted_job(5, 10.0).prediction  # four steps at 10x: a burst
+    assert p is not None and p.source == "fused"
+    assert p.iteration_s == pytest.approx(0.010, rel=0.05)
+
+
+def test_a_lasting_shift_sets_the_trace_estimate_aside() -> None:
+    """The window's trace estimate describes the steps before the change: fused, its narrow
+    interval held the prediction at the old level while every step ran 10x slower (10 ms
+    with 25 steps at 100 ms; 52 ms after 50). From a run longer than a burst on, the measured
+    estimate alone, its interval reaching the new level until the shift is confirmed, then at
+    the new level."""
+    early = _shifted_job(8, 10.0).prediction  # seven steps at 10x: longer than a burst
+    assert early is not None and early.source == "measured"
+    assert early.iteration_s < 0.05  # not yet moved ...
+    assert early.iteration_s + early.iteration_ci_s >= 0.095  # ... but its interval reaches
+    for steps in (30, 60):
+        p = _shifted_job(steps, 10.0).prediction
+        assert p is not None and p.source == "measured"
+        assert p.iteration_s == pytest.approx(0.100, rel=0.05)
+    slower = _shifted_job(60, 0.5).prediction  # the neighbour left: steps at half the time
+    assert slower is not None and slower.source == "measured"
+    assert slower.iteration_s == pytest.approx(0.005, rel=0.05)
+
+
 def test_time_outside_step_durations_is_projected() -> None:
     # The durations miss 50 ms of data loading per step; the total must not.
     f = Forecaster(JobModel(total_steps=200), start_s=0.0)
