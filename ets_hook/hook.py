@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import numbers
 import os
 import threading
@@ -85,6 +86,7 @@ from .launcher import restart_count
 from .reporters.base import ReportDispatcher
 from .reporters.builder import build_reporters
 from .reporters.deadline import DeadlineMiss
+from .reporters.format import format_duration
 from .trace.events import Trace
 
 logger = logging.getLogger("ets_hook")
@@ -111,7 +113,159 @@ _hook_of_model: weakref.WeakKeyDictionary[torch.nn.Module, weakref.ref[ETSHook]]
 BARE_AFTER_STEP = DEFAULT_SKIP_STEPS + MAX_ADAPTIVE_CAPTURE_STEPS
 
 
-def _plain_number(value: Any) -> Any:
+#: Device types ``device=`` may name: the CPU, CUDA (steps timed on the device too), and the
+#: accelerators whose steps the hook times on the host, as for a model found there.
+DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")
+
+
+def _device_available(device: torch.device) -> bool:
+    """Whether this process can use ``device`` (its type available, its index in range)."""
+    if device.type == "cpu":
+        return True
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return count > 0 and (device.index is None or device.index < count)
+    if device.type == "mps":
+        return torch.backends.mps.is_available()
+    xpu = getattr(torch, "xpu", None)
+    return xpu is not None and bool(xpu.is_available())
+
+
+def checked_device(device: Any) -> torch.device | None:
+    """``ETSHook``'s ``device=`` as a ``torch.device``, checked.
+
+    Args:
+        device: None, a device string or ``torch.device`` of a type in ``DEVICE_TYPES``, or an
+            int ``N`` (as in torch: ``cuda:N``).
+
+    Returns:
+        The device; None for None.
+
+    Raises:
+        ValueError: naming ``device`` and its value: not a device torch accepts, of a type
+            not in ``DEVICE_TYPES``, or one this process cannot use (no CUDA, an index past
+            the devices there are, ...).
+    """
+    if device is None:
+        return None
+    if isinstance(device, bool) or not isinstance(device, (str, torch.device, int)):
+        raise ValueError(
+            f"device must be a device string (e.g. 'cpu', 'cuda:0'), a torch.device, an int "
+            f"(a CUDA device index) or None, got {device!r}"
+        )
+    try:
+        resolved = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(
+            f"device must be a device of type {'/'.join(DEVICE_TYPES)} (e.g. 'cpu', 'cuda:0'), "
+            f"got {device!r}: not a device torch knows"
+        ) from None
+    if resolved.type not in DEVICE_TYPES:
+        raise ValueError(
+            f"device must be of type {'/'.join(DEVICE_TYPES)}, got {device!r} (type "
+            f"{resolved.type!r}: ets-hook does not time steps there)"
+        )
+    if not _device_available(resolved):
+        what = f"an int names a CUDA device ({resolved})" if isinstance(device, int) else ""
+        if resolved.type == "cuda" and torch.cuda.is_available():
+            reason = f"this process sees {torch.cuda.device_count()} CUDA device(s)"
+        else:
+            reason = f"{resolved.type} is not available in this process"
+        raise ValueError(
+            f"device={device!r}: {what + '; ' if what else ''}{reason}; pass a device this "
+            "process has (e.g. 'cpu'), or None for the model's own"
+        )
+    return resolved
+
+
+def check_grad_scaler(grad_scaler: Any) -> None:
+    """``grad_scaler`` must be None or a ``GradScaler``-like object: a callable ``update``
+    that the hook can wrap (an instance attribute is set on it until ``close``).
+
+    Raises:
+        ValueError: naming ``grad_scaler`` and its value (e.g. an optimizer passed instead).
+    """
+    if grad_scaler is None:
+        return
+    if not callable(getattr(grad_scaler, "update", None)):
+        text = repr(grad_scaler)
+        shown = text if len(text) <= 80 and "\n" not in text else f"a {type(grad_scaler).__name__}"
+        hint = (
+            " (an optimizer: pass it as optimizer=)"
+            if isinstance(grad_scaler, torch.optim.Optimizer)
+            else ""
+        )
+        raise ValueError(
+            "grad_scaler must be a torch.amp.GradScaler (anything with a callable update()) "
+            f"or None, got {shown}{hint}"
+        )
+    if not hasattr(grad_scaler, "__dict__"):
+        raise ValueError(
+            f"grad_scaler must accept attributes (its update() is wrapped until close()), got "
+            f"{type(grad_scaler).__name__} without __dict__"
+        )
+
+
+def check_log_every(log_every: Any) -> None:
+    """``log_every``: None or 0 (no log lines) or an int >= 1.
+
+    Raises:
+        ValueError: naming ``log_every`` and its value.
+    """
+    if log_every is None:
+        return
+    if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 0:
+        raise ValueError(
+            f"log_every must be an int >= 1 (a log line every N steps), or 0 or None (no log "
+            f"lines), got {log_every!r}"
+        )
+
+
+def check_epochs_length(epochs: Any, steps_per_epoch: Any, dataloader: Any) -> None:
+    """``epochs`` (a valid number of them) needs steps per epoch from ``steps_per_epoch`` or
+    ``dataloader``: the message names the hook's own arguments (``JobModel.from_args`` also
+    knows ``batches_per_epoch``, which the hook does not take). Also used by the framework
+    callbacks, which read no epoch length once ``epochs`` is given.
+
+    Args:
+        epochs: the ``epochs`` argument (numpy numbers too).
+        steps_per_epoch: the ``steps_per_epoch`` argument, or None.
+        dataloader: the ``dataloader`` argument, or None.
+
+    Raises:
+        ValueError: ``epochs`` given without either, naming ``epochs`` and its value.
+    """
+    epochs = plain_number(epochs)
+    valid = (
+        isinstance(epochs, (int, float))
+        and not isinstance(epochs, bool)
+        and math.isfinite(epochs)
+        and epochs > 0
+    )
+    if valid and steps_per_epoch is None and dataloader is None:
+        raise ValueError(
+            f"epochs={epochs!r} needs the length of an epoch: pass steps_per_epoch= (optimizer "
+            "steps per epoch) or dataloader= (a loader with len()), or total_steps= instead"
+        )
+
+
+def _warn_if_deadline_past(deadline: Any) -> None:
+    """A ``datetime`` deadline already past at creation: one warning, not an error. A job
+    restarted after its deadline (a requeue, an elastic restart) must still start; the guard
+    then reports the miss at the first step (``on_deadline``), as for any predicted miss."""
+    if not isinstance(deadline, datetime):
+        return
+    ago_s = time.time() - deadline.timestamp()
+    if ago_s >= 0:
+        logger.warning(
+            "ets-hook: deadline=%r has already passed (%s ago%s): every prediction will miss it",
+            deadline,
+            format_duration(ago_s),
+            ", naive = local time" if deadline.tzinfo is None else "",
+        )
+
+
+def plain_number(value: Any) -> Any:
     """``value`` as a Python ``int`` / ``float`` when it is another integral / real number type
     (numpy's ``int64``, ``float32``, ...); anything else (bools included) unchanged."""
     if isinstance(value, (bool, int, float)) or not isinstance(value, numbers.Real):
@@ -246,14 +400,15 @@ class ETSHook:
             early_stopping: ``(patience, min_delta, mode)`` or an ``EarlyStoppingRule``: the
                 job stops early by that rule on the metric given to ``report_metric``;
                 predictions then carry ``expected_stop_step`` and ``total_range_s``.
-            log_every: a log line every N global steps (plus after local steps 1, 3, 5, at
-                convergence and on moves of 5%); None or 0: no log lines.
+            log_every: a log line every N global steps (int >= 1; plus after local steps 1,
+                3, 5, at convergence and on moves of 5%); None or 0: no log lines.
             verbose: with no logging configured, show those lines on stderr (tqdm-aware);
                 False: only through the application's logging (``reporters.console``).
             progress: True: a tqdm bar of our own; a user's tqdm bar: our ETA in its postfix;
                 False or None: no bar.
-            status_path: JSON status file for schedulers, rewritten atomically every 5 s and at
-                close; its directory must exist. None: none.
+            status_path: JSON status file for schedulers, rewritten atomically after local
+                steps 1, 3 and 5 and at convergence (the log's early lines), then every 5 s,
+                and at close; its directory must exist. None: none.
             tensorboard_dir: TensorBoard log directory for ``ets/iteration_s``, ``.../eta_s``,
                 ``.../total_s`` scalars (``ets-hook[tensorboard]``; ``{rank}`` filled in).
             prometheus_port, prometheus_textfile: serve Prometheus gauges (``ets_hook_eta_seconds``,
@@ -270,8 +425,10 @@ class ETSHook:
                 0: no exchange (each rank predicts its own end).
             on_prediction: callable receiving each due ``Prediction`` and the final one at close;
                 an exception from it is logged and disables it.
-            deadline: seconds from hook creation (> 0) or a datetime (naive = local time); None:
-                the Slurm job's end time when running under Slurm, else none; False: no guard.
+            deadline: seconds from hook creation (> 0) or a datetime (naive = local time; one
+                already past gets a warning, and the guard reports the miss at the first step);
+                None: the Slurm job's end time when running under Slurm, else none; False: no
+                guard.
             on_deadline: on a predicted miss, ``"warn"`` (log a warning), ``"raise"`` (raise
                 ``DeadlineExceededError`` into the training loop, once), or a callable taking a
                 ``DeadlineMiss``.
@@ -283,9 +440,9 @@ class ETSHook:
                 Predictions carry it (``Prediction.time_limit_s``): the job's only bound while
                 its length is unknown, and a predicted total beyond it becomes the limit
                 (``Prediction.stopped_by_time_limit``). None: no limit.
-            grad_scaler: a ``torch.amp.GradScaler`` (or anything with ``update()``): its
-                ``update()`` marks steps, so steps whose optimizer step it skipped still count.
-                Its ``update`` is wrapped until ``close()``.
+            grad_scaler: a ``torch.amp.GradScaler`` (or anything with a callable ``update()``
+                that takes attributes): its ``update()`` marks steps, so steps whose optimizer
+                step it skipped still count. Its ``update`` is wrapped until ``close()``.
             record_shapes: input shapes in the captured ops: ``"first"`` (default: the first
                 window step only, copied to the aligned ops of the others; recording shapes
                 costs the observer about half as much again per op), ``"all"`` (every window
@@ -300,9 +457,11 @@ class ETSHook:
                 shipped model for the device type, else per-op medians; if it cannot be loaded,
                 none), None (none: measured steps only), or a callable ``Trace -> TraceEstimate |
                 None``. Its failures are logged.
-            device: the training device (anything ``torch.device`` accepts); None: the device of
-                the model's first parameter or buffer, else CPU, read now (a model moved to
-                another device type later gets one warning at its first training forward).
+            device: the training device: a device string or ``torch.device`` of a type in
+                ``DEVICE_TYPES`` (cpu, cuda, mps, xpu) that this process has, or an int ``N``
+                (``cuda:N``, as in torch); None: the device of the model's first parameter or
+                buffer, else CPU, read now (a model moved to another device type later gets
+                one warning at its first training forward).
             decode_in_background: decode the window on a background thread (default); False:
                 on the training thread at the window's end (tests, debugging).
 
@@ -314,7 +473,9 @@ class ETSHook:
                 ``steps_per_epoch``, or contradicting ``steps_per_epoch``;
                 ``eval_dataloader`` without ``len()``; ``checkpoint_files`` not an int >= 1;
                 ``checkpoint_in_memory`` not a bool; ``time_limit_s`` not a finite number
-                > 0; a
+                > 0; ``log_every`` not None or an int >= 0; ``device`` not a usable device of
+                a type in ``DEVICE_TYPES``; ``grad_scaler`` without a callable ``update``;
+                a
                 string argument not one of its values (``deadline_policy`` too without a
                 deadline); ``model`` not an ``nn.Module``; ``optimizer`` not optimizers;
                 ``progress`` not a tqdm bar; ``trace_path`` or ``status_path`` a directory, in
@@ -327,18 +488,22 @@ class ETSHook:
             raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         # numpy's scalars (a length computed with numpy) count as the numbers they are.
         total_steps, capture_steps, skip_steps, steps_per_epoch, grad_accum_steps = map(
-            _plain_number,
+            plain_number,
             (total_steps, capture_steps, skip_steps, steps_per_epoch, grad_accum_steps),
         )
         eval_every, checkpoint_every, checkpoint_files, initial_step, log_every = map(
-            _plain_number, (eval_every, checkpoint_every, checkpoint_files, initial_step, log_every)
+            plain_number, (eval_every, checkpoint_every, checkpoint_files, initial_step, log_every)
         )
         epochs, prometheus_port, rank_exchange_timeout_s, deadline = map(
-            _plain_number, (epochs, prometheus_port, rank_exchange_timeout_s, deadline)
+            plain_number, (epochs, prometheus_port, rank_exchange_timeout_s, deadline)
         )
-        time_limit_s = check_time_limit_s(_plain_number(time_limit_s))
+        time_limit_s = check_time_limit_s(plain_number(time_limit_s))
         if isinstance(phase_every, Mapping):
-            phase_every = {name: _plain_number(every) for name, every in phase_every.items()}
+            phase_every = {name: plain_number(every) for name, every in phase_every.items()}
+        check_log_every(log_every)
+        check_grad_scaler(grad_scaler)
+        _warn_if_deadline_past(deadline)
+        given_device = checked_device(plain_number(device))
         auto_skip = skip_steps is None
         skip_steps = DEFAULT_SKIP_STEPS if skip_steps is None else skip_steps
         adaptive_window = capture_steps is None
@@ -362,6 +527,7 @@ class ETSHook:
             if eval_dataloader is not None
             else None
         )
+        check_epochs_length(epochs, steps_per_epoch, dataloader)
         job = JobModel.from_args(
             total_steps=total_steps,
             epochs=epochs,
@@ -411,8 +577,10 @@ class ETSHook:
             else None
         )
         self.record_shapes = record_shapes
-        self._device = torch.device(device if device is not None else model_device(model))
-        self._device_given = device is not None
+        self._device = (
+            given_device if given_device is not None else torch.device(model_device(model))
+        )
+        self._device_given = given_device is not None
         self.trace_path = rank_trace
 
         # Steps are timed with perf_counter_ns; the trace's clock is Unix time: one offset.
@@ -647,9 +815,9 @@ class ETSHook:
         if not isinstance(name, str) or not name:
             raise ValueError(f"phase name must be a non-empty string, got {name!r}")
         prior = PhaseCostPrior(
-            seconds=_plain_number(seconds),
-            train_steps=_plain_number(train_steps),
-            rel_ci=_plain_number(rel_ci),
+            seconds=plain_number(seconds),
+            train_steps=plain_number(train_steps),
+            rel_ci=plain_number(rel_ci),
         )
         if name == CHECKPOINT:
             self._price_checkpoints = False
@@ -659,14 +827,24 @@ class ETSHook:
         """One evaluation of the metric that early stopping monitors (``early_stopping=``).
 
         The first name reported is the monitored one; others are ignored. Never raises.
+        On the training thread its cost (the stopping forecast's curve fit, ~1-2 ms) is left
+        out of the step's time, as the hook's other own work is.
 
         Args:
             name: the metric's name, e.g. ``"val_loss"``.
             value: its value now (NaN or infinity counts as no improvement).
         """
-        self._monitor = self._monitor or name
-        if name == self._monitor:
-            self._forecaster.on_metric(value)
+        started_ns = time.perf_counter_ns()
+        try:
+            self._monitor = self._monitor or name
+            if name == self._monitor:
+                self._forecaster.on_metric(value)
+        except Exception as exc:
+            self._fail(exc)
+        finally:
+            # Inside a phase its time is the phase's already (taken out of the step with it).
+            if not self._phase_stack and threading.get_ident() == self._training_thread:
+                self._own_ns_in_step += time.perf_counter_ns() - started_ns
 
     def time_dataloader_workers(self, dataloader: Any) -> bool:
         """Time the worker processes of a loader not given as ``dataloader=``: one a framework
@@ -1035,6 +1213,11 @@ class ETSHook:
             self._forecaster.on_step_end(
                 step_index, duration_ns / 1e9, now_ns / 1e9, own_s=own_ns / 1e9
             )
+            job = self._forecaster.job
+            if job.total_steps is not None and job.initial_step + step_index == job.total_steps:
+                # The first step past the job's length: a prediction now, so that the overrun
+                # note names this step, not the next one a reporter happens to look at.
+                _ = self._forecaster.prediction
         finally:
             # Everything since now_ns was ours (reads of hook.prediction by reporters and
             # callbacks included, hence an assignment).

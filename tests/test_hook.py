@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import statistics
+import time
 
 import pytest
 import torch
@@ -10,6 +12,7 @@ from torch import nn
 
 from ets_hook import ETSHook, Phase
 from ets_hook.capture.window import DEFAULT_SKIP_STEPS
+from ets_hook.forecast.early_stop import EarlyStopTracker
 from ets_hook.trace.io import load_trace
 
 
@@ -860,9 +863,10 @@ def test_a_model_moved_after_the_hook_was_created_is_named_in_a_warning(
 ) -> None:
     """``hook = ETSHook(model)`` then ``model.to(device)``: the hook's settings are the first
     device's; one warning at the first training forward says so and what to do (not when the
-    device was given explicitly). ``meta`` stands in for an accelerator here."""
+    device was given explicitly). ``meta`` stands in for an accelerator here (``device=``
+    names the CPU: ``meta`` is no training device to give)."""
     model = nn.Linear(4, 2)
-    hook = ETSHook(model, capture_steps=0, log_every=None, device="meta" if device_given else None)
+    hook = ETSHook(model, capture_steps=0, log_every=None, device="cpu" if device_given else None)
     model.to("meta")
     with caplog.at_level(logging.WARNING, logger="ets_hook"):
         model(torch.empty(2, 4, device="meta"))
@@ -875,3 +879,61 @@ def test_a_model_moved_after_the_hook_was_created_is_named_in_a_warning(
         assert len(warnings) == 1
         assert "moved to meta after this ETSHook was created on cpu" in warnings[0]
         assert "create the hook after model.to(device), or pass device=" in warnings[0]
+
+
+#: What the patched early-stopping curve fit takes: far more than a tiny MLP's step.
+SLOW_FIT_S = 0.05
+
+
+def test_report_metric_time_is_not_step_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``report_metric`` runs the early-stopping curve fit on the training thread: the hook's
+    own work, left out of the step times as its other work is (else every evaluation made a
+    step look slower: "every 10 steps a step runs ... longer")."""
+    fit = EarlyStopTracker._forecast
+
+    def slow_fit(tracker: EarlyStopTracker) -> object:
+        time.sleep(SLOW_FIT_S)
+        return fit(tracker)
+
+    monkeypatch.setattr(EarlyStopTracker, "_forecast", slow_fit)
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps = 6
+    hook = ETSHook(
+        model, optimizer=opt, total_steps=100, early_stopping=(3, 0.0, "min"),
+        capture_steps=0, log_every=None,
+    )  # fmt: skip
+    started_s = time.perf_counter()
+    for step in range(steps):
+        train(model, opt, hook, 1, call_step=False)
+        hook.report_metric("val_loss", 1.0 + 1.0 / (step + 1))
+    wall_per_step_s = (time.perf_counter() - started_s) / steps
+    step_times_s = hook.step_times_s[1:]  # each after a report_metric
+    prediction = hook.prediction
+    hook.close()
+    assert wall_per_step_s > SLOW_FIT_S  # the fits ran, between the steps
+    assert len(step_times_s) == steps - 1
+    assert statistics.median(step_times_s) < SLOW_FIT_S
+    assert prediction is not None and prediction.iteration_s < SLOW_FIT_S
+
+
+@pytest.mark.parametrize("initial_step", [0, 4])
+def test_the_overrun_note_names_the_first_step_past_the_length(
+    initial_step: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A loop that runs past ``total_steps=10`` is named at step 11 (global), not at the next
+    step some reporter happens to look at the prediction (15 with ``log_every=5``)."""
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(
+        model, optimizer=opt, total_steps=10, initial_step=initial_step, log_every=5,
+        verbose=False, capture_steps=0,
+    )  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="ets_hook"):
+        train(model, opt, hook, 20 - initial_step, call_step=False)
+    hook.close()
+    notes = [
+        r.getMessage() for r in caplog.records if "ran past the job's length" in r.getMessage()
+    ]
+    assert len(notes) == 1
+    assert "(step 11, total_steps=10" in notes[0]

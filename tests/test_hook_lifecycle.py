@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -429,3 +431,126 @@ def test_the_job_runs_bare_after_the_windows_steps_even_without_a_window(
     hook.close()
     assert installed[0] == 1 and installed[-1] == 0
     assert hook.steps_completed == BARE_AFTER_STEP + 3
+
+
+def test_the_status_file_shows_the_predictions_the_log_prints(tmp_path) -> None:
+    """The status file is rewritten after local steps 1, 3 and 5 (the log's early lines), not
+    only at the first step and then every 5 s: ``ets-hook watch`` shows the step-3 and step-5
+    answers as the log does."""
+    status = tmp_path / "eta.json"
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(
+        model, optimizer=opt, total_steps=100, status_path=status, capture_steps=0,
+        log_every=None,
+    )  # fmt: skip
+    shown = {}
+    for step in range(1, 6):
+        train(model, opt, hook, 1, call_step=False)
+        shown[step] = json.loads(status.read_text())["prediction"]["step"]
+    hook.close()
+    assert (shown[1], shown[3], shown[5]) == (1, 3, 5)
+
+
+@pytest.mark.parametrize(
+    ("outcome", "error", "line"),
+    [
+        ("closed", None, "finished at step 5 after "),
+        ("failed", "RuntimeError", "failed at step 5 after "),
+        ("interrupted", None, "interrupted at step 5 after "),
+    ],
+)
+def test_the_last_log_line_says_how_the_job_ended(
+    outcome: str, error: str | None, line: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A loop that raised does not end with "finished at step 5": the last line says the job
+    failed (and with what) or was interrupted there."""
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(model, optimizer=opt, total_steps=100, capture_steps=0, verbose=False)
+    train(model, opt, hook, 5, call_step=False)
+    with caplog.at_level(logging.INFO, logger="ets_hook"):
+        hook.close_at_exit(outcome, error)
+    last = log_lines(caplog)[-1]
+    assert last.startswith(line), last
+    assert last.endswith(" (RuntimeError)") is (outcome == "failed")
+    assert (outcome == "closed") is ("finished" in " ".join(log_lines(caplog)))
+
+
+class _NoSlots:
+    __slots__ = ()
+
+    def update(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"device": "tpu"}, r"device must be a device of type cpu/cuda/mps/xpu .*got 'tpu'"),
+        ({"device": "meta"}, r"device must be of type cpu/cuda/mps/xpu, got 'meta'"),
+        ({"device": 99}, r"device=99: an int names a CUDA device \(cuda:99\)"),
+        ({"device": 1.5}, r"device must be a device string .*got 1\.5"),
+        ({"device": True}, r"device must be a device string .*got True"),
+        ({"grad_scaler": "OPTIMIZER"}, r"grad_scaler must be a torch\.amp\.GradScaler .*got a "
+         r"SGD \(an optimizer: pass it as optimizer=\)"),
+        ({"grad_scaler": _NoSlots()}, r"grad_scaler must accept attributes"),
+        ({"log_every": -1}, r"log_every must be an int >= 1 .*0 or None .*got -1"),
+        ({"log_every": 2.5}, r"log_every must be .*got 2\.5"),
+        ({"epochs": 2, "total_steps": None}, r"epochs=2 needs the length of an epoch: pass "
+         r"steps_per_epoch= .*dataloader="),
+    ],
+)  # fmt: skip
+def test_bad_constructor_arguments_are_value_errors_naming_them(kwargs: dict, message: str) -> None:
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    kwargs = {"total_steps": 10, **kwargs}
+    if kwargs.get("grad_scaler") == "OPTIMIZER":
+        kwargs["grad_scaler"] = opt
+    with pytest.raises(ValueError, match=message) as raised:
+        ETSHook(model, optimizer=opt, **kwargs)
+    assert "batches_per_epoch" not in str(raised.value)  # an argument ETSHook does not take
+
+
+def test_a_deadline_already_past_warns_and_the_job_still_runs(caplog) -> None:
+    """A job restarted after its deadline must start: one warning at creation, then the
+    guard reports the miss at the first step (as a warning here: ``on_deadline="warn"``)."""
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with caplog.at_level(logging.WARNING, logger="ets_hook"):
+        hook = ETSHook(model, optimizer=opt, total_steps=10, deadline=datetime(2020, 1, 1))
+        train(model, opt, hook, 3)
+        hook.close()
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(
+        re.search(
+            r"deadline=datetime\.datetime\(2020, 1, 1, 0, 0\) has already passed "
+            r"\(\d+d\d\dh ago, naive = local time\)",
+            line,
+        )
+        for line in lines
+    ), lines
+    assert hook.steps_completed == 3
+    assert any("deadline" in line and "passed" in line and "before start" in line for line in lines)
+
+
+def test_a_cuda_device_without_cuda_is_a_value_error(monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"device='cuda:0': cuda is not available"):
+        ETSHook(tiny_mlp(), total_steps=10, device="cuda:0")
+    with pytest.raises(ValueError, match=r"device=0: an int names a CUDA device \(cuda:0\); "):
+        ETSHook(tiny_mlp(), total_steps=10, device=0)
+
+
+def test_good_values_of_the_checked_arguments_are_accepted() -> None:
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    for kwargs in (
+        {"device": "cpu", "log_every": 0},
+        {"device": torch.device("cpu"), "log_every": None, "grad_scaler": scaler},
+        {"deadline": datetime.now() + timedelta(hours=1), "epochs": 2, "steps_per_epoch": 5},
+    ):
+        hook = ETSHook(model, optimizer=opt, capture_steps=0, **kwargs)
+        assert hook.total_steps == (10 if "epochs" in kwargs else None)
+        hook.close()

@@ -19,7 +19,7 @@ from .. import __version__
 from ..errors import ETSCSVError, ModelFileError, NativeOpsBuildError, TraceFileError
 from ..trace.breakdown import find_straggler, format_rank_table, rank_breakdown
 from ..trace.events import Trace
-from ..trace.summary import format_info, info_document
+from ..trace.summary import format_info, info_document, printable
 from .common import (
     EXIT_CODES_HELP,
     EXIT_FAILURE,
@@ -56,6 +56,43 @@ def _load(path: str) -> Trace:
         return load_trace(path)
 
 
+def not_ranks_of_one_job(traces: Sequence[Trace], paths: Sequence[str]) -> str | None:
+    """Why traces given together do not look like the ranks of one job, if they do not.
+
+    Ranks of one job each say a different rank, below the same world size, and trace the same
+    model (where the traces name it).
+
+    Args:
+        traces: the loaded traces.
+        paths: their files, in the same order (named in the reasons).
+
+    Returns:
+        The reasons, joined by ``"; "``; None when the traces look like ranks of one job.
+    """
+    reasons = []
+    first_of_rank: dict[int, str] = {}
+    for trace, path in zip(traces, paths):
+        if trace.rank in first_of_rank:
+            reasons.append(f"{first_of_rank[trace.rank]} and {path} both say rank {trace.rank}")
+        else:
+            first_of_rank[trace.rank] = path
+    if len({trace.world_size for trace in traces}) > 1:
+        sizes = ", ".join(f"{path}: {trace.world_size}" for trace, path in zip(traces, paths))
+        reasons.append(f"their world sizes differ ({sizes})")
+    reasons += [
+        f"{path} says rank {trace.rank} of a world size of {trace.world_size}"
+        for trace, path in zip(traces, paths)
+        if trace.rank >= trace.world_size
+    ]
+    models = [trace.metadata.get("model") or "" for trace in traces]
+    if len(set(map(printable, models)) - {""}) > 1:
+        named = ", ".join(
+            f"{path}: {printable(model)}" for path, model in zip(paths, models) if model
+        )
+        reasons.append(f"they trace different models ({named})")
+    return "; ".join(reasons) or None
+
+
 def _cmd_info(args: argparse.Namespace) -> int:
     paths: list[str] = args.trace
     traces = [_load(path) for path in paths]
@@ -65,7 +102,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
         else:
             print(format_info(traces[0], paths[0]))
         return EXIT_OK
-    breakdowns = [rank_breakdown(trace) for trace in traces]
+    not_one_job = not_ranks_of_one_job(traces, paths)
+    # Compared as ranks, traces of different jobs would give numbers that mean nothing.
+    breakdowns = [rank_breakdown(trace) for trace in traces] if not_one_job is None else []
     ranked = [(b, t.host.hostname) for b, t in zip(breakdowns, traces) if b is not None]
     if args.json:
         found = find_straggler(
@@ -77,13 +116,23 @@ def _cmd_info(args: argparse.Namespace) -> int:
             "ranks": [asdict(b) for b, _ in ranked],
             "straggler_rank": found[0] if found else None,
             "straggler_ratio": found[1] if found else None,
+            "not_one_job": not_one_job,
         }
         print(json.dumps(document, indent=2, allow_nan=False))
-        return EXIT_OK
-    for trace, path in zip(traces, paths):
-        print(format_info(trace, path), end="\n\n")
-    print("per rank (medians over the captured steps):")
-    print(format_rank_table([b for b, _ in ranked], [h for _, h in ranked]))
+    else:
+        for index, (trace, path) in enumerate(zip(traces, paths)):
+            last = index == len(traces) - 1 and not_one_job is not None
+            print(format_info(trace, path), end="\n" if last else "\n\n")
+        if not_one_job is None:
+            print("per rank (medians over the captured steps):")
+            print(format_rank_table([b for b, _ in ranked], [h for _, h in ranked]))
+    if not_one_job is not None:
+        sys.stdout.flush()  # the warning after the traces it is about
+        print(
+            f"ets-hook info: warning: these traces are not the ranks of one job ({not_one_job}): "
+            "no per-rank comparison",
+            file=sys.stderr,
+        )
     return EXIT_OK
 
 
@@ -157,7 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
         "trace",
         nargs="+",
         help="an .ets trace file or an ETS paper CSV file; several (one per rank): also a "
-        "per-rank table of compute, data wait and the rest per step, naming a straggler",
+        "per-rank table of compute, data wait and the rest per step, naming a straggler "
+        "(traces that are not the ranks of one job, with a rank twice, different world sizes "
+        "or models: a warning instead)",
     )
     info.add_argument("--json", action="store_true", help="print JSON instead of a table")
     info.set_defaults(handler=_cmd_info)

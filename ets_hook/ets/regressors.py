@@ -38,6 +38,7 @@ import numpy as np
 
 from ..errors import ModelFileError, SchemaVersionError
 from ..trace.events import Trace
+from ..trace.io import MAGIC as TRACE_MAGIC
 from .features import (
     EncodedIteration,
     FeatureSchema,
@@ -422,8 +423,10 @@ class Predictor:
             The predictor.
 
         Raises:
-            ModelFileError: the file is missing or not a readable ``.npz``, has no metadata,
-                has another ``format``, or holds an entry not named ``m.../<name>``.
+            ModelFileError: the file is missing, is not a ``.npz`` archive (another file: an
+                ``.ets`` trace, a ``.npy`` array, a pickle, ... named as such) or not a readable
+                one, has no metadata, has another ``format``, or holds an entry not named
+                ``m.../<name>``.
             SchemaVersionError: its feature schema version differs from this code's.
             ValueError: invalid metadata (malformed JSON, schema, scalers or model fields) or
                 a member entry whose number is not an int.
@@ -431,6 +434,7 @@ class Predictor:
             IndexError: a member number beyond the declared member count.
         """
         path = Path(path)
+        _check_weights_file_start(path)
         try:
             with np.load(path, allow_pickle=False) as npz:
                 files = {k: npz[k] for k in npz.files}
@@ -469,6 +473,44 @@ class Predictor:
             training=dict(meta.get("training", {})),
             calibration=tuple(model.get("calibration", (1.0, 1.0))),
         )
+
+
+#: How a ``.npz`` archive starts: a zip file's local file header.
+_ZIP_MAGIC = b"PK\x03\x04"
+#: What a file that is not a ``.npz`` archive is, by how it starts (said in the error).
+_OTHER_FILES = (
+    (TRACE_MAGIC, "an ets-hook trace (.ets)"),
+    (b"\x93NUMPY", "a single numpy array (.npy)"),
+    (b"\x80", "a Python pickle (a torch checkpoint?)"),
+    (b"PK\x05\x06", "an empty zip archive"),
+    (b"{", "JSON text"),
+)
+
+
+def _check_weights_file_start(path: Path) -> None:
+    """Refuse a file that is not a ``.npz`` archive before ``np.load`` reads it: numpy would
+    take it for a pickle and suggest ``allow_pickle=``, which is no help here.
+
+    Raises:
+        ModelFileError: naming the file, saying it is not an ets-hook weights file and, where
+            its first bytes tell, what it is. (A missing or unreadable file is left to
+            ``np.load``.)
+    """
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(len(_ZIP_MAGIC))
+    except OSError:
+        return
+    if head == _ZIP_MAGIC:
+        return
+    if not head:
+        what = "the file is empty"
+    else:
+        kind = next((kind for magic, kind in _OTHER_FILES if head.startswith(magic[:4])), "")
+        what = f"it is {kind}" if kind else "not a .npz archive"
+    raise ModelFileError(
+        f"{path}: not an ets-hook weights file: {what}; pass the .npz that ets-hook train writes"
+    )
 
 
 # ---------------------------------------------------------------------------------------------

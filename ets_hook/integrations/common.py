@@ -1,19 +1,198 @@
-"""What the framework integrations share: which ``ETSHook`` options a callback accepts, the
-metrics they log, and reading counts from a framework's (loosely typed) state."""
+"""What the framework integrations share: which ``ETSHook`` options a callback accepts, how
+their values are checked when the callback is created, the metrics they log, and reading counts
+from a framework's (loosely typed) state."""
 
 from __future__ import annotations
 
 import inspect
 import math
+import os
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..hook import ETSHook
+import torch
+
+from ..capture.steps import optimizer_list
+from ..capture.sysinfo import checked_trace_path, distributed_rank
+from ..capture.window import DEFAULT_SKIP_STEPS, MAX_ADAPTIVE_CAPTURE_STEPS, check_window_settings
+from ..forecast.early_stop import EarlyStoppingRule
+from ..forecast.forecaster import check_time_limit_s
+from ..forecast.job import JobModel, eval_prior_from_loaders
+from ..hook import (
+    ETSHook,
+    check_grad_scaler,
+    check_log_every,
+    checked_device,
+    plain_number,
+)
+from ..reporters.callback import CallbackReporter
+from ..reporters.deadline import DeadlineGuard, check_deadline_settings
+from ..reporters.prometheus import PrometheusReporter
+from ..reporters.status_file import StatusFileReporter, status_paths
+from ..reporters.tensorboard import TensorBoardReporter, check_ranks
+from ..reporters.tqdm import TqdmReporter
 
 if TYPE_CHECKING:
     from ..forecast.prediction import Prediction
 
+_HOOK_PARAMETERS = inspect.signature(ETSHook.__init__).parameters
+
 #: Every keyword argument of ``ETSHook`` (``model`` included: a callback may exclude it).
-HOOK_ARGUMENTS = frozenset(inspect.signature(ETSHook.__init__).parameters) - {"self"}
+HOOK_ARGUMENTS = frozenset(_HOOK_PARAMETERS) - {"self"}
+
+#: ``ETSHook``'s default of each argument that has one.
+HOOK_DEFAULTS: dict[str, Any] = {
+    name: p.default for name, p in _HOOK_PARAMETERS.items() if p.default is not p.empty
+}
+
+# Counts of the job, each checked on its own as ETSHook checks it (JobModel.from_args): with
+# the framework's values added later, only a combination can still fail at training start.
+_JOB_COUNTS = (
+    "total_steps",
+    "steps_per_epoch",
+    "grad_accum_steps",
+    "eval_every",
+    "checkpoint_every",
+    "initial_step",
+)
+
+
+def check_hook_options(options: Mapping[str, Any]) -> None:
+    """Check the values of ``ETSHook`` options given to a framework callback, when the callback
+    is created: what ``ETSHook`` would reject, found before any model, Trainer or hook exists.
+
+    Each option is checked by the code ``ETSHook`` checks it with (the same messages): the
+    counts one by one (``JobModel.from_args``), the capture window, the optimizer, paths
+    (``trace_path``, ``status_path``, dashboards: their folder must exist), the deadline, the
+    early-stopping rule, the time limit, the reporters' options (their constructors, which
+    open nothing). Combinations with what the framework supplies (``initial_step`` past the
+    Trainer's total, ...) are still checked by ``ETSHook`` when training starts. Nothing is
+    written, opened or registered anywhere.
+
+    Args:
+        options: ``ETSHook`` keyword arguments (names already known to be ``ETSHook``'s).
+
+    Raises:
+        ValueError: an option's value ``ETSHook`` rejects, naming the option and the value.
+        ImportError: ``progress=True`` without tqdm; a dashboard option without its package.
+    """
+    given = {name: plain_number(value) for name, value in options.items()}
+
+    def value(name: str) -> Any:
+        return given.get(name, HOOK_DEFAULTS.get(name))
+
+    if "model" in given and not isinstance(given["model"], torch.nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got {type(given['model']).__name__}")
+    for name in _JOB_COUNTS:
+        if name in given:
+            JobModel.from_args(**{name: given[name]})
+    if "total_steps" in given and "initial_step" in given:
+        JobModel.from_args(total_steps=given["total_steps"], initial_step=given["initial_step"])
+    if given.get("epochs") is not None:
+        JobModel.from_args(epochs=given["epochs"], steps_per_epoch=1)
+    if given.get("dataloader") is not None:
+        JobModel.from_args(dataloader=given["dataloader"])
+    phase_every = given.get("phase_every")
+    if isinstance(phase_every, Mapping):
+        phase_every = {name: plain_number(every) for name, every in phase_every.items()}
+    JobModel.from_args(phase_every=phase_every)
+    if given.get("eval_dataloader") is not None:
+        eval_prior_from_loaders(given["eval_dataloader"], given.get("dataloader"))
+    capture_steps, skip_steps = value("capture_steps"), value("skip_steps")
+    check_window_settings(
+        MAX_ADAPTIVE_CAPTURE_STEPS if capture_steps is None else capture_steps,
+        DEFAULT_SKIP_STEPS if skip_steps is None else skip_steps,
+        value("op_capture"),
+        value("record_shapes"),
+    )
+    optimizer_list(given.get("optimizer"))
+    rank, world_size = distributed_rank()
+    checked_trace_path(given.get("trace_path"), rank, world_size)
+    EarlyStoppingRule.coerce(given.get("early_stopping"))
+    checkpoint_files = value("checkpoint_files")
+    if (
+        isinstance(checkpoint_files, bool)
+        or not isinstance(checkpoint_files, int)
+        or checkpoint_files < 1
+    ):
+        raise ValueError(f"checkpoint_files must be an int >= 1, got {checkpoint_files!r}")
+    if not isinstance(value("checkpoint_in_memory"), bool):
+        raise ValueError(
+            f"checkpoint_in_memory must be a bool, got {value('checkpoint_in_memory')!r}"
+        )
+    check_time_limit_s(given.get("time_limit_s"))
+    _check_exchange_timeout(value("rank_exchange_timeout_s"))
+    check_log_every(value("log_every"))
+    check_grad_scaler(given.get("grad_scaler"))
+    checked_device(given.get("device"))
+    estimator = value("trace_estimator")
+    if not (estimator is None or callable(estimator) or _is_auto(estimator)):
+        raise ValueError(f"trace_estimator must be 'auto', None or a callable, got {estimator!r}")
+    _check_reporter_options(value, rank, world_size)
+
+
+def _check_exchange_timeout(timeout_s: Any) -> None:
+    """``rank_exchange_timeout_s`` as ``distributed.coordinator.check_exchange_timeout`` checks
+    it (the integrations do not import ``distributed``): None, 0 or a finite number > 0."""
+    if timeout_s is None or (timeout_s == 0 and not isinstance(timeout_s, bool)):
+        return
+    if (
+        isinstance(timeout_s, bool)
+        or not isinstance(timeout_s, (int, float))
+        or not 0 < timeout_s < math.inf
+    ):
+        raise ValueError(
+            f"rank_exchange_timeout_s must be None, 0 or a number of seconds > 0, got {timeout_s!r}"
+        )
+
+
+def _is_auto(choice: Any) -> bool:
+    return isinstance(choice, str) and choice == "auto"
+
+
+def _check_reporter_options(value: Callable[[str], Any], rank: int, world_size: int) -> None:
+    """The reporter options, as ``reporters.builder.build_reporters`` checks them, less its
+    effects on logging: each reporter asked for is constructed (none opens anything before the
+    first prediction) and dropped."""
+    dashboard_ranks = check_ranks(value("dashboard_ranks"), "dashboard_ranks")
+    check_ranks(value("log_ranks"), "log_ranks")
+    for name in ("status_path", "tensorboard_dir", "prometheus_textfile"):
+        path = value(name)
+        if path is not None and not isinstance(path, (str, os.PathLike)):
+            raise ValueError(f"{name} must be a path or None, got {path!r}")
+    if not isinstance(value("verbose"), bool):
+        raise ValueError(f"verbose must be True or False, got {value('verbose')!r}")
+    progress = value("progress")
+    if progress is True:
+        TqdmReporter()
+    elif progress is not False and progress is not None:
+        TqdmReporter(progress)
+    if value("status_path") is not None:
+        world = max(world_size, rank + 1)
+        for path, scope in status_paths(value("status_path"), rank, world):
+            StatusFileReporter(path, scope=scope, rank=rank, world_size=world)
+    ranks = None if dashboard_ranks is None else sorted(dashboard_ranks)
+    if value("tensorboard_dir") is not None:
+        TensorBoardReporter(value("tensorboard_dir"), ranks=ranks, rank=rank)
+    if value("prometheus_port") is not None or value("prometheus_textfile") is not None:
+        PrometheusReporter(
+            port=value("prometheus_port"),
+            textfile=value("prometheus_textfile"),
+            ranks=ranks,
+            rank=rank,
+        )
+    if value("on_prediction") is not None:
+        CallbackReporter(value("on_prediction"))
+    check_deadline_settings(
+        value("on_deadline"),
+        value("deadline_policy"),
+        0.0,
+        policy_name="deadline_policy",
+        margin_name="deadline_margin_s",
+    )
+    deadline = value("deadline")
+    if deadline is not None and deadline is not False:
+        DeadlineGuard(deadline, value("on_deadline"), policy=value("deadline_policy"))
 
 
 def whole_number(value: Any, minimum: int | None = None) -> int | None:

@@ -70,9 +70,13 @@ callback times it (``sanity_check_s``), and ``hook.prediction``'s clock starts a
 
 The latest prediction is logged with ``pl_module.log`` from ``on_train_batch_end`` (``LOG_KEYS``:
 ``ets/iteration_s``, ``ets/eta_s``, ``ets/total_s``, as the Hugging Face integration), so it
-reaches ``trainer.loggers`` at Lightning's logging steps (``log_every_n_steps``) and, for the
-ETA (the step time while the job length is unknown), the progress bar. The values are logged as
-CPU tensors: reading them never synchronises a GPU. The hook is closed at ``on_train_end`` and
+reaches ``trainer.loggers`` at Lightning's logging steps (``log_every_n_steps``). The values are
+logged as CPU tensors: reading them never synchronises a GPU. The progress bar shows the ETA as
+text, ``ETA: 13m32s`` (``? (0.412 s/step)`` while the job length is unknown): logged values
+must be numbers, so while training runs the callback wraps the bar's ``get_metrics`` on the
+instance (what Lightning's documentation says to override for what a bar shows) to add it;
+where the bar cannot be wrapped, the logged ETA (the step time while the length is unknown)
+goes into the bar as the number of seconds. The hook is closed at ``on_train_end`` and
 by ``on_exception`` (the status file then says ``failed`` or ``interrupted``).
 
 Both import names of Lightning are served by the same code, ``BaseETSCallback``; a Trainer
@@ -94,6 +98,7 @@ import functools
 import importlib
 import importlib.util
 import logging
+import math
 import time
 from collections.abc import Callable
 from types import ModuleType
@@ -113,9 +118,15 @@ import torch
 from ..capture.batch_clock import BatchClock
 from ..forecast.early_stop import EarlyStoppingRule
 from ..forecast.job import CHECKPOINT, EVAL, eval_cost_prior
-from ..hook import ETSHook
-from ..reporters.format import format_duration
-from .common import HOOK_ARGUMENTS, LOG_KEYS, prediction_metrics, whole_number
+from ..hook import ETSHook, check_epochs_length
+from ..reporters.format import format_duration, format_step_time
+from .common import (
+    HOOK_ARGUMENTS,
+    LOG_KEYS,
+    check_hook_options,
+    prediction_metrics,
+    whole_number,
+)
 from .lightning_trainer import (
     checks_on_train_epoch_end,
     early_stopping_callback,
@@ -150,6 +161,9 @@ logger = logging.getLogger("ets_hook")
 #: ``eval_every`` / ``checkpoint_every`` and the Hugging Face integration).
 EVAL_PHASE = EVAL
 CHECKPOINT_PHASE = CHECKPOINT
+
+#: The progress bar's entry for the ETA (``BaseETSCallback.bar_items``).
+BAR_KEY = "ETA"
 
 #: ``ETSHook``'s arguments an ``ETSCallback`` accepts.
 HOOK_OPTIONS = HOOK_ARGUMENTS
@@ -196,6 +210,21 @@ def _same(given: Any, derived: Any) -> bool:
 # --------------------------------------------------------------------------------------------
 
 
+def _restore_attribute(patch: tuple[Any, Any, Any] | None, name: str) -> None:
+    """Undo an instance-attribute wrap ``(owner, wrapper, previous)``: the previous instance
+    attribute back, or none (``_MISSING``: the class's again). Left alone when someone else
+    wrapped it again since (theirs stays in place); nothing for None."""
+    if patch is None:
+        return
+    owner, wrapper, previous = patch
+    if vars(owner).get(name) is not wrapper:
+        return
+    if previous is _MISSING:
+        delattr(owner, name)
+    else:
+        setattr(owner, name, previous)
+
+
 class BaseETSCallback:
     """What every ``ETSCallback`` does, whichever Lightning package its ``Callback`` is from.
 
@@ -216,22 +245,36 @@ class BaseETSCallback:
         """Store the options; the hook is created when training starts.
 
         Args:
-            prog_bar: put the ETA (``ets/eta_s``; ``ets/iteration_s`` while the job length is
-                unknown) into Lightning's progress bar.
+            prog_bar: show the ETA in Lightning's progress bar, as text (``ETA: 13m32s``;
+                ``bar_items``), while training runs.
             **hook_options: any ``ETSHook`` argument (``status_path=``, ``trace_path=``,
                 ``deadline=``, ``log_every=``, ...). One the Trainer also supplies (``model``,
                 ``optimizer``, ``total_steps``, ``initial_step``, ``grad_accum_steps``,
                 ``eval_every``, ``grad_scaler``) wins, with one log line when they differ.
-                Values are checked by ``ETSHook`` when training starts.
+                Values are checked now, as ``ETSHook`` checks them
+                (``common.check_hook_options``); ``ETSHook`` checks them again, with the
+                Trainer's, when training starts.
 
         Raises:
             TypeError: an option is not an ``ETSHook`` argument.
+            ValueError: an option's value ``ETSHook`` rejects (naming the option and the
+                value), or ``epochs`` without ``steps_per_epoch`` or ``dataloader`` (given
+                ``epochs``, the callback leaves the epoch length to the options).
+            ImportError: ``progress=True`` without tqdm; a dashboard option without its
+                package.
         """
         unknown = sorted(set(hook_options) - HOOK_OPTIONS)
         if unknown:
             raise TypeError(
                 f"ETSCallback got options ETSHook does not take: {', '.join(unknown)} "
                 f"(ETSHook takes: {', '.join(sorted(HOOK_OPTIONS))})"
+            )
+        check_hook_options(hook_options)
+        if "epochs" in hook_options:  # then no steps per epoch are read from the Trainer
+            check_epochs_length(
+                hook_options["epochs"],
+                hook_options.get("steps_per_epoch"),
+                hook_options.get("dataloader"),
             )
         super().__init__()
         self.hook_options: dict[str, Any] = dict(hook_options)
@@ -245,6 +288,8 @@ class BaseETSCallback:
         self._logging_failed = False
         self._sanity_started_ns: int | None = None
         self._trainer_patch: tuple[Any, Callable[..., Any], Any] | None = None
+        # The progress bar whose get_metrics shows our ETA as text, while training runs.
+        self._bar_patch: tuple[Any, Callable[..., Any], Any] | None = None
         self._early_stopping: Any = None  # the EarlyStopping callback whose monitor is reported
         # The fit loop's loader source while it is wrapped (setup .. train start), and the
         # clock attached to the loader it built, until the hook takes it.
@@ -300,7 +345,8 @@ class BaseETSCallback:
         """Create the hook from the Trainer's settings and ``hook_options``.
 
         Raises:
-            ValueError: an option in ``hook_options`` is invalid (from ``ETSHook``).
+            ValueError: from ``ETSHook``: the options and the Trainer's values together are
+                invalid (each option alone was checked when the callback was created).
         """
         self._close(outcome=None)
         self._early_stopping = early_stopping_callback(trainer)
@@ -313,6 +359,8 @@ class BaseETSCallback:
         self._open, self._in_eval, self._logged_steps = True, False, -1
         self._logging_failed = False
         self._patch_save_checkpoint(trainer)
+        if self.prog_bar:
+            self._patch_progress_bar(trainer)
         notes += self._length_notes(trainer, trainer_total)
         for note in notes:
             logger.info("ets-hook: %s", note)
@@ -340,7 +388,8 @@ class BaseETSCallback:
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         """Log the prediction after each optimizer step (Lightning writes it to the loggers at
-        its logging steps, and shows the ETA in the progress bar)."""
+        its logging steps). The progress bar shows the ETA as text (``bar_items``) where its
+        ``get_metrics`` could be wrapped, else the logged number."""
         hook = self._hook
         if not self._open or hook is None or self._logging_failed:
             return
@@ -363,7 +412,7 @@ class BaseETSCallback:
                     torch.tensor(value, dtype=torch.float64),
                     on_step=True,
                     on_epoch=False,
-                    prog_bar=self.prog_bar and key == bar_key,
+                    prog_bar=self.prog_bar and key == bar_key and self._bar_patch is None,
                     logger=to_loggers,
                 )
         except Exception as exc:  # never into the training loop: log once, stop logging
@@ -624,15 +673,62 @@ class BaseETSCallback:
 
     def _unpatch_save_checkpoint(self) -> None:
         patch, self._trainer_patch = self._trainer_patch, None
-        if patch is None:
+        _restore_attribute(patch, "save_checkpoint")
+
+    def bar_items(self) -> dict[str, str]:
+        """What the callback adds to Lightning's progress bar: the ETA as text.
+
+        Returns:
+            ``{"ETA": "13m32s"}`` (``format_duration``); while the job length is unknown,
+            ``{"ETA": "? (0.412 s/step)"}``; empty before the first prediction, after training,
+            or with ``prog_bar=False``.
+        """
+        hook = self._hook
+        if not self.prog_bar or not self._open or hook is None:
+            return {}
+        prediction = hook.prediction
+        if prediction is None:
+            return {}
+        eta_s = prediction.eta_s
+        if eta_s is not None and math.isfinite(eta_s):
+            return {BAR_KEY: format_duration(eta_s)}
+        return {BAR_KEY: f"? ({format_step_time(prediction.iteration_s)})"}
+
+    def _patch_progress_bar(self, trainer: Any) -> None:
+        """Until close, have the Trainer's progress bar show ``bar_items`` (Lightning's
+        metrics are numbers; the bar's ``get_metrics``, which its documentation says to
+        override for what it shows, takes text). Wrapped on the instance; never raises."""
+        self._unpatch_progress_bar()
+        bar = getattr(trainer, "progress_bar_callback", None)
+        original = getattr(bar, "get_metrics", None)
+        if bar is None or not callable(original):
             return
-        trainer, wrapper, previous = patch
-        if vars(trainer).get("save_checkpoint") is not wrapper:
-            return  # wrapped again by someone else since: leave theirs in place
-        if previous is _MISSING:
-            del trainer.save_checkpoint
-        else:
-            trainer.save_checkpoint = previous
+        try:
+            previous = vars(bar).get("get_metrics", _MISSING)
+        except TypeError:  # no __dict__: the number stays in the bar
+            return
+        callback = self
+
+        @functools.wraps(original)
+        def get_metrics(*args: Any, **kwargs: Any) -> Any:
+            items = original(*args, **kwargs)
+            try:
+                ours = callback.bar_items()
+                return {**items, **ours} if ours else items
+            except Exception as exc:  # never into the loop: the bar as it was
+                logger.debug("ets-hook: the ETA not shown in the progress bar: %r", exc)
+                return items
+
+        try:
+            bar.get_metrics = get_metrics
+        except Exception as exc:  # a read-only attribute: the number stays in the bar
+            logger.debug("ets-hook: Lightning's progress bar not wrapped: %r", exc)
+            return
+        self._bar_patch = (bar, get_metrics, previous)
+
+    def _unpatch_progress_bar(self) -> None:
+        patch, self._bar_patch = self._bar_patch, None
+        _restore_attribute(patch, "get_metrics")
 
     def _close(self, outcome: str | None, error: str | None = None) -> None:
         """End an open phase, undo the patch, close the hook (``outcome`` None: replaced)."""
@@ -643,6 +739,7 @@ class BaseETSCallback:
         try:
             self._end_eval()
             self._unpatch_save_checkpoint()
+            self._unpatch_progress_bar()
         finally:
             if hook is not None:
                 if outcome in (None, "closed"):
@@ -710,6 +807,7 @@ else:
 
 
 __all__ = [
+    "BAR_KEY",
     "CHECKPOINT_PHASE",
     "EVAL_PHASE",
     "HOOK_OPTIONS",

@@ -75,7 +75,7 @@ from ..forecast.early_stop import EarlyStoppingRule
 from ..forecast.job import eval_cost_prior
 from ..hook import ETSHook
 from ..reporters.tqdm import TqdmReporter
-from .common import HOOK_ARGUMENTS, prediction_metrics, whole_number
+from .common import HOOK_ARGUMENTS, check_hook_options, prediction_metrics, whole_number
 from .common import LOG_KEYS as LOG_KEYS  # re-exported: what the callback adds to the logs
 
 if TYPE_CHECKING:
@@ -150,8 +150,9 @@ class ETSTrainerCallback(TrainerCallback):
     """An ``ETSHook`` for a ``transformers.Trainer``: ``callbacks=[ETSTrainerCallback()]``.
 
     Creates the hook at each ``on_train_begin`` (see the module docstring for what is read from
-    the Trainer) and closes it at ``on_train_end``. Nothing here raises into training, except
-    ``ETSHook``'s own validation of ``hook_options`` at train begin (a ``ValueError`` naming the
+    the Trainer) and closes it at ``on_train_end``. Option values are checked when the callback is
+    created. Nothing here raises into training, except ``ETSHook``'s own validation at train
+    begin of the options together with the Trainer's values (a ``ValueError`` naming the
     argument) and ``on_deadline="raise"``.
 
     Attributes:
@@ -170,7 +171,12 @@ class ETSTrainerCallback(TrainerCallback):
 
         Raises:
             TypeError: an option that is not an ``ETSHook`` keyword argument (``model``
-                included). Values are checked by ``ETSHook`` at train begin.
+                included).
+            ValueError: an option's value ``ETSHook`` rejects, naming the option and the
+                value: checked now, as ``ETSHook`` checks them (``common.check_hook_options``);
+                ``ETSHook`` checks them again, with the Trainer's, at train begin.
+            ImportError: ``progress=True`` without tqdm; a dashboard option without its
+                package.
         """
         unknown = sorted(set(hook_options) - _HOOK_OPTIONS)
         if unknown:
@@ -178,6 +184,11 @@ class ETSTrainerCallback(TrainerCallback):
                 f"ETSTrainerCallback got unexpected ETSHook option(s) {', '.join(unknown)}"
                 + (" (the model is the Trainer's)" if "model" in unknown else "")
             )
+        check_hook_options(hook_options)
+        self._start(hook_options)
+
+    def _start(self, hook_options: dict[str, Any]) -> None:
+        """Set the callback up with checked options and no hook yet."""
         self._options = dict(hook_options)
         self.hook: ETSHook | None = None
         self._training = False
@@ -202,8 +213,8 @@ class ETSTrainerCallback(TrainerCallback):
         return {"options": self._options, "injector": self._injector}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        """A callback with the pickled options and no hook yet."""
-        self.__init__(**state["options"])  # type: ignore[misc]
+        """A callback with the pickled options (checked when first created) and no hook yet."""
+        self._start(state["options"])
         self._injector = state["injector"]
         self._injector._owner = weakref.ref(self)
 
@@ -246,7 +257,8 @@ class ETSTrainerCallback(TrainerCallback):
             **kwargs: the Trainer's other event arguments.
 
         Raises:
-            ValueError: from ``ETSHook``: an invalid value in ``hook_options``.
+            ValueError: from ``ETSHook``: the options and the Trainer's values together are
+                invalid (each option alone was checked when the callback was created).
         """
         self._adopt_handler()
         self._close_hook()

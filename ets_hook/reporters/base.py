@@ -51,6 +51,10 @@ JOB_OUTCOMES = ("closed", "interrupted", "failed")
 # hundreds of µs each) never weighs on millisecond steps.
 EARLY_STEPS = (1, 2, 3, 5, 10, 20, 50)
 
+#: Local step counts whose prediction is a milestone: the log writes a line and the status
+#: file is rewritten after each (the early answer as it firms up).
+MILESTONE_STEPS = (1, 3, 5)
+
 
 @dataclass(frozen=True, slots=True)
 class ReportSchedule:
@@ -86,6 +90,58 @@ class ReportSchedule:
             raise ValueError(f"every_n_steps must be >= 1 or None, got {self.every_n_steps}")
         if self.interval_s is not None and not self.interval_s > 0:
             raise ValueError(f"interval_s must be > 0 or None, got {self.interval_s}")
+
+
+class Milestones:
+    """Which offered predictions are milestones of the forecast: the first one offered, the
+    ones after the local step counts in ``steps``, and the first converged one. The log writes
+    a line at each and the status file is rewritten (``LogReporter``, ``StatusFileReporter``).
+
+    Feed it every prediction a reporter is offered (``reached``): convergence is noticed at the
+    first offer that has it.
+
+    Attributes:
+        steps: the local step counts (ints >= 1).
+    """
+
+    def __init__(self, steps: tuple[int, ...] = MILESTONE_STEPS) -> None:
+        """Take the step counts.
+
+        Args:
+            steps: local step counts (ints >= 1, bools refused) whose predictions are
+                milestones.
+
+        Raises:
+            ValueError: an item of ``steps`` is not an int >= 1.
+        """
+        if any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in steps):
+            raise ValueError(f"milestone steps must be ints >= 1, got {steps!r}")
+        self.steps = frozenset(steps)
+        self._first_step: int | None = None
+        self._converged = False
+
+    def local_step(self, prediction: Prediction) -> int:
+        """The local step count of ``prediction``: the first one offered comes after local
+        step 1 (``Prediction.step`` counts ``initial_step`` too)."""
+        if self._first_step is None:
+            self._first_step = prediction.step - 1
+        return prediction.step - self._first_step
+
+    def reached(self, prediction: Prediction) -> bool:
+        """Whether ``prediction`` is a milestone (see the class docstring).
+
+        Args:
+            prediction: the prediction offered now (predictions in step order).
+
+        Returns:
+            True for the first prediction, one after a local step count in ``steps``, and the
+            first converged one.
+        """
+        first = self._first_step is None
+        local_step = self.local_step(prediction)
+        newly_converged = prediction.converged and not self._converged
+        self._converged = self._converged or prediction.converged
+        return first or newly_converged or local_step in self.steps
 
 
 class Reporter:

@@ -114,6 +114,15 @@ def build_reporters(
         raise ValueError(f"tensorboard_dir must be a path or None, got {tensorboard_dir!r}")
     if prometheus_textfile is not None and not isinstance(prometheus_textfile, (str, os.PathLike)):
         raise ValueError(f"prometheus_textfile must be a path or None, got {prometheus_textfile!r}")
+    if log_every_n_steps is not None and (
+        isinstance(log_every_n_steps, bool)
+        or not isinstance(log_every_n_steps, int)
+        or log_every_n_steps < 0
+    ):
+        raise ValueError(
+            "log_every_n_steps must be an int >= 1 (a log line every N steps), or 0 or None (no "
+            f"log lines), got {log_every_n_steps!r}"
+        )
     if not isinstance(verbose, bool):
         raise ValueError(f"verbose must be True or False, got {verbose!r}")
     quiet_below_warning(not logs_here)  # notes too, not only the ETA lines

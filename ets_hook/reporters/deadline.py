@@ -191,10 +191,17 @@ class DeadlineGuard(Reporter):
         if not fire:
             return None
         margin = f" (margin {format_duration(self.margin_s)})" if self.margin_s else ""
+        # Never a negative duration: a deadline before the start passed that long before it;
+        # the optimistic end is never before now.
+        when = (
+            f"deadline {format_duration(deadline_s)}{margin} after start"
+            if deadline_s >= 0
+            else f"deadline passed {format_duration(-deadline_s)} before start{margin}"
+        )
         message = (
             f"ets-hook: predicted to miss the deadline at step {p.step}/{p.total_steps}: "
-            f"total {format_duration(p.total_s)} (optimistic {format_duration(optimistic)}) > "
-            f"deadline {format_duration(deadline_s)}{margin} after start, "
+            f"total {format_duration(p.total_s)} (optimistic "
+            f"{format_duration(max(optimistic, p.elapsed_s))}) > {when}, "
             f"short by {format_duration(p.total_s - limit_s)}"
         )
         return DeadlineMiss(

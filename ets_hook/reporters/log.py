@@ -7,7 +7,7 @@ import logging
 import math
 from typing import TYPE_CHECKING
 
-from .base import EARLY_STEPS, Reporter, ReportSchedule
+from .base import EARLY_STEPS, MILESTONE_STEPS, Milestones, Reporter, ReportSchedule
 from .format import format_duration, format_prediction
 
 if TYPE_CHECKING:
@@ -22,12 +22,14 @@ if TYPE_CHECKING:
 class LogReporter(Reporter):
     """Logs ``format_prediction`` lines on ``logging.getLogger("ets_hook")``.
 
-    A line is written after each of the job's first local steps in ``early_lines`` (1, 3, 5:
-    the early answer as it firms up), when the estimate first converges, at global steps that are
-    multiples of ``every_n_steps``, and whenever the predicted total (the step time if the total
-    is unknown) moved by ``move_threshold`` (relative) since the last line; the last two kinds at
-    most once per ``min_interval_s`` of job time. At close, one more line: ``finished
-    at step N after T``. The prediction rides along on the log record as
+    A line is written at each milestone (``base.Milestones``: the first prediction, after each
+    of the job's first local steps in ``early_lines`` (1, 3, 5: the early answer as it firms
+    up), when the estimate first converges), at global steps that are multiples of
+    ``every_n_steps``, and whenever the predicted total (the step time if the total is unknown)
+    moved by ``move_threshold`` (relative) since the last line; the last two kinds at most once
+    per ``min_interval_s`` of job time. At close, one more line saying how the job ended:
+    ``finished at step N after T``, ``failed at step N after T (RuntimeError)`` or
+    ``interrupted at step N after T``. The prediction rides along on the log record as
     ``record.ets_prediction`` for structured handlers.
     """
 
@@ -39,7 +41,7 @@ class LogReporter(Reporter):
         min_interval_s: float = 5.0,
         check_interval_s: float = 1.0,
         first_steps: int = 0,
-        early_lines: tuple[int, ...] = (1, 3, 5),
+        early_lines: tuple[int, ...] = MILESTONE_STEPS,
         logger: logging.Logger | None = None,
         level: int = logging.INFO,
     ) -> None:
@@ -71,8 +73,8 @@ class LogReporter(Reporter):
             interval_s=check_interval_s,
             early_steps=tuple(sorted(set(EARLY_STEPS) | set(early_lines))),
         )
-        self.early_lines = frozenset(early_lines)
-        self._first_step: int | None = None
+        self._milestones = Milestones(early_lines)
+        self.early_lines = self._milestones.steps
         self.every_n_steps = every_n_steps
         self.move_threshold = move_threshold
         self.min_interval_s = min_interval_s
@@ -80,7 +82,6 @@ class LogReporter(Reporter):
         self.level = level
         self._last_value: float | None = None
         self._last_elapsed_s = -math.inf
-        self._converged = False
 
     @staticmethod
     def _value(p: Prediction) -> float:
@@ -90,12 +91,7 @@ class LogReporter(Reporter):
         """Log a line if the prediction earns one (see the class docstring)."""
         p = prediction
         value = self._value(p)
-        if self._first_step is None:
-            self._first_step = p.step - 1  # the first prediction comes after local step 1
-        local_step = p.step - self._first_step
-        newly_converged = p.converged and not self._converged
-        self._converged = self._converged or p.converged
-        if self._last_value is None or newly_converged or local_step in self.early_lines:
+        if self._milestones.reached(p):
             self._emit(p, value)
             return
         if p.elapsed_s - self._last_elapsed_s < self.min_interval_s:
@@ -107,14 +103,31 @@ class LogReporter(Reporter):
 
     def on_close(self, prediction: Prediction | None) -> None:
         """Log ``finished at step N after T`` (nothing if ``prediction`` is None)."""
-        if prediction is not None and self.logger.isEnabledFor(self.level):
-            self.logger.log(
-                self.level,
-                "finished at step %d after %s",
-                prediction.step,
-                format_duration(prediction.elapsed_s),
-                extra={"ets_prediction": prediction},
-            )
+        self.on_end(prediction, "closed", None)
+
+    def on_end(self, prediction: Prediction | None, outcome: str, error: str | None) -> None:
+        """Log how the job ended: ``finished at step N after T`` (closed), ``failed at step N
+        after T (ErrorType)`` or ``interrupted at step N after T``; nothing if ``prediction``
+        is None.
+
+        Args:
+            prediction: the final prediction, or None.
+            outcome: ``"closed"``, ``"interrupted"`` or ``"failed"`` (``base.JOB_OUTCOMES``).
+            error: the exception's type name for ``"failed"``, else None.
+        """
+        if prediction is None or not self.logger.isEnabledFor(self.level):
+            return
+        verb = {"closed": "finished", "failed": "failed"}.get(outcome, outcome)
+        cause = f" ({error})" if outcome == "failed" and error else ""
+        self.logger.log(
+            self.level,
+            "%s at step %d after %s%s",
+            verb,
+            prediction.step,
+            format_duration(prediction.elapsed_s),
+            cause,
+            extra={"ets_prediction": prediction},
+        )
 
     def _emit(self, p: Prediction, value: float) -> None:
         self._last_value = value

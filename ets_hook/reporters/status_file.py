@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..launcher import fill_rank, rank_suffixed
 from ..trace.atomic import atomic_write_bytes
-from .base import JOB_OUTCOMES, Reporter, ReportSchedule
+from .base import EARLY_STEPS, JOB_OUTCOMES, MILESTONE_STEPS, Milestones, Reporter, ReportSchedule
 
 if TYPE_CHECKING:
     from ..forecast.prediction import Prediction
@@ -47,6 +47,8 @@ STATUS_SCOPES = ("job", "rank")
 RETRY_FIRST_S, RETRY_MAX_S = 1.0, 300.0
 #: Attempts of the final write at close, and the pause between them.
 CLOSE_ATTEMPTS, CLOSE_PAUSE_S = 3, 0.1
+#: Seconds between looks at the prediction for a milestone (convergence) between writes.
+MILESTONE_CHECK_S = 1.0
 
 
 def status_paths(
@@ -86,8 +88,10 @@ def status_schema_path() -> Path:
 class StatusFileReporter(Reporter):
     """Rewrites a JSON status file atomically (temp file in the same directory, fsync,
     ``os.replace``; created with the process umask): a reader always sees a complete, valid
-    document, even if the process is killed mid-write. Written for the first prediction, then at
-    most every ``interval_s``, and when the job ends. Document (JSON Schema:
+    document, even if the process is killed mid-write. Written at each milestone of the
+    forecast (``base.Milestones``: the first prediction, those after local steps 1, 3 and 5,
+    the first converged one: where the log writes its early lines), else at most every
+    ``interval_s``, and when the job ends. Document (JSON Schema:
     ``ets_hook/data/status.schema.json``, ``status_schema_path()``)::
 
         {"format": "ets-hook-status", "version": 5,
@@ -106,7 +110,8 @@ class StatusFileReporter(Reporter):
         self,
         path: str | os.PathLike[str],
         *,
-        interval_s: float = 5.0,
+        interval_s: float | None = 5.0,
+        milestone_steps: tuple[int, ...] = MILESTONE_STEPS,
         extra: Mapping[str, Any] | None = None,
         scope: str = "job",
         rank: int = 0,
@@ -116,8 +121,10 @@ class StatusFileReporter(Reporter):
 
         Args:
             path: the status file; its directory must exist.
-            interval_s: seconds (> 0) between rewrites while running; None: first prediction
-                and close only.
+            interval_s: seconds of job time (> 0) at least between the periodic rewrites
+                while running; None: milestones and close only.
+            milestone_steps: local step counts (ints >= 1) whose predictions are always
+                written (``base.Milestones``; the log's ``early_lines``).
             extra: JSON-serialisable keys added to every document (not the standard keys).
             scope: ``"job"`` or ``"rank"`` (see ``status_paths``), written as ``scope``.
             rank: the writing process's rank (>= 0), written as ``rank``.
@@ -125,8 +132,9 @@ class StatusFileReporter(Reporter):
 
         Raises:
             ValueError: the directory of ``path`` does not exist, ``path`` is a directory,
-                ``interval_s`` is not > 0, ``extra`` names a standard key or holds a value JSON
-                cannot carry (NaN, infinity, an object ``json.dumps`` cannot serialise).
+                ``interval_s`` is not > 0, a ``milestone_steps`` item is not an int >= 1,
+                ``extra`` names a standard key or holds a value JSON cannot carry (NaN,
+                infinity, an object ``json.dumps`` cannot serialise).
         """
         if scope not in STATUS_SCOPES:
             raise ValueError(f"scope must be one of {STATUS_SCOPES}, got {scope!r}")
@@ -138,7 +146,22 @@ class StatusFileReporter(Reporter):
             raise ValueError(f"status_path's directory does not exist: {self.path.parent}")
         if self.path.is_dir():
             raise ValueError(f"status_path is a directory: {self.path}")
-        self.schedule = ReportSchedule(first_steps=1, interval_s=interval_s)
+        if interval_s is not None and (
+            isinstance(interval_s, bool)
+            or not isinstance(interval_s, (int, float))
+            or not interval_s > 0
+        ):
+            raise ValueError(f"interval_s must be > 0 or None, got {interval_s!r}")
+        self.interval_s = interval_s
+        self._milestones = Milestones(milestone_steps)
+        # Offered the predictions the log is (its early steps and 1 s looks): a milestone such
+        # as convergence is written when the log shows it; the periodic writes stay throttled.
+        self.schedule = ReportSchedule(
+            first_steps=1,
+            interval_s=min(interval_s, MILESTONE_CHECK_S) if interval_s else MILESTONE_CHECK_S,
+            early_steps=tuple(sorted(set(EARLY_STEPS) | set(milestone_steps))),
+        )
+        self._last_written_s = -math.inf  # the job time (elapsed_s) of the last running write
         self.extra = dict(extra or {})
         clash = sorted(k for k in self.extra if k in RESERVED_KEYS)
         if clash:
@@ -195,11 +218,20 @@ class StatusFileReporter(Reporter):
         atomic_write_bytes(self.path, data.encode())
 
     def on_prediction(self, prediction: Prediction) -> None:
-        """Write the document with ``"state": "running"`` (skipped while backing off)."""
+        """Write the document with ``"state": "running"`` at a milestone or once ``interval_s``
+        of job time has passed since the last write (skipped while backing off)."""
+        milestone = self._milestones.reached(prediction)
+        periodic = (
+            self.interval_s is not None
+            and prediction.elapsed_s - self._last_written_s >= self.interval_s
+        )
+        if not (milestone or periodic):
+            return
         now = time.monotonic()
         if now < self._retry_at:
             return
-        self._attempt("running", prediction, None, now)
+        if self._attempt("running", prediction, None, now):
+            self._last_written_s = prediction.elapsed_s
 
     def on_close(self, prediction: Prediction | None) -> None:
         """Write the document with ``"state": "closed"``."""

@@ -25,7 +25,7 @@ from support import ETS_HOOK
 from ets_hook.cli.common import EXIT_CODES_HELP
 from ets_hook.ets.regressors import Predictor
 from ets_hook.trace.importers import ETS_CSV_COLUMNS
-from ets_hook.trace.io import load_trace
+from ets_hook.trace.io import load_trace, save_trace
 from ets_hook.trace.summary import summarize_iteration
 
 #: Every subcommand ``ets-hook --help`` lists; each one is run here (demo: in test_main.py).
@@ -398,6 +398,102 @@ def test_a_bad_input_exits_2_with_one_line_naming_it(
     run = ets_hook(*args, timeout=30)  # a loader that opened the FIFO would block: fail instead
     assert_input_error(run, command.removesuffix("-model"), bad)
     assert list(out.iterdir()) == []  # nothing written
+
+
+#: Files that are not weights files, given as evaluate's MODEL, and what the line says they are.
+NOT_WEIGHTS = {
+    "trace": "it is an ets-hook trace (.ets)",
+    "npy": "it is a single numpy array (.npy)",
+    "json": "it is JSON text",
+    "empty": "the file is empty",
+    "text": "not a .npz archive",
+}
+
+
+@pytest.mark.parametrize("kind", list(NOT_WEIGHTS))
+def test_evaluate_with_another_file_as_the_model_says_it_is_not_a_weights_file(
+    kind: str, real_traces: list[Path], tmp_path: Path
+) -> None:
+    """Not numpy's advice about pickled data and ``allow_pickle=``: the file is named and
+    said not to be a weights file (``ets-hook evaluate run.ets run.ets`` is the easy slip)."""
+    model = {
+        "trace": real_traces[0],
+        "npy": tmp_path / "weights.npy",
+        "json": tmp_path / "eta.json",
+        "empty": tmp_path / "model.npz",
+        "text": tmp_path / "model.npz",
+    }[kind]
+    if kind == "npy":
+        np.save(model, np.zeros(3))
+    elif kind == "json":
+        model.write_text('{"format": "ets-hook-status"}')
+    elif kind == "empty":
+        model.write_bytes(b"")
+    elif kind == "text":
+        model.write_text("weights\n")
+    run = ets_hook("evaluate", model, real_traces[1], timeout=60)
+    assert_input_error(run, "evaluate", model, "not an ets-hook weights file", NOT_WEIGHTS[kind])
+    assert "pickle" not in run.stderr
+
+
+def _as_rank(trace_file: Path, out: Path, rank: int, world_size: int) -> Path:
+    """A copy of ``trace_file`` that says it is ``rank`` of ``world_size`` processes."""
+    trace = load_trace(trace_file)
+    trace.rank, trace.world_size = rank, world_size
+    save_trace(trace, out)
+    return out
+
+
+def test_info_on_the_ranks_of_one_job_prints_the_per_rank_table(
+    real_traces: list[Path], tmp_path: Path
+) -> None:
+    ranks = [_as_rank(real_traces[0], tmp_path / f"run.rank{r}.ets", r, 2) for r in (0, 1)]
+    run = ets_hook("info", *ranks)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr == ""
+    table = run.stdout.split("per rank (medians over the captured steps):\n", 1)[1]
+    assert [line.split()[0] for line in table.splitlines()[1:3]] == ["0", "1"]
+    doc = json.loads(ets_hook("info", "--json", *ranks).stdout)
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1] and doc["not_one_job"] is None
+
+
+#: Traces given together that are not the ranks of one job: (rank, world size) of each copy
+#: of real_traces[0] (None: real_traces[1], another model, as rank 0 of 1), and the reason.
+NOT_ONE_JOB = {
+    "two-jobs": ([(0, 1), None], "{0} and {1} both say rank 0"),
+    "same-rank": ([(1, 2), (1, 2)], "{0} and {1} both say rank 1"),
+    "world-sizes": ([(0, 2), (1, 4)], "their world sizes differ ({0}: 2, {1}: 4)"),
+    "models": ([(1, 2), None], "they trace different models ({0}: Sequential, {1}: CNN)"),
+}
+
+
+@pytest.mark.parametrize("case", list(NOT_ONE_JOB))
+def test_info_on_traces_of_different_jobs_warns_and_compares_no_ranks(
+    case: str, real_traces: list[Path], tmp_path: Path
+) -> None:
+    """``ets-hook info a.ets b.ets`` on unrelated traces: each trace's table, then one warning
+    line saying why they are not ranks of one job, and no "busy vs fastest" between them."""
+    layout, reason = NOT_ONE_JOB[case]
+    files = [
+        real_traces[1] if spec is None else _as_rank(real_traces[0], tmp_path / f"t{i}.ets", *spec)
+        for i, spec in enumerate(layout)
+    ]
+    run = ets_hook("info", *files)
+    assert run.returncode == 0, run.stderr
+    for path in files:
+        assert f"{path}" in run.stdout
+    assert "per rank" not in run.stdout and "busy vs fastest" not in run.stdout
+    lines = run.stderr.splitlines()
+    assert len(lines) == 1, run.stderr
+    assert lines[0].startswith("ets-hook info: warning: these traces are not the ranks of one job")
+    assert reason.format(*files) in lines[0]
+    assert lines[0].endswith("no per-rank comparison")
+    as_json = ets_hook("info", "--json", *files)
+    assert as_json.returncode == 0 and as_json.stderr == run.stderr
+    doc = json.loads(as_json.stdout)
+    assert doc["ranks"] == [] and doc["straggler_rank"] is None
+    assert reason.format(*files) in doc["not_one_job"]
+    assert len(doc["traces"]) == 2
 
 
 def test_train_on_a_folder_of_bad_traces_names_the_file(tmp_path: Path) -> None:

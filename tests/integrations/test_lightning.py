@@ -25,6 +25,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -45,12 +46,14 @@ from ets_hook.forecast.job import (
     CHECKPOINT_WRITE_BYTES_PER_S,
 )
 from ets_hook.integrations.lightning import (
+    BAR_KEY,
     LOG_KEYS,
     ETSCallback,
     trainer_checkpoint_every,
     trainer_checkpoint_files,
     trainer_eval_every,
 )
+from ets_hook.reporters.format import format_duration, format_step_time
 
 VAL_SLEEP_S = 0.4  # once per validation run (not in the sanity check)
 SAVE_SLEEP_S = 0.25  # per checkpoint save (two per epoch: the epoch's file and last.ckpt)
@@ -111,15 +114,20 @@ def quiet_trainer(**kwargs: Any) -> L.Trainer:
 
 
 class PredictionAt(L.Callback):
-    """Keeps ``callback``'s prediction once ``trainer.global_step`` reaches ``at``."""
+    """Keeps ``callback``'s prediction once ``trainer.global_step`` reaches ``at``, and what
+    the Trainer's progress bar (if any) shows then (``bar_metrics``)."""
 
     def __init__(self, callback: Any, at: int) -> None:
         self.callback, self.at = callback, at
         self.prediction: Any = None
+        self.bar_metrics: dict[str, Any] | None = None
 
-    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, *args: Any) -> None:
         if self.prediction is None and trainer.global_step >= self.at:
             self.prediction = self.callback.prediction
+            bar = trainer.progress_bar_callback
+            if bar is not None:
+                self.bar_metrics = bar.get_metrics(trainer, pl_module)
 
 
 @dataclass
@@ -339,14 +347,22 @@ def test_metrics_reach_the_csv_logger_at_its_logging_steps(runs: Runs) -> None:
         assert float(logged[-1]["ets/eta_s"]) == pytest.approx(0.0, abs=1e-6)
 
 
-def test_eta_is_in_the_progress_bar(runs: Runs) -> None:
-    trainer, module = runs.first.trainer, runs.first.module
-    assert "ets/eta_s" in trainer.progress_bar_metrics
-    assert "ets/iteration_s" not in trainer.progress_bar_metrics
+def test_eta_is_in_the_progress_bar_as_text(runs: Runs) -> None:
+    """The bar (Lightning's default: rich's, where rich is installed) shows the ETA as
+    ``ETA: 5.6s``, not the raw seconds; the loggers keep the numbers."""
+    trainer, module, early = runs.first.trainer, runs.first.module, runs.first.early
     bar = trainer.progress_bar_callback
     assert bar is not None
-    assert "ets/eta_s" in bar.get_metrics(trainer, module)
+    shown = early.bar_metrics  # what the bar showed at step 3, during training
+    assert shown is not None
+    assert shown[BAR_KEY] == format_duration(early.prediction.eta_s)
+    assert not [key for key in shown if key.startswith("ets/")]
+    assert not set(LOG_KEYS) & set(trainer.progress_bar_metrics)
     assert set(LOG_KEYS) <= set(trainer.logged_metrics)
+    assert all(isinstance(trainer.logged_metrics[key], torch.Tensor) for key in LOG_KEYS)
+    # After training the bar is Lightning's own again.
+    assert "get_metrics" not in vars(bar)
+    assert BAR_KEY not in bar.get_metrics(trainer, module)
 
 
 def test_hook_is_closed_after_training(runs: Runs) -> None:
@@ -390,7 +406,12 @@ def test_unknown_length_with_max_time_gives_step_time_only(
 ) -> None:
     callback = ETSCallback(capture_steps=0)
     at_step_5 = PredictionAt(callback, at=5)
-    trainer = quiet_trainer(max_epochs=1, max_time={"minutes": 5}, callbacks=[callback, at_step_5])
+    trainer = quiet_trainer(
+        max_epochs=1,
+        max_time={"minutes": 5},
+        callbacks=[callback, at_step_5],
+        enable_progress_bar=True,
+    )
     caplog.set_level(logging.INFO, logger="ets_hook")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -409,7 +430,10 @@ def test_unknown_length_with_max_time_gives_step_time_only(
     assert (ended.step, ended.total_steps, ended.eta_s) == (6, 6, 0.0)
     assert ended.time_limit_s == prediction.time_limit_s and not ended.stopped_by_time_limit
     assert "total_steps" not in callback.resolved_options
-    assert "ets/iteration_s" in trainer.progress_bar_metrics  # the step time, in place of the ETA
+    # The bar says the ETA is unknown and shows the step time, as text.
+    assert at_step_5.bar_metrics is not None
+    assert at_step_5.bar_metrics[BAR_KEY] == f"? ({format_step_time(prediction.iteration_s)})"
+    assert "ets/iteration_s" in trainer.callback_metrics
     assert "ets/eta_s" not in trainer.logged_metrics
     messages = [r.getMessage() for r in caplog.records if r.name == "ets_hook"]
     assert any("job length in steps is unknown" in m for m in messages)
@@ -640,10 +664,70 @@ def test_unknown_options_are_a_type_error() -> None:
         ETSCallback(total_step=10)
 
 
-def test_invalid_option_values_raise_when_training_starts() -> None:
-    callback = ETSCallback(capture_steps=-1)
+#: Options ETSHook rejects, each with what the error must say (the option and its value).
+BAD_OPTIONS: list[tuple[dict[str, Any], str]] = [
+    (
+        {"status_path": "/nonexistent/eta.json"},
+        "status_path's directory does not exist: /nonexistent",
+    ),
+    ({"total_steps": -1}, "total_steps must be an int >= 1, got -1"),
+    ({"total_steps": 2.5}, "total_steps must be an int >= 1, got 2.5"),
+    ({"capture_steps": -1}, "capture_steps must be an int >= 0, got -1"),
+    ({"trace_path": "/nonexistent/run.ets"}, "trace_path's directory does not exist: /nonexistent"),
+    ({"deadline_policy": "soon"}, "deadline_policy must be one of"),
+    ({"deadline": -5}, "deadline must be seconds > 0, got -5"),
+    ({"time_limit_s": 0}, "time_limit_s must be a finite number of seconds > 0 or None, got 0"),
+    ({"log_every": -1}, "log_every must be an int >= 1"),
+    ({"early_stopping": 3}, "early_stopping must be (patience, min_delta, mode)"),
+    ({"epochs": 0, "steps_per_epoch": 4}, "epochs must be a number > 0, got 0"),
+    ({"phase_every": {"eval": -2}}, "period of phase 'eval' must be an int >= 0, got -2"),
+    ({"total_steps": 5, "initial_step": 6}, "initial_step (6) is past the job's end"),
+    ({"prometheus_port": 70000}, "prometheus_port must be an int in 1-65535, got 70000"),
+    ({"checkpoint_files": 0}, "checkpoint_files must be an int >= 1, got 0"),
+    ({"op_capture": "fast"}, "op_capture must be one of"),
+    ({"on_prediction": 3}, "on_prediction must be callable, got 3"),
+]
+
+
+@pytest.mark.parametrize(("options", "message"), BAD_OPTIONS, ids=lambda v: str(v)[:40])
+def test_invalid_option_values_raise_at_construction(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        ETSCallback(**options)
+    assert message in str(raised.value)
+
+
+def test_epochs_without_an_epoch_length_raises_at_construction() -> None:
+    """Given ``epochs``, the callback reads no steps per epoch from the Trainer: ETSHook would
+    refuse it at training start."""
+    with pytest.raises(ValueError, match="epochs=2 needs the length of an epoch"):
+        ETSCallback(epochs=2)
+    assert ETSCallback(epochs=2, steps_per_epoch=4).hook_options["epochs"] == 2
+
+
+def test_valid_options_construct_and_write_nothing(tmp_path: Path) -> None:
+    callback = ETSCallback(
+        status_path=tmp_path / "eta.json",
+        trace_path=tmp_path / "run{rank}.ets",
+        total_steps=np.int64(40),
+        capture_steps=0,
+        log_every=5,
+        deadline=3600.0,
+        deadline_policy="point",
+        early_stopping=(3, 0.0, "min"),
+        time_limit_s=600,
+        phase_every={"eval": 10},
+        prometheus_textfile=tmp_path / "ets.prom",
+    )
+    assert callback.hook is None and callback.hook_options["deadline_policy"] == "point"
+    assert list(tmp_path.iterdir()) == []  # checked, nothing opened or written
+
+
+def test_option_values_invalid_with_the_trainers_raise_when_training_starts() -> None:
+    """Each value valid alone, but past the Trainer's total: ETSHook refuses it at training
+    start, before any step."""
+    callback = ETSCallback(initial_step=100)
     trainer = quiet_trainer(max_steps=2, callbacks=[callback])
-    with warnings.catch_warnings(), pytest.raises(ValueError, match="capture_steps"):
+    with warnings.catch_warnings(), pytest.raises(ValueError, match="initial_step"):
         warnings.simplefilter("ignore")
         trainer.fit(TinyModule(), loaders(batches=2)[0])
     assert callback.hook is None and trainer.global_step == 0
@@ -847,12 +931,21 @@ from ets_hook.integrations.lightning import ETSCallback
 ets = ETSCallback(status_path="eta.json")        # any ETSHook option
 trainer = L.Trainer(max_epochs=2, accumulate_grad_batches=2, callbacks=[ets])
 trainer.fit(model, train_loader, val_loader)    # ETA in the bar, ets/* metrics in the loggers
-print(ets.prediction.total_s, ets.prediction.eta_s)
+if ets.prediction is not None:                  # None with ETS_HOOK_DISABLE=1
+    print(ets.prediction.total_s, ets.prediction.eta_s)
 """
 
 
-def test_readme_snippet_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("disabled", [False, True], ids=["enabled", "ETS_HOOK_DISABLE"])
+def test_readme_snippet_runs(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    disabled: bool,
+) -> None:
     monkeypatch.chdir(tmp_path)  # lightning_logs/ and eta.json
+    if disabled:
+        monkeypatch.setenv("ETS_HOOK_DISABLE", "1")
     train_loader, val_loader = loaders(batches=4)
     namespace: dict[str, Any] = {
         "model": TinyModule(),
@@ -863,8 +956,14 @@ def test_readme_snippet_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         warnings.simplefilter("ignore")
         exec(compile(README_SNIPPET, "README.md", "exec"), namespace)
     ets, trainer = namespace["ets"], namespace["trainer"]
-    assert ets.prediction.step == trainer.global_step == 4
+    assert trainer.global_step == 4
+    printed = capsys.readouterr().out.splitlines()
+    if disabled:  # the hook does nothing: no prediction (the snippet ran to its end), no file
+        assert ets.prediction is None and not (tmp_path / "eta.json").exists()
+        return
+    assert ets.prediction.step == trainer.global_step
     assert ets.prediction.eta_s == 0.0
+    assert f"{ets.prediction.total_s} 0.0" in printed
     assert json.loads((tmp_path / "eta.json").read_text())["state"] == "closed"
     assert set(LOG_KEYS) <= set(trainer.logged_metrics)
 

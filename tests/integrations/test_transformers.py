@@ -659,6 +659,51 @@ def test_unknown_option_is_a_type_error() -> None:
         ETSTrainerCallback(totl_steps=3)
 
 
+#: Options ETSHook rejects, each with what the error must say (the option and its value).
+BAD_OPTIONS: list[tuple[dict[str, Any], str]] = [
+    ({"total_steps": -1}, "total_steps must be an int >= 1, got -1"),
+    ({"status_path": "/nonexistent/eta.json"}, "status_path's directory does not exist"),
+    ({"trace_path": "/nonexistent/run.ets"}, "trace_path's directory does not exist"),
+    ({"capture_steps": True}, "capture_steps must be an int >= 0, got True"),
+    ({"grad_accum_steps": 0}, "grad_accum_steps must be an int >= 1, got 0"),
+    ({"eval_every": -3}, "eval_every must be an int >= 1, got -3"),
+    ({"on_deadline": "explode"}, "on_deadline must be 'warn', 'raise' or a callable"),
+    ({"rank_exchange_timeout_s": -1}, "rank_exchange_timeout_s must be None, 0 or"),
+    ({"record_shapes": "some"}, "record_shapes must be one of"),
+    ({"dashboard_ranks": 0}, "dashboard_ranks must be a collection of ranks"),
+    ({"verbose": "yes"}, "verbose must be True or False, got 'yes'"),
+    ({"trace_estimator": "magic"}, "trace_estimator must be 'auto', None or a callable"),
+]
+
+
+@pytest.mark.parametrize(("options", "message"), BAD_OPTIONS, ids=lambda v: str(v)[:40])
+def test_invalid_option_values_raise_at_construction(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        ETSTrainerCallback(**options)
+    assert message in str(raised.value)
+
+
+def test_valid_options_construct_and_write_nothing(tmp_path: Path) -> None:
+    """The options ETSHook takes construct (epochs alone: the Trainer gives the dataloader),
+    and checking them opens or writes nothing; an unpickled copy keeps them."""
+    options = {
+        "status_path": tmp_path / "eta.json",
+        "trace_path": tmp_path / "run.ets",
+        "total_steps": 40,
+        "epochs": 2,
+        "capture_steps": 0,
+        "log_every": None,
+        "deadline": 3600,
+        "deadline_policy": "likely",
+        "early_stopping": (3, 0.0, "min"),
+        "eval_every": 10,
+    }
+    callback = ETSTrainerCallback(**options)
+    assert callback.hook is None
+    assert list(tmp_path.iterdir()) == []
+    assert pickle.loads(pickle.dumps(callback))._options == options
+
+
 def test_log_values() -> None:
     assert log_values(None) == {}
     prediction = SimpleNamespace(iteration_s=0.5, eta_s=None, total_s=float("inf"))

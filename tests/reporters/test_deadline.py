@@ -128,6 +128,25 @@ def test_deadline_already_passed_fires_whatever_the_policy() -> None:
     assert guard.fired.prediction.elapsed_s <= 7.0
 
 
+def test_a_deadline_before_the_start_is_never_shown_as_a_negative_duration(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    start = datetime.fromtimestamp(WALL_START, tz=timezone.utc)
+    guard = DeadlineGuard(start - timedelta(seconds=100), "warn")
+    f = Forecaster(
+        JobModel(total_steps=1000),
+        start_s=0.0,
+        wall_start_s=WALL_START,
+        reports=ReportDispatcher([guard]),
+    )
+    with caplog.at_level(logging.WARNING, logger="ets_hook"):
+        run_job(f, 5, 1.0)
+    assert guard.fired is not None and guard.fired.prediction.step == 1  # at the first check
+    (message,) = deadline_warnings(caplog)
+    assert "deadline passed 1m40s before start" in message
+    assert " -" not in message and "(-" not in message  # no negative duration anywhere
+
+
 def test_deadline_guard_validation() -> None:
     with pytest.raises(ValueError, match="deadline must be seconds > 0, got -5"):
         DeadlineGuard(-5)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -69,3 +70,23 @@ def test_early_lines_count_local_steps_of_a_resumed_job(caplog: pytest.LogCaptur
     with caplog.at_level(logging.INFO, logger="ets_hook"):
         run_job(f, 20, 1.0)
     assert [r.ets_prediction.step for r in caplog.records] == [401, 403, 405]
+
+
+@pytest.mark.parametrize(
+    ("outcome", "error", "expected"),
+    [
+        ("closed", None, r"finished at step 30 after 30s"),
+        ("failed", "RuntimeError", r"failed at step 30 after 30s \(RuntimeError\)"),
+        ("interrupted", None, r"interrupted at step 30 after 30s"),
+    ],
+)
+def test_the_last_line_says_how_the_job_ended(
+    outcome: str, error: str | None, expected: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    reporter = LogReporter(every_n_steps=None, move_threshold=10.0)
+    f = Forecaster(JobModel(total_steps=100), start_s=0.0, reports=ReportDispatcher([reporter]))
+    run_job(f, 30, 1.0, cv=0.0)
+    with caplog.at_level(logging.INFO, logger="ets_hook"):
+        f.close(outcome, error)
+    assert len(log_lines(caplog)) == 1
+    assert re.fullmatch(expected, log_lines(caplog)[0])

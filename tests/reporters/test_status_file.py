@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ from ets_hook.forecast.job import JobModel
 from ets_hook.forecast.prediction import Prediction
 from ets_hook.forecast.ranks import RankForecast, aggregate_ranks
 from ets_hook.reporters.base import ReportDispatcher
+from ets_hook.reporters.log import LogReporter
 from ets_hook.reporters.status_file import (
     STATUS_SCOPES,
     STATUS_STATES,
@@ -38,18 +40,31 @@ from ets_hook.trace.atomic import _temp_prefix, atomic_write_bytes, remove_orpha
 def test_status_file_contents_and_throttling(tmp_path: Path) -> None:
     path = tmp_path / "status.json"
     writes: list[str] = []
+    written: list[Prediction] = []
 
     class Recording(StatusFileReporter):
         def write(
             self, state: str, prediction: Prediction | None, error: str | None = None
         ) -> None:
             writes.append(state)
+            if prediction is not None and state == "running":
+                written.append(prediction)
             super().write(state, prediction, error)
 
     reporter = Recording(path, interval_s=5.0, extra={"job": "demo"})
-    f = Forecaster(JobModel(total_steps=400), start_s=0.0, reports=ReportDispatcher([reporter]))
-    run_job(f, 200, 0.1)  # 20 s: the first prediction, then every 5 s
-    assert 4 <= len(writes) <= 6
+    # converge_rel_ci=0.5: converged from the first prediction (no separate convergence write).
+    f = Forecaster(
+        JobModel(total_steps=400),
+        start_s=0.0,
+        converge_rel_ci=0.5,
+        reports=ReportDispatcher([reporter]),
+    )
+    run_job(f, 200, 0.1)  # 20 s: steps 1, 3 and 5 (the log's early lines), then every 5 s
+    steps = [p.step for p in written]
+    assert steps[:3] == [1, 3, 5]
+    periodic = [p.elapsed_s for p in written[2:]]
+    assert len(periodic) >= 4  # step 5, then at 5, 10, 15 s of the 20 s
+    assert all(b - a >= 5.0 - 1e-9 for a, b in itertools.pairwise(periodic))
     doc = json.loads(path.read_text())
     assert doc["format"] == "ets-hook-status" and doc["state"] == "running"
     assert doc["job"] == "demo"
@@ -59,6 +74,32 @@ def test_status_file_contents_and_throttling(tmp_path: Path) -> None:
     assert doc["state"] == "closed"
     assert doc["prediction"]["step"] == 200
     assert writes[-1] == "closed"
+
+
+def test_status_file_is_rewritten_where_the_log_writes_its_early_lines(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Steps 1, 3, 5 and the first converged prediction: the log's milestone lines and the
+    status file's rewrites are the same predictions (the periodic writes aside)."""
+    written: list[int] = []
+
+    class Recording(StatusFileReporter):
+        def write(
+            self, state: str, prediction: Prediction | None, error: str | None = None
+        ) -> None:
+            if prediction is not None and state == "running":
+                written.append(prediction.step)
+            super().write(state, prediction, error)
+
+    status = Recording(tmp_path / "status.json", interval_s=1e9)  # no periodic writes
+    log = LogReporter(every_n_steps=None, move_threshold=10.0)  # milestone lines only
+    f = Forecaster(JobModel(total_steps=1000), start_s=0.0, reports=ReportDispatcher([log, status]))
+    with caplog.at_level(logging.INFO, logger="ets_hook"):
+        run_job(f, 300, 1.0, cv=0.05)
+    logged = [r.ets_prediction for r in caplog.records if hasattr(r, "ets_prediction")]
+    assert [p.step for p in logged][:3] == [1, 3, 5]
+    assert [p.converged for p in logged[3:]] == [True]  # the convergence line
+    assert written == [p.step for p in logged]
 
 
 def test_status_file_validation(tmp_path: Path) -> None:
@@ -74,6 +115,10 @@ def test_status_file_validation(tmp_path: Path) -> None:
         StatusFileReporter(tmp_path / "s.json", extra={"obj": object()})
     with pytest.raises(ValueError, match="state must be one of"):
         StatusFileReporter(tmp_path / "s.json").document("finished", None)
+    with pytest.raises(ValueError, match="interval_s must be > 0 or None, got 0"):
+        StatusFileReporter(tmp_path / "s.json", interval_s=0)
+    with pytest.raises(ValueError, match="milestone steps must be ints >= 1"):
+        StatusFileReporter(tmp_path / "s.json", milestone_steps=(0,))
 
 
 def _schema_validator() -> Any:
