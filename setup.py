@@ -106,11 +106,22 @@ class build_py_with_ops_sources(build_py):
     """build_py that also copies the observer's C++ sources to ets_hook/capture/_ops_src/."""
 
     def run(self) -> None:
+        self._remove_stale_modules()
         super().run()
         target = Path(self.build_lib) / "ets_hook" / "capture" / "_ops_src"
         self.mkpath(str(target))
         for name in OPS_SOURCES:
             self.copy_file(str(HERE / "csrc" / name), str(target / name))
+
+    def _remove_stale_modules(self) -> None:
+        """Remove modules that build_lib kept from an earlier build but the source tree no
+        longer has (moved or deleted since): a wheel built in place would ship them."""
+        built = Path(self.build_lib) / "ets_hook"
+        if not built.is_dir():
+            return
+        for path in sorted(built.rglob("*.py")):
+            if not (HERE / path.relative_to(self.build_lib)).exists():
+                path.unlink()
 
 
 ParallelCompile("MAX_JOBS", default=0).install()

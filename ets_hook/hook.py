@@ -82,11 +82,11 @@ from .forecast.job import (
 from .forecast.prediction import Prediction
 from .forecast.ranks import JobView
 from .forecast.stats import StepTimePrior, TraceEstimate
+from .forecast.text import format_duration
 from .launcher import restart_count
 from .reporters.base import ReportDispatcher
 from .reporters.builder import build_reporters
 from .reporters.deadline import DeadlineMiss
-from .reporters.format import format_duration
 from .trace.events import Trace
 
 logger = logging.getLogger("ets_hook")

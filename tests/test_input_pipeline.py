@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 from ets_hook import ETSHook, Phase, Prediction, Trace
 from ets_hook.capture.batch_clock import TimedCollate
 from ets_hook.ets.rows import ets_rows
-from ets_hook.reporters.format import format_prediction
+from ets_hook.forecast.text import format_prediction
 from ets_hook.trace.breakdown import breakdown_iteration
 
 

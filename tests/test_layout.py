@@ -24,8 +24,15 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "trace": ("errors",),
     "ets": ("trace", "errors"),
     "forecast": ("ets", "trace", "errors"),
-    # reporters know the Prediction (and its phases), never the forecaster or the capture
-    "reporters": ("forecast.prediction", "forecast.job", "trace", "errors", "launcher"),
+    # reporters know the Prediction (its phases, its text), never the forecaster or the capture
+    "reporters": (
+        "forecast.prediction",
+        "forecast.job",
+        "forecast.text",
+        "trace",
+        "errors",
+        "launcher",
+    ),
     "capture": ("trace", "errors", "_C", "launcher"),
     # the ranks' exchange of forecasts; knows forecasts and traces, never the capture
     "distributed": ("forecast", "trace", "errors"),

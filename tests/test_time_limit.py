@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from support import log_lines
+from support import log_lines, sample_prediction
 from torch.utils.data import DataLoader, IterableDataset
 
 from ets_hook import ETSHook
@@ -132,23 +132,14 @@ def test_a_numpy_time_limit_counts_as_the_number_it_is() -> None:
 
 def _prediction(**overrides: Any) -> Prediction:
     fields: dict[str, Any] = {
-        "step": 30,
-        "total_steps": 2000,
-        "remaining_steps": 1970,
-        "iteration_s": 0.412,
         "iteration_ci_s": 0.005,
-        "total_s": 825.0,
         "total_ci_s": 40.0,
-        "eta_s": 812.0,
-        "elapsed_s": 13.0,
         "finish_time": datetime(2030, 1, 1, tzinfo=timezone.utc),
-        "converged": True,
-        "source": "measured",
         "local_total_s": 825.0,
         "expected_stop_step": 1200,
         "total_range_s": (500.0, 825.0),
     }
-    return Prediction(**{**fields, **overrides})
+    return sample_prediction(**{**fields, **overrides})
 
 
 def test_cut_moves_every_end_back_by_the_excess() -> None:

@@ -127,8 +127,8 @@ def run_demo(args: argparse.Namespace) -> int:
     import torch
 
     from ..capture import native_ops
+    from ..forecast.text import format_duration
     from ..hook import ETSHook
-    from ..reporters.format import format_duration
     from .zoo import workloads
 
     device = args.device
@@ -223,7 +223,7 @@ def _print_capture_summary(hook: object) -> None:
     for iteration in trace.iterations:
         s = summarize_iteration(iteration)
         print(
-            f"  step {s.step}: {s.duration_ms:8.2f} ms, {s.ops} ops ({s.top_level_ops} top-level),"
-            f" {s.kernels} kernels, host gaps {s.gaps_ms:.2f} ms"
+            f"  step {s.step + 1}: {s.duration_ms:8.2f} ms, {s.ops} ops"
+            f" ({s.top_level_ops} top-level), {s.kernels} kernels, host gaps {s.gaps_ms:.2f} ms"
         )
     print()

@@ -23,7 +23,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..reporters.format import format_duration, format_relative, format_step_time
+from ..forecast.text import format_duration, format_relative, format_step_time
 from ..reporters.status_file import STATUS_FORMAT, STATUS_STATES, STATUS_VERSION
 from ..trace.untrusted import read_regular_file
 from .common import (

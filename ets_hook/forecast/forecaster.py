@@ -871,7 +871,9 @@ class Forecaster:
         phases = self._phase_s_until(self._last_step_end_s) - self._phase_s_until(
             self._first_step_end_s
         )
-        return (span - durations - phases - self._own_s) / (n - 1)
+        per_step_s = (span - durations - phases - self._own_s) / (n - 1)
+        # Below the clocks' nanosecond: the float sums' rounding (-2.8e-14 s), not time.
+        return 0.0 if abs(per_step_s) < 1e-9 else per_step_s
 
     def _phase_s_until(self, t_s: float) -> float:
         # Phase seconds that ended at or before t_s.

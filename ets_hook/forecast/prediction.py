@@ -12,6 +12,7 @@ from .job import PhaseForecast
 from .stats import (
     DEFAULT_LEVEL,
 )
+from .text import format_prediction
 
 
 def utc_from_timestamp(ts: float) -> datetime:
@@ -157,13 +158,27 @@ class Prediction:
     data_wait_s: float | None = None
     data_wait_share: float | None = None
 
+    def __str__(self) -> str:
+        """The one line the log prints (``forecast.text.format_prediction``), e.g.
+        ``step 30/2000 · 0.412 s/step ±1.1% · ETA 13m32s · total 13m45s``; ``repr`` keeps
+        every field."""
+        return format_prediction(self)
+
     @property
     def host_busy(self) -> bool:
         """Other work loads the machine enough to move step times: ``host_foreign_cpu`` >=
         ``BUSY_FOREIGN_CPU`` (a quarter of the machine) or ``host_steal`` >= ``BUSY_STEAL``."""
-        return (self.host_foreign_cpu or 0.0) >= BUSY_FOREIGN_CPU or (
-            self.host_steal or 0.0
-        ) >= BUSY_STEAL
+        return self.host_busy_shares != (None, None)
+
+    @property
+    def host_busy_shares(self) -> tuple[float | None, float | None]:
+        """``(host_foreign_cpu, host_steal)``, each only where it reaches its threshold
+        (``BUSY_FOREIGN_CPU``, ``BUSY_STEAL``), else None."""
+        foreign, steal = self.host_foreign_cpu or 0.0, self.host_steal or 0.0
+        return (
+            foreign if foreign >= BUSY_FOREIGN_CPU else None,
+            steal if steal >= BUSY_STEAL else None,
+        )
 
     @property
     def input_bound(self) -> bool:

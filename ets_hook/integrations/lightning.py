@@ -118,8 +118,8 @@ import torch
 from ..capture.batch_clock import BatchClock
 from ..forecast.early_stop import EarlyStoppingRule
 from ..forecast.job import CHECKPOINT, EVAL, eval_cost_prior
+from ..forecast.text import format_duration, format_step_time
 from ..hook import ETSHook, check_epochs_length
-from ..reporters.format import format_duration, format_step_time
 from .common import (
     HOOK_ARGUMENTS,
     LOG_KEYS,

@@ -15,8 +15,8 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DeadlineExceededError
+from ..forecast.text import format_duration
 from .base import EARLY_STEPS, Reporter, ReportSchedule
-from .format import format_duration
 
 if TYPE_CHECKING:
     from ..forecast.prediction import Prediction

@@ -7,8 +7,8 @@ import logging
 import math
 from typing import TYPE_CHECKING
 
+from ..forecast.text import format_duration, format_prediction
 from .base import EARLY_STEPS, MILESTONE_STEPS, Milestones, Reporter, ReportSchedule
-from .format import format_duration, format_prediction
 
 if TYPE_CHECKING:
     from ..forecast.prediction import Prediction

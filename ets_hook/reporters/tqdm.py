@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..forecast.text import format_duration, format_relative, format_step_time
 from .base import EARLY_STEPS, Reporter, ReportSchedule
-from .format import format_duration, format_relative, format_step_time
 
 if TYPE_CHECKING:
     from ..forecast.prediction import Prediction

@@ -125,12 +125,14 @@ def format_info(trace: Trace, source: str) -> str:
 
     Returns:
         Multi-line text without a trailing newline; the first 12 step times (ms) are appended
-        when ``trace.step_times_s`` is non-empty.
+        when ``trace.step_times_s`` is non-empty. Steps are counted from 1, as the log counts
+        them (``IterationTrace.step`` + 1).
     """
     device, host, capture = trace.device, trace.host, trace.capture
     kind = printable(device.kind)
     skip, steps = capture.skip_steps, capture.capture_steps
-    window = f"[{skip}, {skip + steps})" if {type(skip), type(steps)} == {int} else "[?, ?)"
+    # Steps counted from 1, as the log counts them (the trace stores 0-based indices).
+    window = f"{skip + 1}-{skip + steps}" if {type(skip), type(steps)} == {int} and steps else "-"
     lines = [
         f"trace    {printable(source, limit=4 * TEXT_LIMIT)}",
         f"device   {printable(device.name) or kind} ({kind})   host {printable(host.hostname)}"
@@ -150,13 +152,13 @@ def format_info(trace: Trace, source: str) -> str:
     for iteration in trace.iterations:
         s = summarize_iteration(iteration)
         lines.append(
-            f"{s.step:>5} {s.duration_ms:>9.3f} {s.ops:>7} {s.top_level_ops:>6} {s.kernels:>8}"
+            f"{s.step + 1:>5} {s.duration_ms:>9.3f} {s.ops:>7} {s.top_level_ops:>6} {s.kernels:>8}"
             f" {s.correlated_kernels:>7} {s.cpu_ms:>9.3f} {s.gpu_ms:>9.3f} {s.gaps_ms:>9.3f}"
         )
     if trace.step_times_s:
         timed = ", ".join(_ms(t) for t in trace.step_times_s[:12])
         more = " ..." if len(trace.step_times_s) > 12 else ""
-        lines += ["", f"step times (ms) from step 0: {timed}{more}"]
+        lines += ["", f"step times (ms) from step 1: {timed}{more}"]
     return "\n".join(lines)
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from ets_hook.capture.host_load import HostLoad, HostLoadSampler
 from ets_hook.forecast.prediction import Prediction
-from ets_hook.reporters.format import format_prediction
+from ets_hook.forecast.text import format_prediction
 
 Machine = namedtuple("Machine", "user nice system idle iowait irq softirq steal guest guest_nice")
 Own = namedtuple("Own", "user system")

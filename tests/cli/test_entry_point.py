@@ -216,7 +216,7 @@ def test_info_on_real_traces(real_traces: list[Path]) -> None:
         assert [it.step for it in trace.iterations] == list(range(1, 1 + CAPTURED))
         rows = [line.split() for line in run.stdout.splitlines() if re.match(r"^\s+\d+\s", line)]
         assert [(int(r[0]), int(r[2])) for r in rows] == [
-            (it.step, summarize_iteration(it).ops) for it in trace.iterations
+            (it.step + 1, summarize_iteration(it).ops) for it in trace.iterations
         ]
         assert all(int(r[2]) > 0 for r in rows)
 
@@ -261,8 +261,8 @@ def test_info_and_export_read_a_paper_csv(tmp_path: Path) -> None:
     assert "import   ets-csv: model net, config 1, batch 2, input 8x8, precision fp32" in run.stdout
     assert "rows without params 1" in run.stdout
     assert "1 of 3 rows have no params recorded" in run.stderr  # the importer's one warning
-    row = next(line.split() for line in run.stdout.splitlines() if re.match(r"^\s+7\s", line))
-    assert row[:6] == ["7", row[1], "3", "3", "6", "6"]  # 6 kernels, all on their rows
+    row = next(line.split() for line in run.stdout.splitlines() if re.match(r"^\s+8\s", line))
+    assert row[:6] == ["8", row[1], "3", "3", "6", "6"]  # step 7 (shown from 1); 6 kernels
     doc = json.loads(ets_hook("info", "--json", csv_path).stdout)
     assert doc["metadata"]["unrecorded_params_rows"] == 1
     assert doc["metadata"]["source"] == "ets-csv"

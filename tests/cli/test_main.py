@@ -90,18 +90,20 @@ def test_info_prints_the_trace_table(trace_file: Path) -> None:
     assert lines[0].split() == ["trace", str(trace_file)]
     assert trace.device.name in lines[1]
     assert f"rank     {trace.rank}/{trace.world_size}" in lines
+    skip, steps = trace.capture.skip_steps, trace.capture.capture_steps
+    assert lines[2].startswith(f"capture  steps {skip + 1}-{skip + steps}   ops: ")
     rows = [line.split() for line in lines if re.match(r"^\s+\d+\s", line)]
     assert len(rows) == len(trace.iterations)
     for row, iteration in zip(rows, trace.iterations, strict=True):
         s = summarize_iteration(iteration)
         assert [int(v) for v in (row[0], row[2], row[3], row[4])] == [
-            s.step,
+            s.step + 1,  # counted from 1, as the log counts steps
             s.ops,
             s.top_level_ops,
             s.kernels,
         ]
     step_times = ", ".join(f"{t * 1e3:.2f}" for t in trace.step_times_s)
-    assert lines[-1] == f"step times (ms) from step 0: {step_times}"
+    assert lines[-1] == f"step times (ms) from step 1: {step_times}"
 
 
 def test_info_json(trace_file: Path) -> None:
@@ -239,7 +241,7 @@ def test_demo_capture_summary_matches_the_trace_it_wrote(demo: DemoRun) -> None:
     assert len(summary) == len(trace.iterations)
     for (step, _ms, ops, top), iteration in zip(summary, trace.iterations, strict=True):
         s = summarize_iteration(iteration)
-        assert (int(step), int(ops), int(top)) == (s.step, s.ops, s.top_level_ops)
+        assert (int(step), int(ops), int(top)) == (s.step + 1, s.ops, s.top_level_ops)
         assert s.ops > 0
 
 

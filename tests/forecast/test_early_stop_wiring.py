@@ -13,7 +13,7 @@ from ets_hook import ETSHook
 from ets_hook.forecast.early_stop import EarlyStoppingRule
 from ets_hook.forecast.forecaster import Forecaster
 from ets_hook.forecast.job import JobModel
-from ets_hook.reporters.format import format_prediction
+from ets_hook.forecast.text import format_prediction
 
 
 def _loss(evaluation: int) -> float:

@@ -74,7 +74,7 @@ def test_total_is_elapsed_plus_remaining_steps_plus_phases() -> None:
     assert p.finish_time is not None and p.finish_time.tzinfo is not None
     assert p.finish_time.timestamp() == pytest.approx(WALL_START + p.total_s)
     assert p.start_time == datetime.fromtimestamp(WALL_START, tz=timezone.utc)
-    assert abs(p.overhead_per_step_s) < 1e-9  # durations cover every step exactly
+    assert p.overhead_per_step_s == 0.0  # durations cover every step exactly (no rounding left)
     assert p.total_ci_s is not None and p.total_ci_s > 0
 
 

@@ -45,6 +45,7 @@ from ets_hook.forecast.job import (
     CHECKPOINT_SERIALIZE_BYTES_PER_S,
     CHECKPOINT_WRITE_BYTES_PER_S,
 )
+from ets_hook.forecast.text import format_duration, format_step_time
 from ets_hook.integrations.lightning import (
     BAR_KEY,
     LOG_KEYS,
@@ -53,7 +54,6 @@ from ets_hook.integrations.lightning import (
     trainer_checkpoint_files,
     trainer_eval_every,
 )
-from ets_hook.reporters.format import format_duration, format_step_time
 
 VAL_SLEEP_S = 0.4  # once per validation run (not in the sanity check)
 SAVE_SLEEP_S = 0.25  # per checkpoint save (two per epoch: the epoch's file and last.ckpt)

@@ -46,8 +46,9 @@ def test_info_prints_a_row_per_step(tmp_path, capsys):
     path = save_trace(trace, tmp_path / "t.ets")
     assert main(["info", str(path)]) == 0
     out = capsys.readouterr().out
-    rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["1"], ["2"])]
-    assert [row[0] for row in rows] == ["1", "2"]
+    # Steps 1 and 2 of the trace (0-based), shown counted from 1 as the log counts them.
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["2"], ["3"])]
+    assert [row[0] for row in rows] == ["2", "3"]
     summary = summarize_iteration(trace.iterations[0])
     assert rows[0][2] == str(summary.ops) and rows[0][4] == str(summary.kernels)
     assert summary.correlated_kernels == 2

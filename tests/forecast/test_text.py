@@ -1,38 +1,21 @@
-"""reporters.format: durations, step times, relative errors and the one-line prediction."""
+"""forecast.text: durations, step times, relative errors and the one-line prediction."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from support import PREDICTION_LINE
+from support import PREDICTION_LINE, sample_prediction
 
 from ets_hook.forecast.prediction import Prediction, cut_at_time_limit
-from ets_hook.reporters.format import (
+from ets_hook.forecast.text import (
     format_duration,
     format_prediction,
     format_relative,
     format_step_time,
 )
 
-
-def prediction(**overrides: Any) -> Prediction:
-    fields: dict[str, Any] = {
-        "step": 30,
-        "total_steps": 2000,
-        "remaining_steps": 1970,
-        "iteration_s": 0.412,
-        "iteration_ci_s": 0.011 * 0.412,
-        "total_s": 825.0,
-        "total_ci_s": 9.0,
-        "eta_s": 812.0,
-        "elapsed_s": 13.0,
-        "finish_time": None,
-        "converged": True,
-        "source": "measured",
-    }
-    fields.update(overrides)
-    return Prediction(**fields)
+prediction = sample_prediction
 
 
 @pytest.mark.parametrize(
@@ -71,6 +54,22 @@ def test_log_line_format() -> None:
     assert PREDICTION_LINE.match(text)
     unknown = prediction(total_steps=None, total_s=None, eta_s=None)
     assert format_prediction(unknown) == "step 30 · 0.412 s/step ±1.1% · total unknown"
+
+
+def test_str_of_a_prediction_is_its_log_line_and_repr_keeps_the_fields() -> None:
+    p = prediction(host_foreign_cpu=0.4, host_steal=0.01)
+    assert str(p) == format_prediction(p)
+    assert str(p).endswith(" · host busy: other processes 40% CPU")
+    assert f"{p}" == str(p) and "\n" not in str(p)
+    assert repr(p).startswith("Prediction(step=30, ") and "host_steal=0.01" in repr(p)
+
+
+def test_host_busy_shares_keep_only_the_shares_past_their_thresholds() -> None:
+    assert prediction().host_busy_shares == (None, None) and not prediction().host_busy
+    assert prediction(host_foreign_cpu=0.2, host_steal=0.04).host_busy_shares == (None, None)
+    both = prediction(host_foreign_cpu=0.25, host_steal=0.05)
+    assert both.host_busy_shares == (0.25, 0.05) and both.host_busy
+    assert prediction(host_steal=0.3).host_busy_shares == (None, 0.3)
 
 
 def test_an_input_bound_step_time_says_so() -> None:

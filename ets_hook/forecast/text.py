@@ -5,10 +5,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from ..forecast.prediction import BUSY_FOREIGN_CPU, BUSY_STEAL
-
 if TYPE_CHECKING:
-    from ..forecast.prediction import Prediction
+    from .prediction import Prediction
 
 
 # --------------------------------------------------------------------------------------------
@@ -136,9 +134,9 @@ def format_prediction(p: Prediction) -> str:
         text += f" · {100 * p.data_wait_share:.0f}% of a step waits for input"
     if p.world_size > 1 and p.slowest_rank is not None:
         text += f" · job of {p.world_size} ranks, waits for rank {p.slowest_rank}"
-    foreign, steal = p.host_foreign_cpu or 0.0, p.host_steal or 0.0
-    if p.host_busy:
-        parts = [f"other processes {100 * foreign:.0f}% CPU"] if foreign >= BUSY_FOREIGN_CPU else []
-        parts += [f"steal {100 * steal:.0f}%"] if steal >= BUSY_STEAL else []
+    foreign, steal = p.host_busy_shares
+    if foreign is not None or steal is not None:
+        parts = [f"other processes {100 * foreign:.0f}% CPU"] if foreign is not None else []
+        parts += [f"steal {100 * steal:.0f}%"] if steal is not None else []
         text += " · host busy: " + ", ".join(parts)
     return text
