@@ -68,23 +68,33 @@ class _StepRows:
 
 
 def _step_rows(trace: Trace, iteration: IterationTrace, *, host_time: bool = False) -> _StepRows:
-    """The ETS rows of one step with their (duration, gap) targets and the lead-in before them.
+    """The ETS rows of one step with their (duration, gap) targets and its lead-in: the time
+    before the first row, plus, on host times, the step's time that no row's duration or gap
+    covers. A row's gap runs to the next outermost op, so the work of an outermost op that is
+    no row and its own gap were in no row: mid-step input work, such as the DataLoader fetches
+    and the loop's Python work of the 2nd..Nth micro-batch of an accumulating step (11 of
+    17 ms a step in a trial, missing from the trace estimate). Like the lead-in, it is the
+    step's time outside the model's ops, and is scaled alike.
 
     ``host_time`` takes the ops' host times on every device (the op-median estimator times the
-    step as the host sees it); otherwise the ETS targets (kernel times on CUDA traces).
+    step as the host sees it); otherwise the ETS targets (kernel times on CUDA traces, which do
+    not add up to the host's step: no remainder is added there).
     """
     rows = ets_rows(iteration)
     names = [iteration.ops[i].name for i in rows]
     if rows:
         first_start = min(iteration.ops[i].start_ns for i in rows)
-        lead_in = max(0, first_start - iteration.start_ns)
+        lead_in = float(max(0, first_start - iteration.start_ns))
     else:
-        lead_in = iteration.duration_ns
+        lead_in = float(iteration.duration_ns)
     if host_time:
         targets = host_targets(iteration, rows)
     else:
         targets = iteration_targets(trace, iteration, rows)
-    return _StepRows(iteration, rows, names, targets, float(lead_in))
+    if rows and (host_time or trace.device.kind != "cuda"):
+        unaccounted_ns = iteration.duration_ns - lead_in - float(np.nansum(targets))
+        lead_in += max(0.0, unaccounted_ns)
+    return _StepRows(iteration, rows, names, targets, lead_in)
 
 
 def align_by_name(

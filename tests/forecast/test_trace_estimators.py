@@ -12,6 +12,7 @@ from torch import nn
 from ets_hook import ETSHook
 from ets_hook.ets.features import FeatureSchema, encode_trace, with_measured
 from ets_hook.ets.regressors import Predictor
+from ets_hook.ets.rows import ets_rows
 from ets_hook.ets.targets import TargetScaler
 from ets_hook.ets.training import TrainConfig, fit_encoded
 from ets_hook.forecast.trace_estimators import (
@@ -24,7 +25,8 @@ from ets_hook.forecast.trace_estimators import (
     predict_step_ns,
     training_example,
 )
-from ets_hook.trace.events import IterationTrace, OpEvent, Trace
+from ets_hook.trace.decode import fill_host_gaps
+from ets_hook.trace.events import IterationTrace, OpEvent, Phase, Trace
 
 MS = 1_000_000
 
@@ -57,6 +59,40 @@ def test_one_spike_per_step_is_removed_by_per_op_medians():
     step_totals = [it.duration_ns / 1e9 for it in iterations]
     assert min(step_totals) > expected_s + 0.019, "every whole step carries a spike"
     assert estimate.step == 5 and estimate.source == "trace:op-median"
+
+
+def _accumulating_step(step: int) -> IterationTrace:
+    """Two micro-batches: rows of 2 + 3 ms, then the 2nd micro-batch's DataLoader fetch (an
+    outermost INPUT op, no row: 1 ms) and 4 ms of the loop's Python work before its rows of
+    2 + 3 ms; 1 ms lead-in. 16 ms in all."""
+    start = step * 10**9
+    t = start + 1 * MS
+    ops = []
+    for name, cost_ms, phase in (
+        ("aten::linear", 2, Phase.FORWARD),
+        ("autograd::engine::evaluate_function: AddmmBackward0", 3, Phase.BACKWARD),
+        ("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 5, Phase.INPUT),
+        ("aten::linear", 2, Phase.FORWARD),
+        ("autograd::engine::evaluate_function: AddmmBackward0", 3, Phase.BACKWARD),
+    ):
+        duration = MS if phase is Phase.INPUT else int(cost_ms * MS * 0.8)
+        ops.append(OpEvent(name, t, duration, thread=1, phase=phase))
+        t += int(cost_ms * MS)
+    iteration = IterationTrace(step=step, start_ns=start, end_ns=t, ops=ops)
+    fill_host_gaps(iteration)
+    return iteration
+
+
+def test_mid_step_work_outside_the_rows_counts_in_the_step():
+    """The 2nd micro-batch's fetch and Python work (5 of 16 ms) are in no row: the op-median
+    estimate used to be 11 ms (the rows and the lead-in only)."""
+    iterations = [_accumulating_step(step) for step in range(1, 4)]
+    assert all(it.duration_ns == 16 * MS for it in iterations)
+    assert [iterations[0].ops[i].phase for i in ets_rows(iterations[0])].count(Phase.INPUT) == 0
+    estimate = OpMedianEstimator()(Trace(iterations=iterations))
+    assert estimate.iteration_s == pytest.approx(0.016, rel=1e-9)
+    _, lead_ins = aligned_costs(Trace(iterations=iterations), iterations)
+    assert lead_ins.tolist() == pytest.approx([0.006] * 3)  # 1 ms before + 5 ms mid-step
 
 
 def test_bootstrap_interval_reflects_the_spread_across_steps():
