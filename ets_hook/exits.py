@@ -11,8 +11,10 @@ them on every exit path, recording how the job ended:
   ``sys.excepthook`` wrapper that then calls the previous hook (the traceback prints as usual);
 - ``KeyboardInterrupt`` (Ctrl-C): ``"interrupted"``;
 - ``SIGTERM`` (schedulers, ``torchrun`` stopping workers): ``"interrupted"``, then the process
-  dies of the signal as it would have (default handler), or the handler that was installed
-  before ours runs.
+  dies of the signal as it would have (default handler). A handler the application installed
+  before the hook runs first: if it returns (a graceful stop: set a flag, save, exit later),
+  the job and its hooks go on, and they close as the job ends; if it raises (``sys.exit``),
+  ``"interrupted"``.
 
 In IPython / Jupyter an exception ends a cell, not the process: after a cell that raised, each
 live hook whose capture window is still open abandons that window (``IPython``'s
@@ -139,13 +141,21 @@ def _install_excepthook() -> None:
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     global _outcome
+    previous = _previous_sigterm
+    if callable(previous):
+        # The application's own handler first: a graceful stop (set a flag, save, exit later)
+        # keeps the job running, and its hooks with it; they close when it ends.
+        try:
+            previous(signum, frame)
+        except BaseException:  # it ends the job from the handler (sys.exit, an exception)
+            if _outcome is None:
+                _outcome = (INTERRUPTED, None)
+            close_all(INTERRUPTED)
+            raise
+        return
     if _outcome is None:
         _outcome = (INTERRUPTED, None)
     close_all(INTERRUPTED)
-    previous = _previous_sigterm
-    if callable(previous):
-        previous(signum, frame)
-        return
     # The default action: die of the signal, as the process would have without us.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)

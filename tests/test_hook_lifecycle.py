@@ -32,12 +32,21 @@ SCRIPT = textwrap.dedent(
     import os, signal, sys, torch
     from ets_hook import ETSHook
     mode, at, op_capture, status = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    stop = []
+    if mode == "graceful":  # the application's own handler: finish 5 more steps, then end
+        signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
+    if mode == "handler-exit":  # the application's own handler ends the job itself
+        def leave(signum, frame):
+            sys.exit(143)
+        signal.signal(signal.SIGTERM, leave)
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 8)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     hook = ETSHook(model, optimizer=opt, total_steps=50, skip_steps=1, capture_steps=5,
                    op_capture=op_capture, status_path=status, log_every=None)
     for step in range(50):
+        if stop and step == at + 5:
+            break
         model(torch.randn(4, 8)).sum().backward()
         if step == at:  # inside window step `at`, before its optimizer step ends it
             assert hook.capture_status.startswith("capturing"), hook.capture_status
@@ -47,7 +56,7 @@ SCRIPT = textwrap.dedent(
                 sys.exit(3)
             if mode == "ctrl-c":
                 raise KeyboardInterrupt
-            if mode == "sigterm":
+            if mode in ("sigterm", "graceful", "handler-exit"):
                 os.kill(os.getpid(), signal.SIGTERM)
             if mode == "end":
                 break
@@ -66,6 +75,8 @@ CASES = {
     ("ctrl-c", 3, "profiler"): (-signal.SIGINT, True, "interrupted", None),  # shell: 130
     ("sigterm", 3, "profiler"): (-signal.SIGTERM, False, "interrupted", None),
     ("sigterm", 3, "native"): (-signal.SIGTERM, False, "interrupted", None),
+    ("graceful", 3, "native"): (0, False, "closed", None),  # 5 more steps, then the end
+    ("handler-exit", 3, "native"): (143, False, "interrupted", None),
     ("end", 3, "profiler"): (0, False, "closed", None),
     ("end", 3, "native"): (0, False, "closed", None),
 }
@@ -100,7 +111,7 @@ def test_every_exit_path_closes_the_hook_before_torch_is_torn_down(exit_runs, ca
         assert "RuntimeError: the user's own bug" in stderr
     assert doc is not None, "the status file was never written"
     assert (doc["state"], doc["error"]) == (state, error)
-    assert doc["prediction"]["step"] == case[1]
+    assert doc["prediction"]["step"] == case[1] + (5 if case[0] == "graceful" else 0)
 
 
 # A notebook: cell 1 raises inside the hook's window; cell 2 goes on training with the same hook
