@@ -41,7 +41,8 @@ class RankForecast:
             trace is decoded.
         data_wait_s: data wait per captured step (median); None alike.
         busy_s: compute + data wait per captured step (median of the sums); None alike.
-        busy_se_s: the standard error of ``busy_s``; None alike.
+        busy_se_s: the standard error of ``busy_s``; None alike, and for one captured step
+            (unknown: then no straggler is named).
         host: its host name.
     """
 
@@ -203,7 +204,7 @@ def aggregate_ranks(
     by_rank = {f.rank: f for f in forecasts}
     ranks = tuple(by_rank[r] for r in sorted(by_rank))
     busy = {f.rank: f.busy_s for f in ranks if f.busy_s is not None}
-    busy_se = {f.rank: f.busy_se_s or 0.0 for f in ranks}
+    busy_se = {f.rank: f.busy_se_s for f in ranks}  # None: one captured step, unknown
     straggler = (
         find_straggler(busy, straggler_excess, busy_se_s_by_rank=busy_se)
         if len(busy) == len(ranks)

@@ -19,7 +19,7 @@ waiting. Per captured step:
 from __future__ import annotations
 
 import statistics
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .events import IterationTrace, Phase, Trace
@@ -67,7 +67,8 @@ class RankBreakdown:
             that the others may have to wait for (one noisy step moves it less than the sum
             of two medians).
         busy_se_s: the standard error of ``busy_s`` (1.4826 x the median absolute deviation
-            of the steps' values over the square root of their count); 0 for one step.
+            of the steps' values over the square root of their count); None for one step
+            (unknown: one step says nothing of the noise between steps).
     """
 
     rank: int
@@ -78,7 +79,7 @@ class RankBreakdown:
     collective_s: float
     other_s: float
     busy_s: float
-    busy_se_s: float = 0.0
+    busy_se_s: float | None = None
 
 
 def _union_s(intervals: Iterable[tuple[int, int]]) -> float:
@@ -165,14 +166,14 @@ def rank_breakdown(trace: Trace, leave_out: Collection[int] = ()) -> RankBreakdo
         collective_s=median(s.collective_s for s in steps),
         other_s=median(s.other_s for s in steps),
         busy_s=busy_median,
-        busy_se_s=1.4826 * mad / len(busy) ** 0.5 if len(busy) > 1 else 0.0,
+        busy_se_s=1.4826 * mad / len(busy) ** 0.5 if len(busy) > 1 else None,
     )
 
 
 def find_straggler(
     busy_s_by_rank: dict[int, float],
     excess: float = STRAGGLER_EXCESS,
-    busy_se_s_by_rank: dict[int, float] | None = None,
+    busy_se_s_by_rank: Mapping[int, float | None] | None = None,
     z: float = STRAGGLER_Z,
 ) -> tuple[int, float] | None:
     """The rank whose compute + data wait per step is the highest, if it is clearly above the
@@ -182,7 +183,8 @@ def find_straggler(
         busy_s_by_rank: compute + data wait per step of each rank, seconds.
         excess: the relative margin over the fastest rank (0.10: 10%).
         busy_se_s_by_rank: the standard error of each rank's value; with it, the gap must
-            also be ``z`` standard errors of the difference (ranks missing count as 0).
+            also be ``z`` standard errors of the difference (ranks missing count as 0; None:
+            unknown, a rank summarised from one step: no rank is named against it or as it).
         z: see ``busy_se_s_by_rank``.
 
     Returns:
@@ -203,6 +205,8 @@ def find_straggler(
     if busy_se_s_by_rank is not None:
         se_slow = busy_se_s_by_rank.get(slowest_rank, 0.0)
         se_fast = busy_se_s_by_rank.get(fastest_rank, 0.0)
+        if se_slow is None or se_fast is None:
+            return None  # a single captured step: the noise between steps is unknown
         if finite[slowest_rank] - fastest < z * (se_slow**2 + se_fast**2) ** 0.5:
             return None
     return slowest_rank, ratio

@@ -85,6 +85,7 @@ def forecast(rank: int, finish_s: float = 1000.0, busy_s: float | None = 0.1) ->
         finish_ci_s=1.0,
         iteration_s=0.2,
         busy_s=busy_s,
+        busy_se_s=0.0 if busy_s is not None else None,  # several captured steps alike
     )
 
 
@@ -464,7 +465,9 @@ def test_coordinators_apply_the_same_view_and_warn_of_a_straggler_once(
                 first_step=2,
             )
         )
-        coords[rank].set_breakdown(RankBreakdown(rank, 3, 0.3, 0.1, 0.0, 0.0, 0.2, 0.1 + rank))
+        coords[rank].set_breakdown(
+            RankBreakdown(rank, 3, 0.3, 0.1, 0.0, 0.0, 0.2, 0.1 + rank, busy_se_s=0.0)
+        )
     try:
         with caplog.at_level(logging.INFO, logger="ets_hook"):
             for completed in range(1, 5):  # exchanges at 2 and 4

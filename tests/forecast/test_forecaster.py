@@ -669,6 +669,7 @@ def _rank_forecast(rank: int, finish_wall_s: float | None, busy_s: float = 0.1) 
         finish_ci_s=0.5,
         iteration_s=0.2,
         busy_s=busy_s,
+        busy_se_s=0.0,  # several captured steps alike
     )
 
 

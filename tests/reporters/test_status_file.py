@@ -317,7 +317,9 @@ def _two_rank_forecaster(reporter: StatusFileReporter, rank: int) -> Forecaster:
     assert own is not None and own.total_s is not None
     end = f.wall_start_s + own.total_s
     forecasts = [
-        RankForecast(r, 20, f.wall_start_s, end + 30.0 * (r != rank), 0.5, 0.1, busy_s=0.1 + r)
+        RankForecast(
+            r, 20, f.wall_start_s, end + 30.0 * (r != rank), 0.5, 0.1, busy_s=0.1 + r, busy_se_s=0.0
+        )
         for r in (0, 1)
     ]
     f.set_job_view(aggregate_ranks(forecasts, exchange=0, world_size=2))
