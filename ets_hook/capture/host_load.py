@@ -5,14 +5,19 @@ lasting shift, ``forecast.contention``) and, on virtual machines, with the time 
 gives to other guests (steal). Neither shows in the training loop itself. ``HostLoadSampler``
 reads both from ``psutil`` at step boundaries, at most once per ``interval_s``: the machine's CPU
 times (``psutil.cpu_times``: user, system, ..., steal; ``guest`` is already inside ``user`` on
-Linux) and this process's own (``psutil.Process().cpu_times``). Between two samples:
+Linux) and the job's own: this process's and its descendants' (``ProcessTreeCpu``: the
+DataLoader's worker processes, ``torch.compile``'s compile workers; a job with two busy
+workers read as "other processes 90% CPU" before). Between two samples:
 
-- ``foreign_cpu``: the machine's busy CPU time less this process's, over the elapsed time x
-  the logical CPUs: the share of the whole machine that other processes used (0..1);
+- ``foreign_cpu``: the machine's busy CPU time less the job's, over the elapsed time x the
+  logical CPUs: the share of the whole machine that other processes used (0..1);
 - ``steal``: the machine's steal time over the same: the share the hypervisor took (0..1).
 
-Each sample costs two ``/proc`` reads (tens of µs), so once a second is nothing to a training
-loop. Where ``psutil`` cannot read them (another OS, a sandbox) the sampler turns itself off.
+A sample reads ``/proc`` for the machine, this process and every process (to find the
+descendants: ~0.5 ms with 70 processes); when that takes more than ``MAX_SAMPLE_COST_S``
+the interval doubles (up to ``MAX_INTERVAL_S``), so sampling stays under 0.1% of the loop's
+time on a crowded node. Where ``psutil`` cannot read them (another OS, a sandbox) the
+sampler turns itself off.
 """
 
 from __future__ import annotations
@@ -24,6 +29,10 @@ from typing import Any
 
 #: Seconds between two samples, at least.
 DEFAULT_INTERVAL_S = 1.0
+#: A sample that costs the training thread more CPU time than this (finding the descendants
+#: on a crowded node) doubles the interval, up to ``MAX_INTERVAL_S``.
+MAX_SAMPLE_COST_S = 0.001
+MAX_INTERVAL_S = 30.0
 # CPU-time fields that are not work (or are counted inside another field).
 _NOT_BUSY = ("idle", "iowait", "steal", "guest", "guest_nice")
 
@@ -48,7 +57,7 @@ def _psutil_readers() -> tuple[Callable[[], Any], Callable[[], Any], int] | None
         import psutil
 
         process = psutil.Process()
-        readers = (psutil.cpu_times, process.cpu_times, psutil.cpu_count() or 1)
+        readers = (psutil.cpu_times, ProcessTreeCpu(psutil, process), psutil.cpu_count() or 1)
         readers[0]()
         readers[1]()
     except Exception:  # no psutil support here: the sampler stays off
@@ -63,7 +72,59 @@ def _busy_s(times: Any) -> tuple[float, float]:
 
 
 def _own_s(times: Any) -> float:
+    """CPU seconds from a reading: a number, or ``cpu_times``-like (``user`` + ``system``)."""
+    if isinstance(times, (int, float)):
+        return float(times)
     return float(times.user + times.system)
+
+
+class ProcessTreeCpu:
+    """CPU seconds this process and its descendants have used so far, as one running total.
+
+    Each live process counts its own user + system time and its reaped children's
+    (``children_user`` / ``children_system``); a descendant that ends moves from the live ones
+    into its parent's reaped children, so the total runs on without a jump. A process that
+    vanishes between listing and reading is skipped.
+    """
+
+    def __init__(self, psutil_module: Any, process: Any) -> None:
+        """Set the reader up.
+
+        Args:
+            psutil_module: the ``psutil`` module (its ``Error`` is what a vanished process
+                raises).
+            process: this process, a ``psutil.Process``.
+        """
+        self._error = psutil_module.Error
+        self._process = process
+
+    def __call__(self) -> float:
+        """The total now, seconds.
+
+        Raises:
+            Exception: reading this process's own times failed (the sampler turns off).
+        """
+        total = self._cpu_s(self._process)
+        try:
+            descendants = self._process.children(recursive=True)
+        except self._error:
+            return total
+        for child in descendants:
+            try:
+                total += self._cpu_s(child)
+            except self._error:
+                continue  # ended since it was listed: its time is with its parent's children
+        return total
+
+    @staticmethod
+    def _cpu_s(process: Any) -> float:
+        times = process.cpu_times()
+        return float(
+            times.user
+            + times.system
+            + getattr(times, "children_user", 0.0)
+            + getattr(times, "children_system", 0.0)
+        )
 
 
 class HostLoadSampler:
@@ -90,8 +151,8 @@ class HostLoadSampler:
             interval_s: seconds between samples, > 0.
             machine_times: returns the machine's CPU times (``psutil.cpu_times()``-like:
                 ``_asdict()`` with ``idle`` and optionally ``steal``); None: psutil's.
-            process_times: returns this process's CPU times (``user``, ``system``); None:
-                psutil's.
+            process_times: returns the job's CPU seconds so far (a number), or this process's
+                CPU times (``user``, ``system``); None: ``ProcessTreeCpu`` over psutil.
             cpus: logical CPUs; None: psutil's count.
             clock: monotonic seconds.
 
@@ -130,11 +191,14 @@ class HostLoadSampler:
         """
         if not self.enabled or self._clock() - self._last[0] < self.interval_s:
             return None
+        started_s = time.thread_time()  # CPU time: a loaded machine's waits do not count
         try:
             now = self._read()
         except Exception:
             self.enabled = False
             return None
+        if time.thread_time() - started_s > MAX_SAMPLE_COST_S:
+            self.interval_s = min(2.0 * self.interval_s, max(MAX_INTERVAL_S, self.interval_s))
         (t0, busy0, steal0, own0), (t1, busy1, steal1, own1) = self._last, now
         self._last = now
         capacity = (t1 - t0) * self._cpus

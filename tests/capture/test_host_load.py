@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections import namedtuple
 
 import pytest
 
-from ets_hook.capture.host_load import HostLoad, HostLoadSampler
+from ets_hook.capture.host_load import (
+    MAX_INTERVAL_S,
+    MAX_SAMPLE_COST_S,
+    HostLoad,
+    HostLoadSampler,
+    ProcessTreeCpu,
+)
 from ets_hook.forecast.prediction import Prediction
 from ets_hook.forecast.text import format_prediction
 
@@ -160,3 +167,117 @@ def test_the_hook_puts_the_hosts_load_into_its_predictions(monkeypatch) -> None:
     assert 0.0 <= prediction.host_foreign_cpu <= 1.0
     assert 0.0 <= prediction.host_steal <= 1.0
     assert prediction.to_dict()["host_foreign_cpu"] == prediction.host_foreign_cpu
+
+
+# ---------------------------------------------------------------------------------------------
+# The job's own processes
+
+
+class FakeProcess:
+    """A ``psutil.Process`` stand-in: CPU times, and descendants (or an error listing them)."""
+
+    Times = namedtuple("Times", "user system children_user children_system")
+
+    def __init__(self, cpu: tuple[float, float, float, float], children=(), gone=False):
+        self.cpu, self.gone = cpu, gone
+        self._children = children if isinstance(children, Exception) else list(children)
+
+    def cpu_times(self):
+        if self.gone:
+            raise FakePsutil.Error("no such process")
+        return self.Times(*self.cpu)
+
+    def children(self, recursive: bool = False):
+        assert recursive
+        if isinstance(self._children, Exception):
+            raise self._children
+        return self._children
+
+
+class FakePsutil:
+    class Error(Exception):
+        pass
+
+
+def test_the_jobs_own_cpu_counts_its_live_descendants_and_reaped_children() -> None:
+    worker = FakeProcess((2.0, 0.5, 0.0, 0.0))
+    compiler = FakeProcess((1.0, 0.25, 0.5, 0.25))  # with a reaped child of its own
+    vanished = FakeProcess((9.0, 9.0, 0.0, 0.0), gone=True)  # ended since it was listed
+    parent = FakeProcess((3.0, 1.0, 0.75, 0.25), [worker, compiler, vanished])
+    assert ProcessTreeCpu(FakePsutil, parent)() == pytest.approx(4.0 + 1.0 + 2.5 + 2.0)
+    # Listing the descendants failed: this process's own total still counts.
+    lonely = FakeProcess((3.0, 1.0, 0.0, 0.0), FakePsutil.Error("denied"))
+    assert ProcessTreeCpu(FakePsutil, lonely)() == pytest.approx(4.0)
+
+
+def test_a_job_whose_workers_are_busy_is_not_a_busy_host() -> None:
+    """The DataLoader's workers use the CPU: the job's own, not other processes'. With this
+    process's time alone, two busy workers read as 'other processes 90% CPU'."""
+    host = FakeHost()
+    workers = {"cpu": 0.0}
+    sampler = HostLoadSampler(
+        1.0,
+        machine_times=lambda: Machine(**host.machine),
+        process_times=lambda: host.own["user"] + host.own["system"] + workers["cpu"],
+        cpus=4,
+        clock=lambda: host.now,
+    )
+    host.run(2.0, own=1.0, others=6.0)  # the machine's other busy time ...
+    workers["cpu"] += 6.0  # ... is the job's two workers'
+    load = sampler.sample()
+    assert load is not None and load.foreign_cpu == pytest.approx(0.0)
+
+
+def test_a_costly_sample_doubles_the_interval_up_to_the_cap() -> None:
+    host = FakeHost()
+
+    def costly_own() -> float:
+        started = time.thread_time()
+        while time.thread_time() - started < 2 * MAX_SAMPLE_COST_S:
+            pass
+        return host.own["user"]
+
+    sampler = HostLoadSampler(
+        1.0,
+        machine_times=lambda: Machine(**host.machine),
+        process_times=costly_own,
+        cpus=4,
+        clock=lambda: host.now,
+    )
+    intervals = []
+    for _ in range(8):
+        host.run(sampler.interval_s, own=0.1, others=0.0)
+        assert sampler.sample() is not None
+        intervals.append(sampler.interval_s)
+    assert intervals == [2.0, 4.0, 8.0, 16.0, MAX_INTERVAL_S, MAX_INTERVAL_S, MAX_INTERVAL_S, 30.0]
+
+
+def test_a_real_child_process_counts_as_the_jobs_own() -> None:
+    psutil = pytest.importorskip("psutil")
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    stop = context.Event()
+    child = context.Process(target=_burn_until, args=(stop,))
+    child.start()
+    try:
+        tree = ProcessTreeCpu(psutil, psutil.Process())
+        me, worker = psutil.Process(), psutil.Process(child.pid)
+        time.sleep(0.5)  # the child starts burning
+        before_tree, before_me, before_child = tree(), me.cpu_times(), worker.cpu_times()
+        time.sleep(0.5)
+        after_tree, after_me, after_child = tree(), me.cpu_times(), worker.cpu_times()
+    finally:
+        stop.set()
+        child.join(30)
+    child_s = (after_child.user + after_child.system) - (before_child.user + before_child.system)
+    me_s = (after_me.user + after_me.system) - (before_me.user + before_me.system)
+    assert child_s > 0.0  # the premise: the child ran
+    # The tree's total grew by the child's time (read just before and after it, so within
+    # the CPU time that passed between those reads) and this process's own.
+    assert after_tree - before_tree >= child_s + me_s - 0.05
+
+
+def _burn_until(stop) -> None:  # a spawned child's target: module level, picklable
+    while not stop.is_set():
+        sum(i * i for i in range(10_000))
