@@ -1016,6 +1016,14 @@ class ETSHook:
         try:
             if self._window.state == WindowState.CAPTURING:
                 self._window.abandon("window cut short: the process exited")
+                if self.trace_path is not None:
+                    logger.warning(
+                        "ets-hook: no trace written to %s: the job ended (%s) inside the "
+                        "capture window, after %d steps",
+                        self.trace_path,
+                        outcome,
+                        self.steps_completed,
+                    )
         except Exception as exc:
             self._fail(exc)
         self._close(EXIT_DECODE_WAIT_S, outcome, error)

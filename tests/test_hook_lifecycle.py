@@ -43,7 +43,8 @@ SCRIPT = textwrap.dedent(
     model = torch.nn.Linear(8, 8)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     hook = ETSHook(model, optimizer=opt, total_steps=50, skip_steps=1, capture_steps=5,
-                   op_capture=op_capture, status_path=status, log_every=None)
+                   op_capture=op_capture, status_path=status, log_every=None,
+                   trace_path=status + ".ets")
     for step in range(50):
         if stop and step == at + 5:
             break
@@ -95,14 +96,14 @@ def exit_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple, tuple]:
     for case, (proc, status) in procs.items():
         _, err = proc.communicate(timeout=300)
         doc = json.loads(status.read_text()) if status.exists() else None
-        results[case] = (proc.returncode, err, doc)
+        results[case] = (proc.returncode, err, doc, status)
     return results
 
 
 @pytest.mark.parametrize("case", list(CASES), ids=lambda c: "-".join(map(str, c)))
 def test_every_exit_path_closes_the_hook_before_torch_is_torn_down(exit_runs, case) -> None:
     code, traceback, state, error = CASES[case]
-    returncode, stderr, doc = exit_runs[case]
+    returncode, stderr, doc, _ = exit_runs[case]
     assert returncode == code, stderr[-3000:]
     assert returncode != -signal.SIGSEGV and "Segmentation fault" not in stderr
     assert "Requested callback is not found" not in stderr
@@ -112,6 +113,11 @@ def test_every_exit_path_closes_the_hook_before_torch_is_torn_down(exit_runs, ca
     assert doc is not None, "the status file was never written"
     assert (doc["state"], doc["error"]) == (state, error)
     assert doc["prediction"]["step"] == case[1] + (5 if case[0] == "graceful" else 0)
+    # Every case but the graceful stop ends inside the window: no trace, and one line says so.
+    trace_written = Path(f"{exit_runs[case][3]}.ets").exists()
+    assert trace_written is (case[0] == "graceful")
+    said = "no trace written to" in stderr and "inside the capture window" in stderr
+    assert said is (case[0] != "graceful"), stderr[-2000:]
 
 
 # A notebook: cell 1 raises inside the hook's window; cell 2 goes on training with the same hook
