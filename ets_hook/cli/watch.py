@@ -27,6 +27,7 @@ from ..forecast.text import format_duration, format_relative, format_step_time
 from ..reporters.status_file import STATUS_FORMAT, STATUS_STATES, STATUS_VERSION
 from ..trace.untrusted import read_regular_file
 from .common import (
+    EXIT_FAILURE,
     EXIT_OK,
     HelpFormatter,
     InputError,
@@ -382,7 +383,8 @@ def run_watch(args: argparse.Namespace) -> int:
 
     Returns:
         0: a snapshot was printed (not a terminal, or ``--once``), or the job's state left
-        ``running`` and the final state was drawn.
+        ``running`` and the final state was drawn; 1 (live view): the file says ``running``
+        but its process is gone (on this host): the job ended without closing its hook.
 
     Raises:
         InputError: the file is missing with ``--once`` or still missing after ``--timeout``,
@@ -423,9 +425,14 @@ def run_watch(args: argparse.Namespace) -> int:
             print("\n".join(lines), flush=True)
             return EXIT_OK
         running = doc["state"] == "running"
-        screen.draw([*lines, footer] if running else lines)
+        # A job whose process is gone (seen on this host) never writes the file again: the
+        # last state drawn, then exit 1, so that a script waiting on the watch ends too.
+        gone = running and _process_gone(doc["host"], doc["pid"])
+        screen.draw([*lines, footer] if running and not gone else lines)
         if not running:
             return EXIT_OK
+        if gone:
+            return EXIT_FAILURE
         time.sleep(args.interval)
 
 
@@ -452,7 +459,9 @@ def add_watch_parser(subparsers: Any) -> argparse.ArgumentParser:
             "usage error, or STATUS is not a regular file (a directory, FIFO, device), "
             "unreadable, not valid JSON, not an ets-hook status file or of a newer version; "
             "or it is missing with --once, or still missing after --timeout",
-            "an unexpected failure while running (Python's traceback)",
+            "live view: the file says running but the job's process, on this host, is gone "
+            "(killed: the hook never closed), after drawing its last state; or an unexpected "
+            "failure while running (Python's traceback)",
         ),
         formatter_class=HelpFormatter,
     )

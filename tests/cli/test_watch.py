@@ -360,3 +360,20 @@ def test_invalid_fields_exit_2(tmp_path: Path) -> None:
     doc["prediction"]["step"] = "many"
     path.write_text(json.dumps(doc))
     assert_clean_error(watch(path), str(path), "prediction.step")
+
+
+def test_live_view_exits_1_once_the_jobs_process_is_gone(tmp_path: Path) -> None:
+    """A job killed without closing its hook (kill -9, os._exit) leaves the file at running
+    forever: the live view draws that state and exits 1 instead of watching it for ever."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    path = tmp_path / "status.json"
+    StatusFileReporter(path).write("running", prediction())
+    doc = json.loads(path.read_text())
+    doc["pid"] = dead.pid  # this host, a process that has exited
+    path.write_text(json.dumps(doc))
+    run = PtyRun(path, "--interval", "0.2")
+    assert run.finish() == 1, run.output
+    last = run.output[run.output.rindex("\x1b[H") :]
+    assert f"process {dead.pid} is not running on this host" in last
+    assert "refreshing" not in last and "Traceback" not in run.output
