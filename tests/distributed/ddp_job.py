@@ -161,15 +161,20 @@ def fsdp_part(out: str, rank: int) -> None:
         json.dump(result, f)
 
 
+def log_to_file(out: str, rank: int) -> None:
+    """ets-hook's log lines of this rank (INFO and up) into ``out/log.rank{rank}.txt``."""
+    handler = logging.FileHandler(os.path.join(out, f"log.rank{rank}.txt"))
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    logging.getLogger("ets_hook").addHandler(handler)
+    logging.getLogger("ets_hook").setLevel(logging.INFO)
+
+
 def main() -> None:
     out = sys.argv[1]
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    handler = logging.FileHandler(os.path.join(out, f"log.rank{rank}.txt"))
-    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
-    logging.getLogger("ets_hook").addHandler(handler)
-    logging.getLogger("ets_hook").setLevel(logging.INFO)
+    log_to_file(out, rank)
     ddp_part(out, rank)
     dist.barrier()
     stall_part(out, rank)

@@ -10,14 +10,16 @@ Usage: ``python late_init_job.py OUT_DIR PORT``. Each rank trains a tiny MLP und
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from ddp_job import wait_for_exchange  # the sibling script (this file's folder is on sys.path)
+from ddp_job import (  # the sibling script (this file's folder is on sys.path)
+    log_to_file,
+    wait_for_exchange,
+)
 from torch.nn.parallel import DistributedDataParallel
 
 from ets_hook import ETSHook
@@ -28,10 +30,7 @@ EXCHANGE_TIMEOUT_S = 1.0
 
 def worker(rank: int, out: str, port: int) -> None:
     torch.set_num_threads(1)
-    handler = logging.FileHandler(os.path.join(out, f"log.rank{rank}.txt"))
-    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
-    logging.getLogger("ets_hook").addHandler(handler)
-    logging.getLogger("ets_hook").setLevel(logging.INFO)
+    log_to_file(out, rank)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
