@@ -85,7 +85,7 @@ from .forecast.stats import StepTimePrior, TraceEstimate
 from .forecast.text import format_duration
 from .launcher import restart_count
 from .reporters.base import ReportDispatcher
-from .reporters.builder import build_reporters
+from .reporters.builder import build_reporters, check_log_every
 from .reporters.deadline import DeadlineMiss
 from .trace.events import Trace
 
@@ -206,19 +206,20 @@ def check_grad_scaler(grad_scaler: Any) -> None:
         )
 
 
-def check_log_every(log_every: Any) -> None:
-    """``log_every``: None or 0 (no log lines) or an int >= 1.
+def check_checkpoint_options(checkpoint_files: Any, checkpoint_in_memory: Any) -> None:
+    """``checkpoint_files``: an int >= 1; ``checkpoint_in_memory``: a bool.
 
     Raises:
-        ValueError: naming ``log_every`` and its value.
+        ValueError: naming the argument and its value.
     """
-    if log_every is None:
-        return
-    if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 0:
-        raise ValueError(
-            f"log_every must be an int >= 1 (a log line every N steps), or 0 or None (no log "
-            f"lines), got {log_every!r}"
-        )
+    if (
+        isinstance(checkpoint_files, bool)
+        or not isinstance(checkpoint_files, int)
+        or (checkpoint_files < 1)
+    ):
+        raise ValueError(f"checkpoint_files must be an int >= 1, got {checkpoint_files!r}")
+    if not isinstance(checkpoint_in_memory, bool):
+        raise ValueError(f"checkpoint_in_memory must be a bool, got {checkpoint_in_memory!r}")
 
 
 def check_epochs_length(epochs: Any, steps_per_epoch: Any, dataloader: Any) -> None:
@@ -500,7 +501,7 @@ class ETSHook:
         time_limit_s = check_time_limit_s(plain_number(time_limit_s))
         if isinstance(phase_every, Mapping):
             phase_every = {name: plain_number(every) for name, every in phase_every.items()}
-        check_log_every(log_every)
+        check_log_every(log_every, "log_every")
         check_grad_scaler(grad_scaler)
         _warn_if_deadline_past(deadline)
         given_device = checked_device(plain_number(device))
@@ -514,14 +515,7 @@ class ETSHook:
         rank_trace = checked_trace_path(trace_path, rank, world_size)
         disabled = hooks_disabled()
         rule = EarlyStoppingRule.coerce(early_stopping)
-        if (
-            isinstance(checkpoint_files, bool)
-            or not isinstance(checkpoint_files, int)
-            or checkpoint_files < 1
-        ):
-            raise ValueError(f"checkpoint_files must be an int >= 1, got {checkpoint_files!r}")
-        if not isinstance(checkpoint_in_memory, bool):
-            raise ValueError(f"checkpoint_in_memory must be a bool, got {checkpoint_in_memory!r}")
+        check_checkpoint_options(checkpoint_files, checkpoint_in_memory)
         eval_prior = (
             eval_prior_from_loaders(eval_dataloader, dataloader, grad_accum_steps)
             if eval_dataloader is not None

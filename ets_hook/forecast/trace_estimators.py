@@ -537,6 +537,17 @@ def default_trace_estimator(device_type: str) -> Callable[[Trace], TraceEstimate
     return LearnedTraceEstimator(model) if model is not None else OpMedianEstimator()
 
 
+def check_trace_estimator(choice: object) -> None:
+    """``ETSHook``'s ``trace_estimator``: ``"auto"``, None or a callable.
+
+    Raises:
+        ValueError: ``choice`` is none of those.
+    """
+    if choice is None or (callable(choice) and not isinstance(choice, str)) or choice == "auto":
+        return
+    raise ValueError(f"trace_estimator must be 'auto', None or a callable, got {choice!r}")
+
+
 def resolve_trace_estimator(
     choice: Callable[[Trace], TraceEstimate | None] | str | None, device_type: str
 ) -> Callable[[Trace], TraceEstimate | None] | None:
@@ -553,10 +564,9 @@ def resolve_trace_estimator(
     Raises:
         ValueError: ``choice`` is none of those.
     """
-    if choice is None or (callable(choice) and not isinstance(choice, str)):
+    check_trace_estimator(choice)
+    if choice is None or callable(choice):
         return choice
-    if choice != "auto":
-        raise ValueError(f"trace_estimator must be 'auto', None or a callable, got {choice!r}")
     try:
         return default_trace_estimator(device_type)
     except Exception as exc:

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import inspect
 import math
-import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -15,22 +14,19 @@ import torch
 from ..capture.steps import optimizer_list
 from ..capture.sysinfo import checked_trace_path, distributed_rank
 from ..capture.window import DEFAULT_SKIP_STEPS, MAX_ADAPTIVE_CAPTURE_STEPS, check_window_settings
+from ..distributed.coordinator import check_exchange_timeout
 from ..forecast.early_stop import EarlyStoppingRule
 from ..forecast.forecaster import check_time_limit_s
 from ..forecast.job import JobModel, eval_prior_from_loaders
+from ..forecast.trace_estimators import check_trace_estimator
 from ..hook import (
     ETSHook,
+    check_checkpoint_options,
     check_grad_scaler,
-    check_log_every,
     checked_device,
     plain_number,
 )
-from ..reporters.callback import CallbackReporter
-from ..reporters.deadline import DeadlineGuard, check_deadline_settings
-from ..reporters.prometheus import PrometheusReporter
-from ..reporters.status_file import StatusFileReporter, status_paths
-from ..reporters.tensorboard import TensorBoardReporter, check_ranks
-from ..reporters.tqdm import TqdmReporter
+from ..reporters.builder import build_reporters, check_log_every
 
 if TYPE_CHECKING:
     from ..forecast.prediction import Prediction
@@ -44,6 +40,25 @@ HOOK_ARGUMENTS = frozenset(_HOOK_PARAMETERS) - {"self"}
 HOOK_DEFAULTS: dict[str, Any] = {
     name: p.default for name, p in _HOOK_PARAMETERS.items() if p.default is not p.empty
 }
+
+#: ``ETSHook``'s options that go to ``reporters.builder.build_reporters`` (as hook.py passes
+#: them), and the two named differently there.
+_REPORTER_OPTIONS = (
+    "log_every",
+    "verbose",
+    "progress",
+    "status_path",
+    "on_prediction",
+    "deadline",
+    "on_deadline",
+    "deadline_policy",
+    "tensorboard_dir",
+    "prometheus_port",
+    "prometheus_textfile",
+    "dashboard_ranks",
+    "log_ranks",
+)
+_REPORTER_ARGUMENTS = {"log_every": "log_every_n_steps"}
 
 # Counts of the job, each checked on its own as ETSHook checks it (JobModel.from_args): with
 # the framework's values added later, only a combination can still fail at training start.
@@ -109,90 +124,19 @@ def check_hook_options(options: Mapping[str, Any]) -> None:
     rank, world_size = distributed_rank()
     checked_trace_path(given.get("trace_path"), rank, world_size)
     EarlyStoppingRule.coerce(given.get("early_stopping"))
-    checkpoint_files = value("checkpoint_files")
-    if (
-        isinstance(checkpoint_files, bool)
-        or not isinstance(checkpoint_files, int)
-        or checkpoint_files < 1
-    ):
-        raise ValueError(f"checkpoint_files must be an int >= 1, got {checkpoint_files!r}")
-    if not isinstance(value("checkpoint_in_memory"), bool):
-        raise ValueError(
-            f"checkpoint_in_memory must be a bool, got {value('checkpoint_in_memory')!r}"
-        )
+    check_checkpoint_options(value("checkpoint_files"), value("checkpoint_in_memory"))
     check_time_limit_s(given.get("time_limit_s"))
-    _check_exchange_timeout(value("rank_exchange_timeout_s"))
-    check_log_every(value("log_every"))
+    check_exchange_timeout(value("rank_exchange_timeout_s"))
+    check_log_every(value("log_every"), "log_every")
     check_grad_scaler(given.get("grad_scaler"))
     checked_device(given.get("device"))
-    estimator = value("trace_estimator")
-    if not (estimator is None or callable(estimator) or _is_auto(estimator)):
-        raise ValueError(f"trace_estimator must be 'auto', None or a callable, got {estimator!r}")
-    _check_reporter_options(value, rank, world_size)
-
-
-def _check_exchange_timeout(timeout_s: Any) -> None:
-    """``rank_exchange_timeout_s`` as ``distributed.coordinator.check_exchange_timeout`` checks
-    it (the integrations do not import ``distributed``): None, 0 or a finite number > 0."""
-    if timeout_s is None or (timeout_s == 0 and not isinstance(timeout_s, bool)):
-        return
-    if (
-        isinstance(timeout_s, bool)
-        or not isinstance(timeout_s, (int, float))
-        or not 0 < timeout_s < math.inf
-    ):
-        raise ValueError(
-            f"rank_exchange_timeout_s must be None, 0 or a number of seconds > 0, got {timeout_s!r}"
-        )
-
-
-def _is_auto(choice: Any) -> bool:
-    return isinstance(choice, str) and choice == "auto"
-
-
-def _check_reporter_options(value: Callable[[str], Any], rank: int, world_size: int) -> None:
-    """The reporter options, as ``reporters.builder.build_reporters`` checks them, less its
-    effects on logging: each reporter asked for is constructed (none opens anything before the
-    first prediction) and dropped."""
-    dashboard_ranks = check_ranks(value("dashboard_ranks"), "dashboard_ranks")
-    check_ranks(value("log_ranks"), "log_ranks")
-    for name in ("status_path", "tensorboard_dir", "prometheus_textfile"):
-        path = value(name)
-        if path is not None and not isinstance(path, (str, os.PathLike)):
-            raise ValueError(f"{name} must be a path or None, got {path!r}")
-    if not isinstance(value("verbose"), bool):
-        raise ValueError(f"verbose must be True or False, got {value('verbose')!r}")
-    progress = value("progress")
-    if progress is True:
-        TqdmReporter()
-    elif progress is not False and progress is not None:
-        TqdmReporter(progress)
-    if value("status_path") is not None:
-        world = max(world_size, rank + 1)
-        for path, scope in status_paths(value("status_path"), rank, world):
-            StatusFileReporter(path, scope=scope, rank=rank, world_size=world)
-    ranks = None if dashboard_ranks is None else sorted(dashboard_ranks)
-    if value("tensorboard_dir") is not None:
-        TensorBoardReporter(value("tensorboard_dir"), ranks=ranks, rank=rank)
-    if value("prometheus_port") is not None or value("prometheus_textfile") is not None:
-        PrometheusReporter(
-            port=value("prometheus_port"),
-            textfile=value("prometheus_textfile"),
-            ranks=ranks,
-            rank=rank,
-        )
-    if value("on_prediction") is not None:
-        CallbackReporter(value("on_prediction"))
-    check_deadline_settings(
-        value("on_deadline"),
-        value("deadline_policy"),
-        0.0,
-        policy_name="deadline_policy",
-        margin_name="deadline_margin_s",
+    check_trace_estimator(value("trace_estimator"))
+    build_reporters(  # as ETSHook builds them (hook.py), dropped: none opens anything
+        **{_REPORTER_ARGUMENTS.get(name, name): value(name) for name in _REPORTER_OPTIONS},
+        rank=rank,
+        world_size=world_size,
+        configure_logging=False,
     )
-    deadline = value("deadline")
-    if deadline is not None and deadline is not False:
-        DeadlineGuard(deadline, value("on_deadline"), policy=value("deadline_policy"))
 
 
 def whole_number(value: Any, minimum: int | None = None) -> int | None:

@@ -31,6 +31,25 @@ if TYPE_CHECKING:
 # --------------------------------------------------------------------------------------------
 
 
+def check_log_every(every_n_steps: Any, name: str) -> None:
+    """A log period: None or 0 (no log lines) or an int >= 1.
+
+    Args:
+        every_n_steps: the value.
+        name: the argument's name in the message (``log_every`` for ``ETSHook``).
+
+    Raises:
+        ValueError: naming ``name`` and the value.
+    """
+    if every_n_steps is None:
+        return
+    if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 0:
+        raise ValueError(
+            f"{name} must be an int >= 1 (a log line every N steps), or 0 or None (no log "
+            f"lines), got {every_n_steps!r}"
+        )
+
+
 def build_reporters(
     *,
     log_every_n_steps: int | None = 100,
@@ -51,6 +70,7 @@ def build_reporters(
     log_ranks: Collection[int] | None = (0,),
     rank: int | None = None,
     world_size: int = 1,
+    configure_logging: bool = True,
 ) -> list[Reporter]:
     """Build the reporters for the hook's keyword arguments, validating them now.
 
@@ -91,6 +111,9 @@ def build_reporters(
             launcher's (``ets_hook.launcher``, read from ``environ``), else 0.
         world_size: processes in the job (>= 1): above 1, ``status_path`` names the job's file
             (rank 0) and every rank writes its own too (``status_file.status_paths``).
+        configure_logging: quiet the ranks that do not log and give the log lines a stderr
+            handler (``reporters.console``); False: leave logging alone (to check options
+            before a hook exists: the reporters are built and dropped, none opens anything).
 
     Returns:
         The reporters, in dispatch order (possibly empty).
@@ -110,25 +133,21 @@ def build_reporters(
         raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
     this_rank = rank if rank is not None else launcher_rank(environ)
     logs_here = loggers is None or this_rank in loggers
-    if tensorboard_dir is not None and not isinstance(tensorboard_dir, (str, os.PathLike)):
-        raise ValueError(f"tensorboard_dir must be a path or None, got {tensorboard_dir!r}")
-    if prometheus_textfile is not None and not isinstance(prometheus_textfile, (str, os.PathLike)):
-        raise ValueError(f"prometheus_textfile must be a path or None, got {prometheus_textfile!r}")
-    if log_every_n_steps is not None and (
-        isinstance(log_every_n_steps, bool)
-        or not isinstance(log_every_n_steps, int)
-        or log_every_n_steps < 0
+    for name, path in (
+        ("status_path", status_path),
+        ("tensorboard_dir", tensorboard_dir),
+        ("prometheus_textfile", prometheus_textfile),
     ):
-        raise ValueError(
-            "log_every_n_steps must be an int >= 1 (a log line every N steps), or 0 or None (no "
-            f"log lines), got {log_every_n_steps!r}"
-        )
+        if path is not None and not isinstance(path, (str, os.PathLike)):
+            raise ValueError(f"{name} must be a path or None, got {path!r}")
+    check_log_every(log_every_n_steps, "log_every_n_steps")
     if not isinstance(verbose, bool):
         raise ValueError(f"verbose must be True or False, got {verbose!r}")
-    quiet_below_warning(not logs_here)  # notes too, not only the ETA lines
+    if configure_logging:
+        quiet_below_warning(not logs_here)  # notes too, not only the ETA lines
     if log_every_n_steps and logs_here:
         reporters.append(LogReporter(every_n_steps=log_every_n_steps))
-        if verbose:
+        if verbose and configure_logging:
             ensure_console_handler()
     if progress is True:
         if logs_here:
