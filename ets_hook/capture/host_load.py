@@ -59,7 +59,7 @@ def _psutil_readers() -> tuple[Callable[[], Any], Callable[[], Any], int] | None
         process = psutil.Process()
         readers = (psutil.cpu_times, ProcessTreeCpu(psutil, process), psutil.cpu_count() or 1)
         readers[0]()
-        readers[1]()
+        process.cpu_times()  # readable here (the descendants' scan waits for the first sample)
     except Exception:  # no psutil support here: the sampler stays off
         return None
     return readers
