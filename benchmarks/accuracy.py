@@ -23,8 +23,9 @@ work nobody told the hook about; no early estimate can know of it).
 
 Ground truth, per job:
 
-- total: wall time from hook creation to the end of the last training step (phases, epoch
-  boundaries and DataLoader time included: they are real time in the step loop);
+- total: wall time from hook creation to the end of the loop: its last training step and the
+  phases due after it (an evaluation or checkpoint on its period at the last step; phases,
+  epoch boundaries and DataLoader time are real time in the step loop);
 - steady-state step time: median training-step time over the second half of the steps (the
   mean for jobs whose steps vary in length by design, whose total sums the mean, not the
   median: see ``steady_statistic``).
@@ -391,6 +392,13 @@ class Run:
     predictions: list[dict[str, Any] | None] = field(default_factory=list)
     start_wall_s: float = 0.0  # time.time() at hook creation
     epoch_start_steps: list[int] = field(default_factory=list)  # loader jobs: step of each epoch
+    job_end_s: float | None = None  # from hook creation to the loop's end (final phases in)
+
+    @property
+    def true_total_s(self) -> float:
+        """The job's real total: until its loop ended, the phases after its last step (an
+        evaluation or a checkpoint due there) included."""
+        return self.job_end_s if self.job_end_s is not None else self.step_ends_s[-1]
 
 
 def held_out_estimator(models_dir: Path | None, family: str) -> Any:
@@ -500,8 +508,6 @@ def _run_rank_in(
         prediction = hook.prediction if step in REPORT_STEPS or step == steps else None
         run.predictions.append(prediction.to_dict() if prediction is not None else None)
         pending_phase_s = 0.0
-        if step == steps:
-            break
         if spec.eval_every and step % spec.eval_every == 0:
             started = time.perf_counter()
             marked = hook.phase("eval") if spec.mark_phases else contextlib.nullcontext()
@@ -520,6 +526,9 @@ def _run_rank_in(
                     os.path.join(checkpoint_dir, "ckpt.pt"),
                 )
             pending_phase_s += time.perf_counter() - started
+        if step == steps:  # after the phases due at the last step, as a loop runs them
+            break
+    run.job_end_s = (time.perf_counter_ns() - t0_ns) / 1e9
     hook.close()
     if isinstance(batches, EpochBatches):
         batches.close()  # after the last step: the workers' shutdown is not part of the job
@@ -627,7 +636,7 @@ def _composer_remaining_phases(run: Run, k: int) -> float:
         done = [observed[i] for i in range(1, k) if i % every == 0]
         if not done:
             continue
-        remaining = sum(1 for s in range(k, run.steps) if s % every == 0)
+        remaining = sum(1 for s in range(k, run.steps + 1) if s % every == 0)
         total += statistics.fmean(done) * remaining
     return total
 
@@ -647,7 +656,7 @@ def true_step_s(run: Run) -> float:
 
 def errors_for(run: Run) -> dict[str, dict[int, tuple[float, float]]]:
     """method -> step -> (abs % error of total, abs % error of step time)."""
-    true_total = run.step_ends_s[-1]
+    true_total = run.true_total_s
     true_step = true_step_s(run)
     out: dict[str, dict[int, tuple[float, float]]] = {m: {} for m in METHODS}
     for k in REPORT_STEPS:
@@ -699,7 +708,7 @@ def interval_calibration(runs: list[Run]) -> dict[int, dict[str, float]]:
 
     Args:
         runs: the jobs' runs (``run.predictions[k - 1]`` is the prediction at step ``k``; the
-            real total is ``run.step_ends_s[-1]``).
+            real total is ``run.true_total_s``).
 
     Returns:
         Per report step with at least one job scored: ``coverage_pct`` (% of those jobs
@@ -715,7 +724,7 @@ def interval_calibration(runs: list[Run]) -> dict[int, dict[str, float]]:
             prediction = run.predictions[k - 1]
             if not prediction or prediction.get("total_ci_s") is None:
                 continue
-            true_total = run.step_ends_s[-1]
+            true_total = run.true_total_s
             hits.append(abs(prediction["total_s"] - true_total) <= prediction["total_ci_s"])
             widths.append(100.0 * prediction["total_ci_s"] / true_total)
         if hits:
@@ -980,7 +989,7 @@ def main(argv: list[str] | None = None) -> int:
         floor_pct = job_noise_floor(run)
         took_s = time.perf_counter() - started
         print(
-            f"{name:30} total {run.step_ends_s[-1]:7.2f}s  steady "
+            f"{name:30} total {run.true_total_s:7.2f}s  steady "
             f"{1e3 * true_step_s(run):8.2f} ms/step  "
             f"ets-hook@3: total {k3[0]:5.1f}% step {k3[1]:5.1f}%  "
             f"@5: total {k5['ets-hook']:5.1f}% (best baseline {best_baseline} "
@@ -1026,7 +1035,7 @@ def main(argv: list[str] | None = None) -> int:
                 "workload": run.spec.workload,
                 "steps": run.steps,
                 "epoch_start_steps": run.epoch_start_steps,
-                "true_total_s": run.step_ends_s[-1],
+                "true_total_s": run.true_total_s,
                 "noise_floor_pct": job_noise_floor(run),
                 "steady_statistic": steady_statistic(run.spec).__name__,
                 "true_step_s": true_step_s(run),

@@ -9,12 +9,16 @@ them on every exit path, recording how the job ended:
 - normal end of the main module, ``sys.exit`` (any code): ``"closed"``;
 - an uncaught exception: ``"failed"`` (with the exception's type name), seen through a
   ``sys.excepthook`` wrapper that then calls the previous hook (the traceback prints as usual);
+- an uncaught exception that ends a thread (``threading.excepthook``, wrapped alike): the hooks
+  whose steps that thread drove close as ``"failed"`` then; the others go on;
 - ``KeyboardInterrupt`` (Ctrl-C): ``"interrupted"``;
 - ``SIGTERM`` (schedulers, ``torchrun`` stopping workers): ``"interrupted"``, then the process
   dies of the signal as it would have (default handler). A handler the application installed
   before the hook runs first: if it returns (a graceful stop: set a flag, save, exit later),
   the job and its hooks go on, and they close as the job ends; if it raises (``sys.exit``),
-  ``"interrupted"``.
+  ``"interrupted"``. Python lets only the main thread set a signal handler: a hook created on
+  another thread leaves SIGTERM alone, and the next hook registered on the main thread installs
+  the handler.
 
 In IPython / Jupyter an exception ends a cell, not the process: after a cell that raised, each
 live hook whose capture window is still open abandons that window (``IPython``'s
@@ -53,6 +57,10 @@ class ExitListener(Protocol):
         """Close for good; never raises. ``outcome``: one of ``CLOSED``/``INTERRUPTED``/
         ``FAILED``; ``error``: the exception's type name for ``FAILED``, else None."""
 
+    def after_thread_failed(self, thread_ident: int, error: str) -> None:
+        """The thread ``thread_ident`` ended with an uncaught ``error`` (the exception's type
+        name): close as ``FAILED`` if that thread drove this hook's steps; never raises."""
+
     def after_failed_cell(self, error: str) -> None:
         """A notebook cell raised ``error`` (the exception's type name): stop an open capture
         window; never raises."""
@@ -61,8 +69,10 @@ class ExitListener(Protocol):
 _lock = threading.RLock()  # re-entrant: the SIGTERM handler may run inside register()
 _live: weakref.WeakSet[Any] = weakref.WeakSet()
 _installed = False
+_sigterm_installed = False
 _outcome: tuple[str, str | None] | None = None
 _previous_excepthook: Callable[..., Any] | None = None
+_previous_thread_excepthook: Callable[..., Any] | None = None
 _previous_sigterm: Any = None
 
 
@@ -75,13 +85,14 @@ def register(listener: ExitListener) -> None:
     global _installed
     with _lock:
         _live.add(listener)
-        if _installed:
-            return
+        first = not _installed
         _installed = True
-    atexit.register(_at_exit)
-    _install_excepthook()
-    _install_sigterm_handler()
-    _install_cell_hook()
+    if first:
+        atexit.register(_at_exit)
+        _install_excepthook()
+        _install_cell_hook()
+    if not _sigterm_installed:  # a hook first registered off the main thread left it unset
+        _install_sigterm_handler()
 
 
 def unregister(listener: ExitListener) -> None:
@@ -133,10 +144,27 @@ def _excepthook(
     previous(exc_type, exc, traceback)
 
 
+def _thread_excepthook(args: Any) -> None:
+    with contextlib.suppress(Exception):
+        thread = args.thread
+        if thread is not None and thread.ident is not None and args.exc_type is not None:
+            with _lock:
+                listeners = list(_live)
+            for listener in listeners:
+                try:
+                    listener.after_thread_failed(thread.ident, args.exc_type.__name__)
+                except Exception:
+                    logger.debug("ets-hook: a hook failed after a thread failed", exc_info=True)
+    previous = _previous_thread_excepthook or threading.__excepthook__
+    previous(args)
+
+
 def _install_excepthook() -> None:
-    global _previous_excepthook
+    global _previous_excepthook, _previous_thread_excepthook
     _previous_excepthook = sys.excepthook
     sys.excepthook = _excepthook
+    _previous_thread_excepthook = threading.excepthook
+    threading.excepthook = _thread_excepthook
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -162,10 +190,15 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 
 def _install_sigterm_handler() -> None:
-    """Wrap SIGTERM's handler (main thread only: Python allows no other; elsewhere, skipped)."""
-    global _previous_sigterm
+    """Wrap SIGTERM's handler (main thread only: Python allows no other; elsewhere, skipped
+    until a hook registers on the main thread). Once only."""
+    global _previous_sigterm, _sigterm_installed
     if threading.current_thread() is not threading.main_thread():
         return
+    with _lock:
+        if _sigterm_installed:
+            return
+        _sigterm_installed = True
     try:
         previous = signal.getsignal(signal.SIGTERM)
         if previous is None or previous == signal.SIG_IGN:  # set from C, or ignored: leave it

@@ -31,6 +31,7 @@ import weakref
 from array import array
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import datetime
+from types import TracebackType
 from typing import Any, Literal
 
 import torch
@@ -309,6 +310,7 @@ class ETSHook:
         checkpoint_files: int = 1,
         checkpoint_in_memory: bool = False,
         phase_every: Mapping[str, int] | None = None,
+        final_phases: Collection[str] = (),
         initial_step: int = 0,
         early_stopping: tuple[int, float, str] | EarlyStoppingRule | None = None,
         log_every: int | None = 100,
@@ -397,6 +399,10 @@ class ETSHook:
                 written (Lightning does; the callback passes True): priced as one more pass
                 over the state, at ``CHECKPOINT_SERIALIZE_BYTES_PER_S``.
             phase_every: period in steps of any named phase (int >= 0; 0: one-off).
+            final_phases: names of phases your loop runs once more after its last step
+                whatever their period (a final evaluation or save): projected as one more
+                occurrence. A phase whose period lands on the last step needs no entry: the
+                job ends when its loop does, that occurrence included.
             initial_step: steps already done before this process (resumed jobs; int >= 0).
             early_stopping: ``(patience, min_delta, mode)`` or an ``EarlyStoppingRule``: the
                 job stops early by that rule on the metric given to ``report_metric``;
@@ -510,10 +516,14 @@ class ETSHook:
         adaptive_window = capture_steps is None
         capture_steps = MAX_ADAPTIVE_CAPTURE_STEPS if capture_steps is None else capture_steps
         check_window_settings(capture_steps, skip_steps, op_capture, record_shapes)
+        if capture_kernels is not None and not isinstance(capture_kernels, bool):
+            raise ValueError(
+                f"capture_kernels must be True, False or None (on CUDA), got {capture_kernels!r}"
+            )
         optimizers = optimizer_list(optimizer)
         rank, world_size = distributed_rank()
         rank_trace = checked_trace_path(trace_path, rank, world_size)
-        disabled = hooks_disabled()
+        disabled = self._disabled = hooks_disabled()
         rule = EarlyStoppingRule.coerce(early_stopping)
         check_checkpoint_options(checkpoint_files, checkpoint_in_memory)
         eval_prior = (
@@ -531,6 +541,7 @@ class ETSHook:
             eval_every=eval_every,
             checkpoint_every=checkpoint_every,
             phase_every=phase_every,
+            final_phases=final_phases,
             initial_step=initial_step,
         )
         # Kept to build them again for a rank learned later (_adopt_rank).
@@ -581,6 +592,10 @@ class ETSHook:
         self._created_ns = time.perf_counter_ns()
         self._epoch_offset_ns = read_clocks().epoch_offset_ns
         self._step_start_ns = self._created_ns
+        # ets-hook's own work at the boundary that began the current step (its reporters: log
+        # lines, the status file): the window's step begins after it, so that time is in no
+        # captured step's lead-in.
+        self._boundary_own_ns = 0
         self._phase_ns_in_step = 0
         # ets-hook's own time on the training thread inside the current step (its boundary
         # work, reporters, prediction reads): not step time (see _on_boundary).
@@ -610,6 +625,9 @@ class ETSHook:
         # A close() from another thread while the profiler path captures: the training thread
         # (the only one that can end that session) finishes closing at its next hook call.
         self._close_pending: tuple[str, str | None] | None = None
+        # A framework callback closes the hook at its train-end event: a hook of theirs still
+        # open at exit belongs to a run that stopped early (expect_explicit_close).
+        self._explicit_close = False
 
         self._forecaster = Forecaster(
             job,
@@ -623,6 +641,9 @@ class ETSHook:
         )
         self._forecaster.set_early_stopping(rule)
         self._batch_clocks: list[BatchClock] = []  # attached last (below)
+        # The first epoch's start-up before the first training forward (restarting loaders):
+        # (seconds, its end on the step clock), read from the workers' clocks then.
+        self._first_epoch_wait: tuple[float, float] | None = None
         if eval_prior is not None:
             self._forecaster.set_phase_prior(EVAL, eval_prior)
         # Checkpoints with a known period are priced from the state they write, read once the
@@ -959,6 +980,11 @@ class ETSHook:
         return self._window.wait(timeout_s)
 
     @property
+    def closed(self) -> bool:
+        """Whether the hook is closed (``close()``, the ``with`` block's end, or an exit)."""
+        return self._closed
+
+    @property
     def capture_status(self) -> str:
         """Where capture stands: ``waiting``, ``capturing``, ``decoding``, ``done`` or ``off``.
 
@@ -1007,6 +1033,13 @@ class ETSHook:
             outcome: ``"closed"``, ``"interrupted"`` or ``"failed"``.
             error: the exception's type name for ``"failed"``, else None.
         """
+        if outcome == exits.CLOSED and self._explicit_close:
+            outcome = exits.INTERRUPTED
+            logger.warning(
+                "ets-hook: the process exits before the framework ended training (step %d): "
+                "closed as interrupted",
+                self.steps_completed,
+            )
         try:
             if self._window.state == WindowState.CAPTURING:
                 self._window.abandon("window cut short: the process exited")
@@ -1030,6 +1063,12 @@ class ETSHook:
         Args:
             error: the exception's type name.
         """
+        if self._explicit_close:  # the framework's run is over: it raised
+            interrupted = error == "KeyboardInterrupt"
+            self.close_at_exit(
+                exits.INTERRUPTED if interrupted else exits.FAILED, None if interrupted else error
+            )
+            return
         try:
             window = self._window
             if window.state == WindowState.CAPTURING and not window.needs_capture_thread():
@@ -1038,6 +1077,17 @@ class ETSHook:
                 logger.info("ets-hook: %s; timing steps only", note)
         except Exception as exc:
             self._fail(exc)
+
+    def after_thread_failed(self, thread_ident: int, error: str) -> None:
+        """A thread ended with an uncaught exception (``ets_hook.exits``): if it drove this
+        hook's steps, the job failed there; close as ``"failed"``. Never raises.
+
+        Args:
+            thread_ident: the thread's ``threading.get_ident()``.
+            error: the exception's type name.
+        """
+        if thread_ident == self._training_thread and not self._closed:
+            self.close_at_exit(exits.FAILED, error)
 
     def _close(self, timeout_s: float, outcome: str, error: str | None) -> None:
         with self._close_lock:
@@ -1048,6 +1098,16 @@ class ETSHook:
                 return
             self._closed = True
         exits.unregister(self)
+        if (
+            self.steps_completed == 0
+            and outcome == exits.CLOSED
+            and not (self._disabled or self._explicit_close)  # a framework's run may be empty
+        ):
+            logger.warning(
+                "ets-hook: closed without a single training step: a step ends at an optimizer "
+                "step of a watched optimizer (optimizer=), or at hook.step(); an inference or "
+                "evaluation loop (model.eval(), torch.no_grad()) calls hook.step() per batch"
+            )
         for clock in self._batch_clocks:
             clock.detach()
         if self._ranks is not None:
@@ -1083,8 +1143,30 @@ class ETSHook:
     def __enter__(self) -> ETSHook:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        """Close as the ``with`` block ends: ``"closed"``; left by ``KeyboardInterrupt``:
+        ``"interrupted"``; by another exception: ``"failed"`` (``SystemExit`` and
+        ``GeneratorExit`` end the job normally: ``"closed"``). The exception propagates."""
+        if exc_type is None or not issubclass(exc_type, Exception):
+            if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+                self._close(60.0, exits.INTERRUPTED, None)
+            else:
+                self.close()
+            return
+        self._close(60.0, exits.FAILED, exc_type.__name__)
+
+    def expect_explicit_close(self) -> None:
+        """Declare that the code driving this hook closes it when the job ends (a framework
+        callback's train-end event). Should the process then exit with the hook still open, or
+        a notebook cell raise, the run stopped before its end: the hook closes as
+        ``"interrupted"`` (``"failed"`` for a cell's exception other than ``KeyboardInterrupt``)
+        instead of ``"closed"``."""
+        self._explicit_close = True
 
     # ------------------------------------------------------------------------------------------
     # Step boundaries (training thread)
@@ -1130,11 +1212,31 @@ class ETSHook:
             self._forecaster.set_low_precision()
         # Step 0 starts at the first training forward when nothing was timed before it.
         if self.steps_completed == 0 and self._window.state != WindowState.CAPTURING:
+            self._note_first_epoch_wait()
             self._step_start_ns = time.perf_counter_ns()
+            self._boundary_own_ns = 0
             self._own_ns_in_step = 0
             if self._cuda_timer is not None:
                 self._cuda_timer = CudaStepTimer()
                 self._cuda_timer.record(0)
+
+    def _note_first_epoch_wait(self) -> None:
+        """At the first training forward, before step 0's clock starts: how long the loop waited
+        for a restarting loader's workers to start and make its first batch (outside every
+        step: it seeds the epoch start-up's cost, ``_on_epoch_starts``). Never raises."""
+        epochs = self._epochs
+        if epochs is None or not epochs.restarts or not epochs.starts_epoch(0):
+            return
+        try:
+            now_ns, now_s = time.perf_counter_ns(), time.monotonic()
+            since_creation_s = (now_ns - self._created_ns) / 1e9
+            waits = [clock.first_batch_wait_s(now_s) for clock in self._batch_clocks]
+            known = [w for w in waits if w is not None]
+            if known:
+                wait_s = min(max(known), since_creation_s)
+                self._first_epoch_wait = (wait_s, now_ns / 1e9)
+        except Exception as exc:  # only the seed's source changes
+            logger.debug("ets-hook: the first epoch's start-up was not read: %r", exc)
 
     def _on_inputs_vary(self) -> None:
         # The batches change shape beyond their batch dimension: steps of different lengths.
@@ -1195,7 +1297,8 @@ class ETSHook:
                 load = self._host_load.sample()  # at most once a second
                 if load is not None:
                     self._forecaster.set_host_load(load.foreign_cpu, load.steal)
-            self._window.on_step(step_index, start_ns, now_ns, self._last_compile_step)
+            window_start_ns = min(start_ns + self._boundary_own_ns, now_ns)
+            self._window.on_step(step_index, window_start_ns, now_ns, self._last_compile_step)
             if self._accumulation is not None:
                 self._accumulation.on_step(step_index)
                 if self._accumulation.done:
@@ -1223,7 +1326,7 @@ class ETSHook:
         finally:
             # Everything since now_ns was ours (reads of hook.prediction by reporters and
             # callbacks included, hence an assignment).
-            self._own_ns_in_step = time.perf_counter_ns() - now_ns
+            self._own_ns_in_step = self._boundary_own_ns = time.perf_counter_ns() - now_ns
 
     def _rank_coordinator(self, rank: int, world_size: int) -> RankCoordinator | None:
         """The rank exchange of a multi-process job (None: one process, or the exchange off)."""
@@ -1322,14 +1425,14 @@ class ETSHook:
             self._forecaster.on_phase_end(EPOCH_START, epoch_start_ns / 1e9, now_ns / 1e9)
         seed_s = epochs.seed_s(self._step_times_s)
         if seed_s is not None:
-            # It happened inside the first step: it ends there, not now (counted now, it would
-            # be subtracted from the wall time of steps it is not part of).
-            self._forecaster.on_phase_end(
-                EPOCH_START,
-                seed_s,
-                self._forecaster.first_step_end_s,
-                at_step=epochs.initial_step,
-            )
+            # Before the first step (the workers' clocks saw the loop wait for them): that wait,
+            # ended where step 0 began. Else the first step's excess, which happened inside the
+            # first step: it ends there, not now (counted now, it would be subtracted from the
+            # wall time of steps it is not part of).
+            end_s = self._forecaster.first_step_end_s
+            if self._first_epoch_wait is not None:
+                seed_s, end_s = self._first_epoch_wait
+            self._forecaster.on_phase_end(EPOCH_START, seed_s, end_s, at_step=epochs.initial_step)
 
     def _take_compile_ns(self, compiles: CompileWatcher, start_ns: int, end_ns: int) -> int:
         """Compile time in this step outside its phases (those took theirs out). Never raises."""

@@ -282,6 +282,21 @@ def test_loader_jobs_iterate_epochs_and_are_scored_by_every_method(name: str) ->
         assert worst[3]["worst_job"] == name
 
 
+def test_a_phase_due_at_the_last_step_is_run_predicted_and_in_the_true_total() -> None:
+    """A loop evaluating every 3 steps runs its evaluation after step 6 too: the benchmark's
+    loop does, its truth includes it, and the hook predicted it at the last step."""
+    bench = accuracy()
+    spec = {job.name: job for job in bench.JOBS}["mlp-large+eval"]
+    spec = dataclasses.replace(spec, workload="mlp-w128-d2-b32", eval_every=3, eval_batches=2)
+    run = bench.run_job(spec, 6, "cpu", op_capture="native")
+    assert run.job_end_s is not None and run.job_end_s > run.step_ends_s[-1]
+    assert run.true_total_s == run.job_end_s
+    last = run.predictions[-1]
+    assert last is not None and last["step"] == 6 and last["remaining_steps"] == 0
+    assert last["remaining_phase_s"] > 0  # the evaluation after the last step, still to come
+    assert last["total_s"] > run.step_ends_s[-1]
+
+
 def test_run_to_run_floor_compares_each_run_with_the_jobs_other_runs() -> None:
     bench = accuracy()
 

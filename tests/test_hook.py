@@ -383,7 +383,7 @@ def test_evaluations_are_priced_from_the_eval_dataloader_until_measured():
     # 3 batches of twice the training batch, a forward (a third of a step) each: 2 steps.
     assert evaluation.cost_source == "prior"
     assert evaluation.mean_s == pytest.approx(2 * prediction.iteration_s)
-    assert evaluation.remaining == 3  # after steps 10, 20, 30
+    assert evaluation.remaining == 4  # after steps 10, 20, 30, 40 (the last: the job's end)
     # A phase priced by hand, in seconds, with its period.
     hook.expect_phase_cost("eval", seconds=0.5, rel_ci=0.2)
     evaluation = {p.name: p for p in hook.prediction.phases}["eval"]
@@ -413,7 +413,7 @@ def test_checkpoints_are_priced_from_the_state_they_write_until_measured():
     # Read after the first optimizer step: the parameters and Adam's two moments.
     state_bytes = training_state_bytes(model, [opt])
     assert state_bytes >= 3 * params_bytes
-    assert checkpoint.cost_source == "prior" and checkpoint.remaining == 3
+    assert checkpoint.cost_source == "prior" and checkpoint.remaining == 4  # 10, ..., 40
     assert checkpoint.mean_s == pytest.approx(
         CHECKPOINT_FIXED_S + state_bytes / CHECKPOINT_WRITE_BYTES_PER_S
     )
@@ -848,8 +848,11 @@ def test_numpy_numbers_are_accepted_where_python_numbers_are():
     assert type(hook.total_steps) is int
     hook.expect_phase_cost("eval", seconds=np.float32(2.0), train_steps=np.int64(3))
     train(model, opt, hook, 6)
-    assert hook.prediction is not None and hook.prediction.eta_s == 0.0
-    assert hook.prediction.total_steps == 6
+    last = hook.prediction
+    assert last is not None and last.remaining_steps == 0 and last.total_steps == 6
+    # What is left is the evaluation due after step 6 (eval_every=3), at its price.
+    assert last.eta_s == pytest.approx(last.remaining_phase_s)
+    assert last.remaining_phase_s == pytest.approx(2.0 + 3 * last.iteration_s)
     hook.close()
     for bad in ({"total_steps": np.float64(6.0)}, {"total_steps": np.bool_(True)},
                 {"capture_steps": np.float32(2.0)}):  # fmt: skip
@@ -937,3 +940,32 @@ def test_the_overrun_note_names_the_first_step_past_the_length(
     ]
     assert len(notes) == 1
     assert "(step 11, total_steps=10" in notes[0]
+
+
+def test_the_hooks_own_work_at_a_boundary_is_in_no_captured_step() -> None:
+    """A reporter that takes long at each step boundary (here a callback sleeping 30 ms) runs
+    before the next step's first op: the window's steps begin after it, so it is not in their
+    lead-in (which the trace estimate scales with the ops)."""
+    import time
+
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    slow_s = 0.03
+    hook = ETSHook(
+        model,
+        optimizer=opt,
+        total_steps=20,
+        skip_steps=1,
+        capture_steps=3,
+        op_capture="native",
+        decode_in_background=False,
+        log_every=None,
+        on_prediction=lambda prediction: time.sleep(slow_s),
+    )
+    train(model, opt, hook, 6)
+    trace = hook.trace
+    hook.close()
+    assert trace is not None and len(trace.iterations) == 3, hook.capture_status
+    for iteration in trace.iterations:
+        first_op_ns = min(op.start_ns for op in iteration.ops)
+        assert first_op_ns - iteration.start_ns < slow_s / 3 * 1e9, iteration.step

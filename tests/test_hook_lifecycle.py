@@ -29,7 +29,7 @@ from ets_hook.capture import native_ops
 # its last.
 SCRIPT = textwrap.dedent(
     """
-    import os, signal, sys, torch
+    import os, signal, sys, threading, torch
     from ets_hook import ETSHook
     mode, at, op_capture, status = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
     stop = []
@@ -39,30 +39,49 @@ SCRIPT = textwrap.dedent(
         def leave(signum, frame):
             sys.exit(143)
         signal.signal(signal.SIGTERM, leave)
+    if mode == "thread-first-sigterm":  # a hook made and closed on another thread first
+        other = threading.Thread(target=lambda: ETSHook(
+            torch.nn.Linear(2, 2), total_steps=1, capture_steps=0, log_every=None).close())
+        other.start()
+        other.join()
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 8)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    hook = ETSHook(model, optimizer=opt, total_steps=50, skip_steps=1, capture_steps=5,
-                   op_capture=op_capture, status_path=status, log_every=None,
-                   trace_path=status + ".ets")
-    for step in range(50):
-        if stop and step == at + 5:
-            break
-        model(torch.randn(4, 8)).sum().backward()
-        if step == at:  # inside window step `at`, before its optimizer step ends it
-            assert hook.capture_status.startswith("capturing"), hook.capture_status
-            if mode == "raise":
-                raise RuntimeError("the user's own bug")
-            if mode == "exit":
-                sys.exit(3)
-            if mode == "ctrl-c":
-                raise KeyboardInterrupt
-            if mode in ("sigterm", "graceful", "handler-exit"):
-                os.kill(os.getpid(), signal.SIGTERM)
-            if mode == "end":
+
+    def make():
+        return ETSHook(model, optimizer=opt, total_steps=50, skip_steps=1, capture_steps=5,
+                       op_capture=op_capture, status_path=status, log_every=None,
+                       trace_path=status + ".ets")
+
+    def train(hook):
+        for step in range(50):
+            if stop and step == at + 5:
                 break
-        opt.step()
-        opt.zero_grad()
+            model(torch.randn(4, 8)).sum().backward()
+            if step == at:  # inside window step `at`, before its optimizer step ends it
+                assert hook.capture_status.startswith("capturing"), hook.capture_status
+                if mode.endswith("raise"):
+                    raise RuntimeError("the user's own bug")
+                if mode == "exit":
+                    sys.exit(3)
+                if mode.endswith("ctrl-c"):
+                    raise KeyboardInterrupt
+                if mode.endswith(("sigterm", "graceful", "handler-exit")):
+                    os.kill(os.getpid(), signal.SIGTERM)
+                if mode == "end":
+                    break
+            opt.step()
+            opt.zero_grad()
+
+    if mode.startswith("with-"):  # the README's context-manager form
+        with make() as hook:
+            train(hook)
+    elif mode == "thread-raise":  # the loop runs on a thread of its own, which dies
+        loop = threading.Thread(target=train, args=(make(),))
+        loop.start()
+        loop.join()
+    else:
+        train(make())
     """
 )
 
@@ -80,7 +99,14 @@ CASES = {
     ("handler-exit", 3, "native"): (143, False, "interrupted", None),
     ("end", 3, "profiler"): (0, False, "closed", None),
     ("end", 3, "native"): (0, False, "closed", None),
+    ("with-raise", 3, "native"): (1, True, "failed", "RuntimeError"),
+    ("with-ctrl-c", 3, "native"): (-signal.SIGINT, True, "interrupted", None),
+    ("thread-raise", 3, "native"): (0, True, "failed", "RuntimeError"),  # the process goes on
+    ("thread-first-sigterm", 3, "native"): (-signal.SIGTERM, False, "interrupted", None),
 }
+#: Modes that leave the window by closing the hook (the ``with`` block's end): the steps it
+#: captured are decoded and written; every other way out of the window writes no trace.
+TRACE_WRITTEN = ("graceful", "with-raise", "with-ctrl-c")
 
 
 @pytest.fixture(scope="module")
@@ -108,16 +134,16 @@ def test_every_exit_path_closes_the_hook_before_torch_is_torn_down(exit_runs, ca
     assert returncode != -signal.SIGSEGV and "Segmentation fault" not in stderr
     assert "Requested callback is not found" not in stderr
     assert ("Traceback (most recent call last)" in stderr) is traceback, stderr[-3000:]
-    if case[0] == "raise":
+    if case[0].endswith("raise"):
         assert "RuntimeError: the user's own bug" in stderr
     assert doc is not None, "the status file was never written"
     assert (doc["state"], doc["error"]) == (state, error)
     assert doc["prediction"]["step"] == case[1] + (5 if case[0] == "graceful" else 0)
-    # Every case but the graceful stop ends inside the window: no trace, and one line says so.
+    # Every other case ends inside the window: no trace, and one line says so.
     trace_written = Path(f"{exit_runs[case][3]}.ets").exists()
-    assert trace_written is (case[0] == "graceful")
+    assert trace_written is (case[0] in TRACE_WRITTEN)
     said = "no trace written to" in stderr and "inside the capture window" in stderr
-    assert said is (case[0] != "graceful"), stderr[-2000:]
+    assert said is (case[0] not in TRACE_WRITTEN), stderr[-2000:]
 
 
 # A notebook: cell 1 raises inside the hook's window; cell 2 goes on training with the same hook
@@ -516,16 +542,30 @@ class _NoSlots:
         ({"log_every": 2.5}, r"log_every must be .*got 2\.5"),
         ({"epochs": 2, "total_steps": None}, r"epochs=2 needs the length of an epoch: pass "
          r"steps_per_epoch= .*dataloader="),
+        # The whole value is named, not its first item or a dump of its weights.
+        ({"optimizer": "adam"}, r"optimizer must be a torch\.optim\.Optimizer.*got 'adam'$"),
+        ({"optimizer": "MODEL"}, r"optimizer must be .*got a Sequential model \(pass its "
+         r"optimizer\)$"),
+        ({"optimizer": "PARAMETERS"}, r"optimizer must be .*got a generator \(parameters; pass "
+         r"the optimizer\)$"),
+        ({"optimizer": {"lr": 0.1}}, r"optimizer must be .*got \{'lr': 0\.1\}$"),
+        ({"phase_every": "eval"}, r"phase_every must be a mapping of phase name to period in "
+         r"steps, e\.g\. \{'eval': 100\}, got 'eval'"),
+        ({"progress": "yes"}, r"progress must be True, False, None or a tqdm bar .*got 'yes'"),
+        ({"capture_kernels": "yes"}, r"capture_kernels must be True, False or None .*got 'yes'"),
+        ({"capture_kernels": 0}, r"capture_kernels must be True, False or None .*got 0"),
     ],
 )  # fmt: skip
 def test_bad_constructor_arguments_are_value_errors_naming_them(kwargs: dict, message: str) -> None:
     model = tiny_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    kwargs = {"total_steps": 10, **kwargs}
+    kwargs = {"total_steps": 10, "optimizer": opt, **kwargs}
     if kwargs.get("grad_scaler") == "OPTIMIZER":
         kwargs["grad_scaler"] = opt
+    if kwargs["optimizer"] in ("MODEL", "PARAMETERS"):
+        kwargs["optimizer"] = model if kwargs["optimizer"] == "MODEL" else model.parameters()
     with pytest.raises(ValueError, match=message) as raised:
-        ETSHook(model, optimizer=opt, **kwargs)
+        ETSHook(model, **kwargs)
     assert "batches_per_epoch" not in str(raised.value)  # an argument ETSHook does not take
 
 
@@ -571,3 +611,32 @@ def test_good_values_of_the_checked_arguments_are_accepted() -> None:
         hook = ETSHook(model, optimizer=opt, capture_steps=0, **kwargs)
         assert hook.total_steps == (10 if "epochs" in kwargs else None)
         hook.close()
+
+
+def test_closing_without_a_single_step_says_how_steps_end(caplog) -> None:
+    """An inference loop (eval mode, no_grad) with no optimizer and no hook.step() times
+    nothing: one warning at close says what ends a step, instead of a silent null prediction."""
+    model = tiny_mlp()
+    hook = ETSHook(model, total_steps=10, capture_steps=0, log_every=None)
+    with torch.no_grad():
+        model.eval()
+        for _ in range(5):
+            model(batch()[0])
+    with caplog.at_level(logging.WARNING, logger="ets_hook"):
+        hook.close()
+    said = [
+        r.getMessage() for r in caplog.records if "without a single training step" in r.getMessage()
+    ]
+    assert len(said) == 1 and "hook.step() per batch" in said[0]
+    assert hook.prediction is None
+    # With hook.step() per batch, the same loop is timed, and nothing is said.
+    caplog.clear()
+    hook = ETSHook(model, total_steps=10, capture_steps=0, log_every=None)
+    with torch.no_grad():
+        for _ in range(3):
+            model(batch()[0])
+            hook.step()
+    with caplog.at_level(logging.WARNING, logger="ets_hook"):
+        hook.close()
+    assert hook.steps_completed == 3
+    assert not [r for r in caplog.records if "without a single" in r.getMessage()]

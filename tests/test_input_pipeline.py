@@ -197,12 +197,64 @@ def test_a_loader_that_restarts_its_workers_seeds_the_phase_from_the_first_step(
     assert prediction.total_steps == 18
     # Seeded once 1 + SEED_STEPS steps exist, then one occurrence per later epoch.
     assert seen[:3] == [0, 0, 0] and seen[3] == 1
-    # The seed happened inside the first step: it is not taken out of the later steps' wall
-    # time (counted there, the per-step overhead would go negative by seed / 3).
+    # The seed happened before or inside the first step: it is not taken out of the later
+    # steps' wall time (counted there, the per-step overhead would go negative by seed / 3).
     seed_s = _phase(predictions[3], EPOCH_START).spent_s  # the worker's start-up (>= 0)
     assert predictions[3].overhead_per_step_s > -0.1 * seed_s / 3 - 1e-4
     assert seen[6] == 2 and seen[12] == 3
     assert phase.remaining == 0
+
+
+#: CPU seconds each worker of ``test_the_first_epochs_worker_start_up_seeds_the_phase`` spends
+#: starting (``worker_init_fn``), before it makes a batch.
+WORKER_START_CPU_S = 0.12
+
+
+def busy_worker_start(worker_id: int) -> None:
+    """A worker's start-up (imports, opening files): CPU work before its first batch."""
+    import time
+
+    until = time.process_time() + WORKER_START_CPU_S
+    while time.process_time() < until:
+        pass
+
+
+def test_the_first_epochs_worker_start_up_seeds_the_phase() -> None:
+    """``for x, y in loader`` starts the workers and waits for the first batch before the first
+    training forward, where step 0's clock starts: that wait is in no step. The workers' own
+    clocks measure it, and it seeds the epoch start-up's cost (a lower bound: a worker that
+    also waited for a core began earlier than its CPU time says) until epoch 2 measures one."""
+    from ets_hook.forecast.epochs import EPOCH_START
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(
+        torch.utils.data.Subset(AugmentedVectors(), range(160)),
+        batch_size=16,
+        num_workers=1,
+        worker_init_fn=busy_worker_start,
+    )
+    hook = ETSHook(
+        model, optimizer=opt, dataloader=loader, epochs=3, capture_steps=0, log_every=None
+    )
+    seeded = None
+    for _epoch in range(2):
+        for step, (x, y) in enumerate(loader):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            phase = _phase(hook.prediction, EPOCH_START)
+            if seeded is None and phase is not None and phase.occurrences:
+                seeded = phase
+            if _epoch == 0 and step == 4:
+                first_epoch = hook.prediction
+    hook.close()
+    assert seeded is not None and seeded.occurrences == 1
+    assert seeded.spent_s >= WORKER_START_CPU_S * 0.9, seeded
+    # It is projected over the epochs to come.
+    assert _phase(first_epoch, EPOCH_START).remaining == 2
+    assert _phase(first_epoch, EPOCH_START).remaining_s >= 2 * 0.9 * WORKER_START_CPU_S
 
 
 class SlowBatches(Dataset):

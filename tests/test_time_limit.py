@@ -97,7 +97,9 @@ def test_a_time_limit_below_the_predicted_total_becomes_the_total(
     assert abs(p.finish_time - (p.start_time + timedelta(seconds=60))) < timedelta(milliseconds=1)
     assert p.local_total_s == 60.0
     lines = [line for line in log_lines(caplog) if line.startswith("step ")]
-    assert lines and all(line.endswith(" · total 1m00s (stopped by time limit)") for line in lines)
+    assert lines and all(
+        line.endswith(" · total 1m00s (capped by the time limit)") for line in lines
+    )
     hook.close()  # the loop ended (a break) long before the limit: not stopped by it
     ended = hook.prediction
     assert ended is not None and ended.total_steps == 10 and not ended.stopped_by_time_limit

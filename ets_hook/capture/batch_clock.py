@@ -208,6 +208,28 @@ class BatchClock:
         self._reading_counts = counts
         return self._reading
 
+    def first_batch_wait_s(self, now_s: float) -> float | None:
+        """How long before ``now_s`` the loader's first iterator started its workers, seconds:
+        the first epoch's start-up as the training loop waited for it (workers started, first
+        batch made), read at the first training step.
+
+        A worker's CPU time starts at 0 with the process (``fork`` and ``spawn``), so it began
+        no later than its first batch's finish minus its CPU time then; the earliest such start
+        over the workers is taken. Where the worker also waited for a core, it began earlier:
+        the wait returned is a lower bound.
+
+        Args:
+            now_s: ``time.monotonic()`` now (the first training forward).
+
+        Returns:
+            The wait (>= 0); None before any worker recorded a batch.
+        """
+        finish, cpu = self.read()
+        starts = [f[0] - c[0] for f, c in zip(finish, cpu, strict=False) if f and c]
+        if not starts:
+            return None
+        return max(0.0, now_s - min(starts))
+
     def detach(self) -> None:
         """Give the loader (and copies of it ``attach`` saw) its own ``collate_fn`` back
         (iterators started since keep timing until their slots are full). Idempotent; never

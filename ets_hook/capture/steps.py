@@ -46,8 +46,9 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import inspect
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -212,20 +213,36 @@ def optimizer_list(optimizer: Any) -> list[torch.optim.Optimizer]:
     single = unwrap_optimizer(optimizer)
     if single is not None:
         return [single]
-    try:
-        items = list(optimizer)
-    except TypeError:
+    if isinstance(optimizer, (str, bytes, torch.nn.Module, Mapping)) or not isinstance(
+        optimizer, (list, tuple)
+    ):
+        # Only a list or tuple holds several: a string, a model, a dict or a generator (the
+        # common slip: model.parameters()) is named whole, not by its first item.
         items = [optimizer]
+    else:
+        items = list(optimizer)
     optimizers = []
     for item in items:
         unwrapped = unwrap_optimizer(item)
         if unwrapped is None:
             raise ValueError(
                 "optimizer must be a torch.optim.Optimizer, a wrapper holding one in "
-                f"{' or '.join(WRAPPED_OPTIMIZER_ATTRIBUTES)}, or a list of them, got {item!r}"
+                f"{' or '.join(WRAPPED_OPTIMIZER_ATTRIBUTES)}, or a list of them, got "
+                f"{_describe_value(item)}"
             )
         optimizers.append(unwrapped)
     return optimizers
+
+
+def _describe_value(value: Any) -> str:
+    """``repr`` for short values; a type name for long ones (a model, a generator of tensors:
+    their repr would dump weights into the message)."""
+    if isinstance(value, torch.nn.Module):
+        return f"a {type(value).__name__} model (pass its optimizer)"
+    if inspect.isgenerator(value):
+        return f"a generator ({getattr(value, '__name__', 'generator')}; pass the optimizer)"
+    text = repr(value)
+    return text if len(text) <= 80 else f"a {type(value).__name__}"
 
 
 class StepDetector:

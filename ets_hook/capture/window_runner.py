@@ -435,7 +435,8 @@ class WindowRunner:
         self._remove_capture_hooks()
         self.state = WindowState.DECODING
         if truncated:
-            self._capture_note = f"window cut short after {len(self._window_bounds)} steps"
+            steps = len(self._window_bounds)
+            self._capture_note = f"window cut short after {steps} step{'s' if steps != 1 else ''}"
         snapshot = (self._ops, self._bounds_on_event_clock(), window_end_event)
         if self._decode_in_background:
             self._decode_thread = threading.Thread(

@@ -228,7 +228,8 @@ def run_train(args: argparse.Namespace, out: TextIO | None = None) -> int:
     val = [v for v in info.get("val_mre", []) if v is not None]
     print(
         f"trained {predictor.kind} on {info['train_iterations']} iterations "
-        f"({info['train_ops']} ops, {len(info['groups'])} models) in {result.seconds:.1f} s; "
+        f"({info['train_ops']} ops, {len(info['groups'])} model"
+        f"{'s' if len(info['groups']) != 1 else ''}) in {result.seconds:.1f} s; "
         f"epochs {info['epochs_run']}"
         + (f"; validation MRE {min(val):.2%}" if val else "")
         + f"\nwrote {path}",

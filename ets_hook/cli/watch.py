@@ -224,7 +224,7 @@ def render_status(
         The lines: title, job, progress, step time, ETA, finish, total, age, then notes (stale,
         process gone, job ended). Where the job's length is unknown, ETA, finish and total say
         so, with the time limit's bound when the job has one (``time_limit_s``); a total cut to
-        the time limit says ``stopped by time limit``.
+        the time limit says ``capped by the time limit``.
     """
     state = doc["state"]
     job = f"{doc['host']}  pid {doc['pid']}  {state}"
@@ -237,7 +237,7 @@ def render_status(
         step_s = None
     else:
         step_s = _finite(p.get("iteration_s"))
-        lines.extend(_prediction_lines(p, step_s))
+        lines.extend(_prediction_lines(p, step_s, running=state == "running"))
     updated = _timestamp(doc["updated_at"], os.fspath(path), "updated_at")
     age = (now - updated).total_seconds()
     lines.append(f"updated   {_age(age)} ({_local(updated)})")
@@ -262,7 +262,7 @@ def render_status(
     return lines
 
 
-def _prediction_lines(p: dict[str, Any], step_s: float | None) -> list[str]:
+def _prediction_lines(p: dict[str, Any], step_s: float | None, *, running: bool) -> list[str]:
     step, total = p["step"], p.get("total_steps")
     if total:
         fraction = min(1.0, max(0.0, step / total))
@@ -280,7 +280,10 @@ def _prediction_lines(p: dict[str, Any], step_s: float | None) -> list[str]:
         rel = ci / step_s if ci is not None and step_s > 0 else math.inf
         step_text = f"{format_step_time(step_s)} {format_relative(rel)}{level_text}"
     source = p.get("source") or "?"
-    step_text += f"  {source}, {'converged' if p.get('converged') else 'not converged yet'}"
+    if running:
+        step_text += f"  {source}, {'converged' if p.get('converged') else 'not converged yet'}"
+    else:  # the job is over: its step time was measured, converged or not
+        step_text += f"  {source}, final"
     eta = _finite(p.get("eta_s"))
     finish = p.get("finish_time")
     total_s = _finite(p.get("total_s"))
@@ -294,8 +297,8 @@ def _prediction_lines(p: dict[str, Any], step_s: float | None) -> list[str]:
         total_text += f" ± {format_duration(total_ci)}{level_text}"
     limit_s = _finite(p.get("time_limit_s"))
     if stopped:
-        eta_text += " (stopped by time limit)"
-        total_text += " (stopped by time limit)"
+        eta_text += " (capped by the time limit)"
+        total_text += " (capped by the time limit)"
     elif total_s is None and not total and limit_s is not None:
         eta_text, finish_text, total_text = _time_limit_bounds(p, limit_s)
     return [

@@ -4,8 +4,9 @@ A *training step* is one optimizer step: with gradient accumulation over ``k`` m
 step consumes ``k`` micro-batches (``len(dataloader)`` counts micro-batches). Step counts here are
 *global* (``initial_step`` counts the steps done before this process, e.g. when resuming), and a
 phase "at step s" is one that ended after ``s`` steps had completed, i.e. between steps ``s`` and
-``s + 1``. ``total_s`` ends with the last step, so a phase at ``s == total_steps`` (a final
-evaluation) is not part of the job time.
+``s + 1``. The job ends when its loop does: a phase at ``s == total_steps`` (an evaluation or a
+checkpoint after the last step, on its period or in ``JobModel.final_phases``) is part of the
+job time; an epoch start there is not (no epoch follows).
 
 ``PhaseTracker`` measures phases as they occur and projects them over the rest of the schedule:
 expected remaining occurrences x mean cost. The first occurrence of a phase is often slower (eval
@@ -21,7 +22,7 @@ first measured occurrence replaces the prior.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from statistics import median
 from types import MappingProxyType
@@ -80,6 +81,8 @@ class JobModel:
         initial_step: global steps done before this process (resuming), >= 0.
         phase_periods: phase name -> period in steps (0: one-off, never projected); stored as
             a read-only copy.
+        final_phases: phases the loop runs once more after its last step whatever their
+            period (the Hugging Face Trainer's final save); a frozenset.
 
     Raises:
         ValueError: at construction, a field is not an int in its range (bools rejected), a
@@ -91,6 +94,7 @@ class JobModel:
     grad_accum_steps: int = 1
     initial_step: int = 0
     phase_periods: Mapping[str, int] = field(default_factory=dict)
+    final_phases: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.total_steps is not None:
@@ -110,6 +114,10 @@ class JobModel:
             _positive_int(f"period of phase {name!r}", period, minimum=0)
         # A read-only copy: the caller's dict cannot change the model afterwards.
         object.__setattr__(self, "phase_periods", MappingProxyType(dict(self.phase_periods)))
+        object.__setattr__(self, "final_phases", frozenset(self.final_phases))
+        for name in self.final_phases:
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"final phase names must be non-empty strings, got {name!r}")
 
     @classmethod
     def from_args(
@@ -125,6 +133,7 @@ class JobModel:
         eval_every: int | None = None,
         checkpoint_every: int | None = None,
         phase_every: Mapping[str, int] | None = None,
+        final_phases: Collection[str] = (),
         initial_step: int = 0,
     ) -> JobModel:
         """Resolve the user's description of the job to optimizer steps.
@@ -153,6 +162,8 @@ class JobModel:
                 ``checkpoint_every`` override its entries. With steps per epoch known, the
                 phase ``"epoch start"`` (``forecast.epochs``) gets them as its period unless
                 given here.
+            final_phases: phase names the loop runs once more after its last step, whatever
+                their period (a final evaluation or save); a collection of strings.
             initial_step: global steps done before this process (resuming), >= 0.
 
         Returns:
@@ -164,9 +175,15 @@ class JobModel:
                 iterable, or has no ``len()`` with ``epochs`` and no ``steps_per_epoch``;
                 ``steps_per_epoch`` contradicts the batches per epoch; ``epochs`` is
                 not a finite number > 0 or comes without steps per epoch; a ``phase_every``
-                name is empty or not a string; ``initial_step`` exceeds the total steps.
+                name is empty or not a string; ``final_phases`` is not a collection of
+                non-empty strings; ``initial_step`` exceeds the total steps.
         """
         k = _positive_int("grad_accum_steps", grad_accum_steps)
+        if isinstance(final_phases, str) or not isinstance(final_phases, Collection):
+            raise ValueError(
+                f"final_phases must be a collection of phase names, e.g. ('eval',), got "
+                f"{final_phases!r}"
+            )
         if dataloader is not None:
             if batches_per_epoch is not None:
                 raise ValueError("give batches_per_epoch or dataloader, not both")
@@ -211,6 +228,11 @@ class JobModel:
                     "epochs needs steps_per_epoch=, batches_per_epoch= or a dataloader with len()"
                 )
             candidates.append(math.ceil(epochs * steps_per_epoch))
+        if phase_every is not None and not isinstance(phase_every, Mapping):
+            raise ValueError(
+                f"phase_every must be a mapping of phase name to period in steps, e.g. "
+                f"{{'eval': 100}}, got {phase_every!r}"
+            )
         periods: dict[str, int] = dict(phase_every or {})
         if steps_per_epoch is not None:
             periods.setdefault(EPOCH_START, steps_per_epoch)
@@ -223,6 +245,7 @@ class JobModel:
             grad_accum_steps=k,
             initial_step=_positive_int("initial_step", initial_step, minimum=0),
             phase_periods=periods,
+            final_phases=frozenset(final_phases),
         )
 
     def remaining_steps(self, step: int) -> int | None:
@@ -531,22 +554,30 @@ class PhaseTracker:
             return None, "one-off"
         return since_start, "single"
 
-    def _remaining(self, period: int | None, anchor: int, step: int) -> int | None:
+    def _remaining(self, name: str, period: int | None, anchor: int, step: int) -> int | None:
         total = self.job.total_steps
         if total is None:
             return None
-        if period is None:
-            return 0
-        # Occurrences at anchor + k * period (k >= 1) with step <= s < total.
-        k_min = max(1, -(-(step - anchor) // period))
-        k_max = -(-(total - anchor) // period) - 1
-        return max(0, k_max - k_min + 1)
+        count = 0
+        on_period_at_total = False
+        if period is not None:
+            # Occurrences at anchor + k * period (k >= 1) with step <= s <= total (s < total for
+            # an epoch start: none follows the last step).
+            last = total - 1 if name == EPOCH_START else total
+            k_min = max(1, -(-(step - anchor) // period))
+            k_max = (last - anchor) // period
+            count = max(0, k_max - k_min + 1)
+            on_period_at_total = last == total and (total - anchor) % period == 0
+        if name in self.job.final_phases and not on_period_at_total and anchor < total:
+            count += 1  # the run after the last step, off the period
+        return count
 
     def project(self, step: int, iteration_s: float | None = None) -> tuple[PhaseForecast, ...]:
         """Every known phase (observed or hinted), projected from ``step`` global steps on.
 
         Future occurrences are expected every period after the last one (or after step 0 for a
-        hinted phase not yet seen), strictly before ``job.total_steps``. A phase not yet seen
+        hinted phase not yet seen), up to ``job.total_steps`` (an epoch start: before it), and
+        once after the last step for a phase in ``job.final_phases``. A phase not yet seen
         costs its prior (``set_prior``) at ``iteration_s``, if it has one.
 
         Args:
@@ -555,9 +586,13 @@ class PhaseTracker:
                 such priors are not used.
 
         Returns:
-            One ``PhaseForecast`` per phase: observed ones in first-seen order, then hinted ones.
+            One ``PhaseForecast`` per phase: observed ones in first-seen order, then hinted ones
+            (periods, then final phases).
         """
-        names = list(self._stats) + [n for n in self.job.phase_periods if n not in self._stats]
+        names = list(self._stats)
+        for name in (*self.job.phase_periods, *sorted(self.job.final_phases)):
+            if name not in names:
+                names.append(name)
         out = []
         for name in names:
             stats = self._stats.get(name)
@@ -573,7 +608,7 @@ class PhaseTracker:
                 if prior is not None and (iteration_s is not None or not prior.train_steps):
                     mean = prior.cost_s(iteration_s or 0.0)
                     mean_ci, cost_source = prior.rel_ci * mean, "prior"
-            remaining = self._remaining(period, anchor, step)
+            remaining = self._remaining(name, period, anchor, step)
             rem_s: float | None = None
             rem_ci: float | None = None
             if remaining == 0:

@@ -100,10 +100,11 @@ def format_prediction(p: Prediction) -> str:
         while the total step count is unknown, and with `` · total unknown`` in place of the
         ETA and total while ``eta_s`` is (`` · total unknown, at most 1h00m (time limit)`` with
         a time limit ahead, `` · total unknown, time limit 1h00m reached`` past it); a total
-        cut to the time limit gains `` (stopped by time limit)``; with early stopping
+        cut to the time limit gains `` (capped by the time limit)``; with early stopping
         followed, `` · early stop ~step 1200 · total 8m20s–13m45s``; in a multi-process job
         once a rank exchange has given the job's end,
-        `` · job of 8 ranks, waits for rank 3`` (ETA and total are then the job's); while other
+        `` · job of 8 ranks, waits for rank 3`` (``this rank ends last`` on that rank; ETA and
+        total are then the job's); while other
         work loads the machine (``Prediction.host_busy``),
         `` · host busy: other processes 40% CPU, steal 6%``; when the step time is the
         DataLoader workers' pace (source ``"input"``), `` · input-bound: DataLoader workers``;
@@ -115,7 +116,7 @@ def format_prediction(p: Prediction) -> str:
     if p.eta_s is not None:
         text += f" · ETA {format_duration(p.eta_s)} · total {format_duration(p.total_s)}"
         if p.stopped_by_time_limit:
-            text += " (stopped by time limit)"
+            text += " (capped by the time limit)"
     elif p.time_limit_s is None:
         text += " · total unknown"
     elif p.elapsed_s < p.time_limit_s:
@@ -133,7 +134,12 @@ def format_prediction(p: Prediction) -> str:
     elif p.waits_for_input and p.data_wait_share is not None:
         text += f" · {100 * p.data_wait_share:.0f}% of a step waits for input"
     if p.world_size > 1 and p.slowest_rank is not None:
-        text += f" · job of {p.world_size} ranks, waits for rank {p.slowest_rank}"
+        last = (
+            "this rank ends last"
+            if p.slowest_rank == p.rank
+            else f"waits for rank {p.slowest_rank}"
+        )
+        text += f" · job of {p.world_size} ranks, {last}"
     foreign, steal = p.host_busy_shares
     if foreign is not None or steal is not None:
         parts = [f"other processes {100 * foreign:.0f}% CPU"] if foreign is not None else []

@@ -110,7 +110,7 @@ def check_hook_options(options: Mapping[str, Any]) -> None:
     phase_every = given.get("phase_every")
     if isinstance(phase_every, Mapping):
         phase_every = {name: plain_number(every) for name, every in phase_every.items()}
-    JobModel.from_args(phase_every=phase_every)
+    JobModel.from_args(phase_every=phase_every, final_phases=given.get("final_phases", ()))
     if given.get("eval_dataloader") is not None:
         eval_prior_from_loaders(given["eval_dataloader"], given.get("dataloader"))
     capture_steps, skip_steps = value("capture_steps"), value("skip_steps")

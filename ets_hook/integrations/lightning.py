@@ -353,6 +353,7 @@ class BaseETSCallback:
         options, notes, trainer_total = self._resolve_options(trainer, pl_module)
         self.resolved_options = options
         self._hook = ETSHook(**options)
+        self._hook.expect_explicit_close()  # on_train_end / on_exception / teardown close it
         self._time_train_loader(trainer)
         if "eval_dataloader" not in options and options.get("eval_every"):
             self._price_validation(trainer, options.get("grad_accum_steps", 1))

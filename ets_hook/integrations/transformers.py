@@ -11,6 +11,8 @@ callback creates an ``ETSHook`` on the Trainer's model and optimizer with what t
 - ``eval_every`` / ``checkpoint_every`` from ``eval_strategy`` / ``save_strategy`` (``steps``: the
   Trainer's ``eval_steps`` / ``save_steps``; ``epoch``: optimizer steps per epoch from the train
   dataloader and the accumulation; ``best``: saves can only follow evaluations; ``no``: none);
+  ``final_phases``: the Trainer's runs after the last step (an evaluation under ``epoch``, a
+  save under ``steps`` or ``epoch``, on their periods or not), part of the job's time;
 - ``dataloader`` (the train dataloader): epoch start-up as a phase (a sized one) and, with
   ``dataloader_num_workers > 0``, the workers' batch pace as a floor under the step time (an
   ``IterableDataset``'s loader too; the Trainer starts iterating after ``on_train_begin``, so
@@ -261,12 +263,13 @@ class ETSTrainerCallback(TrainerCallback):
                 invalid (each option alone was checked when the callback was created).
         """
         self._adopt_handler()
-        self._close_hook()
+        self._close_hook(finished=False)
         options, disagree = self._hook_options(args, state, optimizer, train_dataloader)
         self._save_best = _strategy(args, "save_strategy") == "best"
         self._phase, self._in_loop, self._flagged_eval, self._shown = None, False, False, None
         self._monitor = _monitored_metric(args) if "early_stopping" in options else None
         self.hook = ETSHook(model, **options)
+        self.hook.expect_explicit_close()  # open past train(): it raised (on_train_end: closed)
         self._training = True
         if "eval_dataloader" not in options and options.get("eval_every"):
             self._price_evaluation(args, options.get("grad_accum_steps", 1))
@@ -525,13 +528,23 @@ class ETSTrainerCallback(TrainerCallback):
             self._phase = None
             self.hook.end_phase()
 
-    def _close_hook(self) -> None:
+    def _close_hook(self, *, finished: bool = True) -> None:
+        """Close the hook: the run ``finished`` (``on_train_end``), or it is the previous
+        ``train()``'s, still open because that call raised (closed as interrupted)."""
         if self.hook is None:
             return
         self._end_phase()
         self._training = False
         self._in_loop = False
-        self.hook.close()
+        if finished:
+            self.hook.close()
+        elif not self.hook.closed:
+            logger.warning(
+                "ets-hook: the previous Trainer.train() stopped at step %d without ending "
+                "(an exception): closed as interrupted",
+                self.hook.steps_completed,
+            )
+            self.hook.close_at_exit("interrupted", None)
         self._show_progress()
 
     def _inject(self, state: TrainerState, logs: dict[str, Any] | None) -> None:
@@ -648,6 +661,15 @@ def _trainer_options(
     )
     found["eval_every"] = eval_every
     found["checkpoint_every"] = checkpoint_every
+    # After its last step the Trainer evaluates once more under the "epoch" strategy (its epoch
+    # ends there), and saves once more under "steps" or "epoch", on their periods or not.
+    final = (
+        [EVAL_PHASE] if _strategy(args, "eval_strategy", "evaluation_strategy") == "epoch" else []
+    )
+    if save_strategy in ("steps", "epoch"):
+        final.append(CHECKPOINT_PHASE)
+    if final:
+        found["final_phases"] = tuple(final)
     if optimizer is not None:
         try:
             optimizer_list(_held_optimizer(optimizer))

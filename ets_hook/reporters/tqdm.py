@@ -58,7 +58,10 @@ class TqdmReporter(Reporter):
                 ) from exc
             self._factory: Any = tqdm
         elif not callable(getattr(bar, "set_postfix_str", None)):
-            raise ValueError(f"progress bar must be a tqdm instance, got {type(bar).__name__}")
+            raise ValueError(
+                f"progress must be True, False, None or a tqdm bar (an object with "
+                f"set_postfix_str), got {bar!r}"
+            )
 
     @staticmethod
     def postfix(p: Prediction) -> str:

@@ -196,15 +196,15 @@ def test_unknown_total_with_a_time_limit_shows_the_bound(tmp_path: Path) -> None
     assert out.count("? (total steps unknown; time limit 1h00m reached)") == 3, out
 
 
-def test_a_total_cut_to_the_time_limit_says_stopped_by_time_limit(tmp_path: Path) -> None:
+def test_a_total_cut_to_the_time_limit_says_so(tmp_path: Path) -> None:
     path = tmp_path / "status.json"
     limited = cut_at_time_limit(replace(prediction(), time_limit_s=600.0))  # 13m50s predicted
     assert limited.stopped_by_time_limit
     StatusFileReporter(path).write("running", limited)
     out = watch(path, "--once").stdout
     assert "300/2000 15.0%" in out
-    assert "ETA       7m50s (stopped by time limit)" in out, out
-    assert "total     10m00s (stopped by time limit)" in out  # 3m50s past it: certain
+    assert "ETA       7m50s (capped by the time limit)" in out, out
+    assert "total     10m00s (capped by the time limit)" in out  # 3m50s past it: certain
     assert limited.finish_time is not None
     finish = limited.finish_time.astimezone().strftime("%Y-%m-%d %H:%M:%S")
     assert f"finish    {finish}" in out
@@ -286,6 +286,7 @@ def test_live_view_waits_redraws_and_exits_when_the_job_ends(tmp_path: Path) -> 
     assert out.count("\x1b[H") >= 3  # redrawn in place
     last = out[out.rindex("\x1b[H") :]
     assert "2000/2000 100.0%" in last and "job ended: closed" in last
+    assert "measured, final" in last and "converged" not in last  # over: no "not yet"
     assert "refreshing" not in last and "Traceback" not in out
 
 

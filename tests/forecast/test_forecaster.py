@@ -67,7 +67,7 @@ def test_total_is_elapsed_plus_remaining_steps_plus_phases() -> None:
     assert p.step == 100
     assert p.remaining_steps == 400
     assert p.elapsed_s == pytest.approx(now + 4.0 - 10.0)
-    assert p.remaining_phase_s == pytest.approx(3 * 4.0)  # after 200, 300, 400
+    assert p.remaining_phase_s == pytest.approx(4 * 4.0)  # after 200, 300, 400, 500
     expected = p.elapsed_s + 400 * (p.iteration_s + p.overhead_per_step_s) + p.remaining_phase_s
     assert p.total_s == pytest.approx(expected)
     assert p.eta_s == pytest.approx(p.total_s - p.elapsed_s)

@@ -94,16 +94,21 @@ def test_hinted_eval_phase_is_projected_over_the_remaining_schedule() -> None:
     job = JobModel.from_args(total_steps=1000, eval_every=100)
     tracker = PhaseTracker(job)
     (eval_,) = tracker.project(50)
-    # Evaluations after steps 100..900; one after step 1000 would follow the last step.
-    assert eval_.remaining == 9
+    # Evaluations after steps 100..1000: the one after the last step ends the job.
+    assert eval_.remaining == 10
     assert eval_.remaining_s is None  # cost unknown before the first one
     # At step 100 the evaluation due there has not happened yet: still pending.
-    assert tracker.project(100)[0].remaining == 9
+    assert tracker.project(100)[0].remaining == 10
     tracker.record("eval", 10.0, 100)
     (eval_,) = tracker.project(100)
     assert eval_.occurrences == 1
-    assert eval_.remaining == 8
-    assert eval_.remaining_s == pytest.approx(80.0)
+    assert eval_.remaining == 9
+    assert eval_.remaining_s == pytest.approx(90.0)
+    # At the last step, the final evaluation is still to come; once run, nothing is.
+    for step in range(200, 1001, 100):
+        assert tracker.project(step)[0].remaining == 1 + (1000 - step) // 100
+        tracker.record("eval", 10.0, step)
+    assert tracker.project(1000)[0].remaining == 0
     assert eval_.period_source == "hint"
 
 
@@ -115,9 +120,9 @@ def test_first_occurrence_is_not_taken_as_the_typical_cost() -> None:
     (ckpt,) = tracker.project(400)
     assert ckpt.mean_s == pytest.approx(10.0)
     assert ckpt.spent_s == pytest.approx(60.0)
-    assert ckpt.remaining == 5
+    assert ckpt.remaining == 6  # after 500..1000
     total, ci = remaining_phase_time((ckpt,))
-    assert total == pytest.approx(50.0)
+    assert total == pytest.approx(60.0)
     assert 0 < ci < total
 
 
@@ -125,13 +130,15 @@ def test_period_is_inferred_from_occurrences_without_hints() -> None:
     tracker = PhaseTracker(JobModel.from_args(total_steps=600))
     tracker.record("val", 5.0, 150)
     (val,) = tracker.project(150)
-    assert (val.period_steps, val.period_source, val.remaining) == (150, "single", 2)
+    assert (val.period_steps, val.period_source, val.remaining) == (150, "single", 3)
     tracker.record("val", 5.0, 300)
     tracker.record("val", 5.0, 450)
     (val,) = tracker.project(460)
-    assert (val.period_steps, val.period_source, val.remaining) == (150, "inferred", 0)
-    (val,) = tracker.project(450)
-    assert val.remaining == 0  # 600 is the end: not part of the job time
+    assert (val.period_steps, val.period_source, val.remaining) == (150, "inferred", 1)
+    (val,) = tracker.project(600)
+    assert val.remaining == 1  # after the last step (600): part of the job time
+    tracker.record("val", 5.0, 600)
+    assert tracker.project(600)[0].remaining == 0
 
 
 def test_phase_before_training_and_one_off_hint_are_not_projected() -> None:
@@ -154,14 +161,14 @@ def test_occurrences_at_the_same_step_add_up() -> None:
     (eval_,) = tracker.project(200)
     assert eval_.occurrences == 2
     assert eval_.mean_s == pytest.approx(10.0)
-    assert eval_.remaining_s == pytest.approx(10.0)
+    assert eval_.remaining_s == pytest.approx(20.0)  # after 300 and 400
 
 
 def test_resumed_job_counts_global_steps() -> None:
     job = JobModel.from_args(total_steps=1000, initial_step=600, eval_every=100)
     tracker = PhaseTracker(job)
     (eval_,) = tracker.project(650)
-    assert eval_.remaining == 3  # after 700, 800, 900
+    assert eval_.remaining == 4  # after 700, 800, 900, 1000
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,7 +192,7 @@ def simulate(
         duration = step_s * (1.7 if i == 0 else 1.0) * (1.0 + 0.05 * rng.standard_normal())
         now += duration
         forecaster.on_step_end(i, duration, now)
-        if (i + 1) % eval_every == 0 and i + 1 < steps:
+        if (i + 1) % eval_every == 0:  # the last step's too: the loop runs it
             cost = eval_s * (1.5 if i + 1 == eval_every else 1.0)
             now += cost
             forecaster.on_phase_end("eval", cost, now)
@@ -206,11 +213,11 @@ def test_eval_phases_and_grad_accumulation_give_the_right_total() -> None:
     assert p is not None
     # Evaluations are out of the step rate...
     assert p.iteration_s == pytest.approx(0.2, rel=0.05)
-    # ...and projected: one more evaluation (after step 60) at the later cost.
+    # ...and projected: two more evaluations (after steps 60 and 80) at the later cost.
     eval_, epoch_start = p.phases  # the epoch start is hinted by the epochs, not yet seen
     assert (eval_.name, epoch_start.name) == ("eval", "epoch start")
     assert epoch_start.occurrences == 0 and epoch_start.remaining_s is None
-    assert eval_.remaining == 1
+    assert eval_.remaining == 2
     assert eval_.mean_s == pytest.approx(3.0)
     assert p.total_s == pytest.approx(actual, rel=0.03)
     assert abs(p.total_s - actual) <= p.total_ci_s
@@ -227,7 +234,7 @@ def test_a_prior_prices_a_hinted_phase_until_it_is_measured() -> None:
     assert eval_.cost_source == "prior" and eval_.occurrences == 0
     assert eval_.mean_s == pytest.approx(1.0 + 20 * 0.1)
     assert eval_.mean_ci_s == pytest.approx(0.5 * 3.0)
-    assert eval_.remaining == 9 and eval_.remaining_s == pytest.approx(27.0)
+    assert eval_.remaining == 10 and eval_.remaining_s == pytest.approx(30.0)
     # The part in training steps follows the step time; without one it is not used.
     assert tracker.project(50, iteration_s=0.2)[0].mean_s == pytest.approx(5.0)
     (unpriced,) = tracker.project(50)
@@ -240,7 +247,7 @@ def test_a_prior_prices_a_hinted_phase_until_it_is_measured() -> None:
     tracker2 = PhaseTracker(JobModel.from_args(total_steps=1000, checkpoint_every=500))
     tracker2.set_prior("checkpoint", PhaseCostPrior(seconds=2.0))
     (ckpt,) = tracker2.project(10)
-    assert ckpt.cost_source == "prior" and ckpt.remaining_s == pytest.approx(2.0)
+    assert ckpt.cost_source == "prior" and ckpt.remaining_s == pytest.approx(4.0)  # 500, 1000
     tracker2.set_prior("checkpoint", None)
     assert tracker2.project(10)[0].cost_source == "unknown"
 
@@ -297,7 +304,7 @@ def test_a_checkpoint_is_priced_at_its_bytes_written() -> None:
 
 
 def test_a_priced_evaluation_brings_the_early_total_closer() -> None:
-    # 80 steps of 0.2 s, an evaluation of 30 batches after steps 20, 40, 60 (the simulated
+    # 80 steps of 0.2 s, an evaluation of 30 batches after steps 20, 40, 60, 80 (the simulated
     # evaluation costs what the prior says: 30 forwards at a third of a step each = 2 s).
     job = JobModel.from_args(total_steps=80, eval_every=20)
     actual = simulate(Forecaster(job, start_s=0.0), 80, step_s=0.2, eval_every=20, eval_s=2.0)
@@ -308,6 +315,36 @@ def test_a_priced_evaluation_brings_the_early_total_closer() -> None:
     with_prior, without = priced.prediction, unpriced.prediction
     assert with_prior is not None and without is not None
     assert without.remaining_phase_s == 0.0
-    assert with_prior.remaining_phase_s == pytest.approx(3 * 30 / 3 * with_prior.iteration_s)
+    assert with_prior.remaining_phase_s == pytest.approx(4 * 30 / 3 * with_prior.iteration_s)
     assert abs(with_prior.total_s - actual) < abs(without.total_s - actual)
     assert with_prior.total_ci_s > without.total_ci_s  # the prior's uncertainty is in it
+
+
+def test_final_phases_run_once_more_after_the_last_step() -> None:
+    """A phase the loop runs after its last step whatever its period (the Trainer's final save)
+    counts once more, never twice when its period lands on the last step; an epoch start does
+    not follow the last step."""
+    off_period = PhaseTracker(
+        JobModel.from_args(total_steps=1000, checkpoint_every=300, final_phases=("checkpoint",))
+    )
+    assert off_period.project(50)[0].remaining == 4  # 300, 600, 900 and the final save
+    for step in (300, 600, 900):
+        off_period.record("checkpoint", 1.0, step)
+    assert off_period.project(950)[0].remaining == 1
+    off_period.record("checkpoint", 1.0, 1000)
+    assert off_period.project(1000)[0].remaining == 0
+    on_period = PhaseTracker(
+        JobModel.from_args(total_steps=1000, checkpoint_every=500, final_phases=("checkpoint",))
+    )
+    assert on_period.project(50)[0].remaining == 2  # 500 and 1000, which is the final one
+    no_period = PhaseTracker(JobModel.from_args(total_steps=100, final_phases=("eval",)))
+    (final_eval,) = no_period.project(10)
+    assert final_eval.name == "eval" and final_eval.remaining == 1
+    epochs = PhaseTracker(JobModel.from_args(total_steps=300, steps_per_epoch=100))
+    assert epochs.project(0)[0].remaining == 2  # epochs 2 and 3 begin; none after step 300
+
+
+@pytest.mark.parametrize("value", ["eval", 3, ["eval", ""]])
+def test_bad_final_phases_are_value_errors(value: object) -> None:
+    with pytest.raises(ValueError, match="final"):
+        JobModel.from_args(total_steps=10, final_phases=value)  # type: ignore[arg-type]

@@ -106,7 +106,7 @@ def test_job_suffix_comes_after_the_early_stop_range() -> None:
         )
     )
     assert text.index("early stop") < text.index("job of 2 ranks")
-    assert text.endswith("waits for rank 0")
+    assert text.endswith("job of 2 ranks, this rank ends last")  # rank 0 names no one else
 
 
 @pytest.mark.parametrize(
@@ -151,7 +151,7 @@ def test_a_total_cut_to_the_time_limit_says_the_limit_stops_the_job() -> None:
     assert limited.stopped_by_time_limit
     text = format_prediction(limited)
     assert text == (
-        "step 30/2000 · 0.412 s/step ±1.1% · ETA 9m47s · total 10m00s (stopped by time limit)"
+        "step 30/2000 · 0.412 s/step ±1.1% · ETA 9m47s · total 10m00s (capped by the time limit)"
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import importlib
+import json
 import logging
 import pickle
 import struct
@@ -368,7 +369,8 @@ def test_evaluations_are_priced_before_the_first_one(runs: Runs) -> None:
     # Saves (every 20 steps) are priced from the state they write: the model and AdamW's two
     # moments (and step counts), at the assumed write rate.
     checkpoint = phases["checkpoint"]
-    assert checkpoint.cost_source == "prior" and checkpoint.remaining == 1  # after step 20
+    # After step 20 and once more after the last step (the Trainer's final save).
+    assert checkpoint.cost_source == "prior" and checkpoint.remaining == 2
     state_bytes = training_state_bytes(
         runs.first.trainer.model, [runs.first.trainer.optimizer.optimizer]
     )
@@ -604,6 +606,73 @@ def test_added_after_init_still_reaches_report_to(tmp_path: Path) -> None:
     assert clone[0]._owner() is copied
 
 
+class RaiseAtStep(TrainerCallback):
+    """Raises inside ``train()`` at one step (an out-of-memory error, a user's bug)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == self.step:
+            raise RuntimeError("simulated out of memory")
+
+
+def test_a_train_call_that_raised_is_closed_as_interrupted(tmp_path: Path, caplog) -> None:
+    """The Trainer has no exception event: a hook still open when ``train()`` is called again
+    belongs to a call that raised (the user caught it). It closes as interrupted, keeping the
+    whole run's projection, not as a job that finished at the step it stopped at."""
+    status = tmp_path / "eta.json"
+    args = training_args(
+        tmp_path, max_steps=12, gradient_accumulation_steps=1, eval_strategy="no",
+        save_strategy="no",
+    )  # fmt: skip
+    ets = ETSTrainerCallback(capture_steps=0, status_path=str(status), log_every=None)
+    trainer = Trainer(
+        model=tiny_gpt2(), args=args, train_dataset=TokenSet(32), callbacks=[ets, RaiseAtStep(4)]
+    )
+    with pytest.raises(RuntimeError, match="simulated"):
+        trainer.train()
+    first = ets.hook
+    assert first is not None and not first.closed  # nothing told the callback yet
+    trainer.remove_callback(RaiseAtStep)
+    with caplog.at_level(logging.WARNING, logger="ets_hook"):
+        trainer.train()  # the user retries
+    assert first.closed and ets.hook is not first
+    said = [r.getMessage() for r in caplog.records if "without ending" in r.getMessage()]
+    assert len(said) == 1 and "step 4" in said[0]
+    doc = json.loads(status.read_text())  # the retry's own file, closed as it finished
+    assert doc["state"] == "closed" and doc["prediction"]["step"] == 12
+
+
+def test_a_train_call_that_raised_reads_interrupted_at_exit(tmp_path: Path) -> None:
+    """The same stop, then the script ends: the status file says interrupted, with the
+    projection of the whole run."""
+    status = tmp_path / "eta.json"
+    script = f"""
+import sys
+sys.path[:0] = {[str(Path(__file__).parent), str(Path(__file__).parents[1])]!r}
+from test_transformers import ETSTrainerCallback, RaiseAtStep, Trainer, TokenSet, tiny_gpt2
+from test_transformers import training_args
+args = training_args({str(tmp_path)!r}, max_steps=12, gradient_accumulation_steps=1,
+                     eval_strategy="no", save_strategy="no")
+ets = ETSTrainerCallback(capture_steps=0, status_path={str(status)!r}, log_every=None)
+trainer = Trainer(model=tiny_gpt2(), args=args, train_dataset=TokenSet(32),
+                  callbacks=[ets, RaiseAtStep(4)])
+try:
+    trainer.train()
+except RuntimeError:
+    pass
+"""
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    doc = json.loads(status.read_text())
+    assert doc["state"] == "interrupted", doc["state"]
+    assert doc["prediction"]["step"] == 4 and doc["prediction"]["total_steps"] == 12
+    assert "before the framework ended training" in run.stderr
+
+
 # --------------------------------------------------------------------------------------------
 # Reading the Trainer's arguments; options
 
@@ -632,6 +701,9 @@ def test_epoch_strategies_use_steps_per_epoch() -> None:
     assert found["eval_every"] == 17 and found["checkpoint_every"] == 17
     assert found["grad_accum_steps"] == 2 and found["total_steps"] == 100
     assert "optimizer" not in found
+    # The epoch that max_steps (100, not a multiple of 17) cuts short still ends with an
+    # evaluation and a save: both run once more after the last step.
+    assert found["final_phases"] == ("eval", "checkpoint")
 
 
 def test_step_no_and_best_strategies() -> None:
@@ -645,8 +717,12 @@ def test_step_no_and_best_strategies() -> None:
     assert found["eval_every"] == 25
     assert found["checkpoint_every"] == 25  # "best" saves only after an evaluation
     assert found["initial_step"] == 40
+    assert "final_phases" not in found  # "steps" evaluations and "best" saves: on periods
+    found = _trainer_options(_args(save_strategy="steps"), _state(), None, None)
+    assert found["final_phases"] == ("checkpoint",)  # the Trainer saves at max_steps too
     found = _trainer_options(_args(), _state(), None, None)
     assert found["eval_every"] is None and found["checkpoint_every"] is None
+    assert "final_phases" not in found
     # A checkpoint past max_steps: the hook stays valid (the Trainer stops at once).
     found = _trainer_options(_args(), _state(max_steps=10, global_step=12), None, None)
     assert found["total_steps"] == 12 and found["initial_step"] == 12

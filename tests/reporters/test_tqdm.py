@@ -41,5 +41,5 @@ def test_missing_tqdm_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "tqdm", None)
     with pytest.raises(ImportError, match=r"pip install 'ets-hook\[tqdm\]'"):
         build_reporters(progress=True)
-    with pytest.raises(ValueError, match="must be a tqdm instance"):
+    with pytest.raises(ValueError, match="progress must be True, False, None or a tqdm bar"):
         TqdmReporter(bar=object())
