@@ -179,10 +179,14 @@ class JobModel:
                 non-empty strings; ``initial_step`` exceeds the total steps.
         """
         k = _positive_int("grad_accum_steps", grad_accum_steps)
-        if isinstance(final_phases, str) or not isinstance(final_phases, Collection):
+        if (
+            isinstance(final_phases, str)
+            or not isinstance(final_phases, Collection)
+            or not all(isinstance(name, str) and name for name in final_phases)
+        ):
             raise ValueError(
-                f"final_phases must be a collection of phase names, e.g. ('eval',), got "
-                f"{final_phases!r}"
+                f"final_phases must be a collection of non-empty phase names, e.g. ('eval',), "
+                f"got {final_phases!r}"
             )
         if dataloader is not None:
             if batches_per_epoch is not None:

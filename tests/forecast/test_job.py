@@ -344,7 +344,7 @@ def test_final_phases_run_once_more_after_the_last_step() -> None:
     assert epochs.project(0)[0].remaining == 2  # epochs 2 and 3 begin; none after step 300
 
 
-@pytest.mark.parametrize("value", ["eval", 3, ["eval", ""]])
+@pytest.mark.parametrize("value", ["eval", 3, ["eval", ""], [["eval"]], {"eval": 1, 2: 3}])
 def test_bad_final_phases_are_value_errors(value: object) -> None:
     with pytest.raises(ValueError, match="final"):
         JobModel.from_args(total_steps=10, final_phases=value)  # type: ignore[arg-type]
