@@ -123,14 +123,25 @@ def _at_exit() -> None:
     close_all(state, error)
 
 
+def ending_of(exc_type: type[BaseException] | None) -> tuple[str, str | None]:
+    """How a job that an exception of ``exc_type`` ended (None: none) ended.
+
+    Returns:
+        ``(INTERRUPTED, None)`` for ``KeyboardInterrupt``; ``(CLOSED, None)`` for None,
+        ``SystemExit`` and ``GeneratorExit`` (a normal end); else ``(FAILED, its type name)``.
+    """
+    if exc_type is None or issubclass(exc_type, (SystemExit, GeneratorExit)):
+        return CLOSED, None
+    if issubclass(exc_type, KeyboardInterrupt):
+        return INTERRUPTED, None
+    return FAILED, exc_type.__name__
+
+
 def _record(exc_type: type[BaseException] | None) -> None:
     global _outcome
-    if exc_type is None or _outcome is not None:
-        return
-    if issubclass(exc_type, KeyboardInterrupt):
-        _outcome = (INTERRUPTED, None)
-    elif not issubclass(exc_type, SystemExit):
-        _outcome = (FAILED, exc_type.__name__)
+    ending = ending_of(exc_type)
+    if _outcome is None and ending[0] != CLOSED:
+        _outcome = ending
 
 
 def _excepthook(

@@ -1149,16 +1149,11 @@ class ETSHook:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        """Close as the ``with`` block ends: ``"closed"``; left by ``KeyboardInterrupt``:
-        ``"interrupted"``; by another exception: ``"failed"`` (``SystemExit`` and
-        ``GeneratorExit`` end the job normally: ``"closed"``). The exception propagates."""
-        if exc_type is None or not issubclass(exc_type, Exception):
-            if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
-                self._close(60.0, exits.INTERRUPTED, None)
-            else:
-                self.close()
-            return
-        self._close(60.0, exits.FAILED, exc_type.__name__)
+        """Close as the ``with`` block ends, the way an exception leaving it ends a job
+        (``exits.ending_of``): ``"closed"``; ``"interrupted"`` for ``KeyboardInterrupt``;
+        ``"failed"`` for another exception (``SystemExit`` and ``GeneratorExit``: ``"closed"``).
+        The exception propagates."""
+        self._close(60.0, *exits.ending_of(exc_type))
 
     def expect_explicit_close(self) -> None:
         """Declare that the code driving this hook closes it when the job ends (a framework

@@ -48,7 +48,7 @@ import contextlib
 import enum
 import inspect
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -213,14 +213,9 @@ def optimizer_list(optimizer: Any) -> list[torch.optim.Optimizer]:
     single = unwrap_optimizer(optimizer)
     if single is not None:
         return [single]
-    if isinstance(optimizer, (str, bytes, torch.nn.Module, Mapping)) or not isinstance(
-        optimizer, (list, tuple)
-    ):
-        # Only a list or tuple holds several: a string, a model, a dict or a generator (the
-        # common slip: model.parameters()) is named whole, not by its first item.
-        items = [optimizer]
-    else:
-        items = list(optimizer)
+    # Only a list or tuple holds several: anything else (a string, a model, a dict, a
+    # generator: the common slip model.parameters()) is named whole, not by its first item.
+    items = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
     optimizers = []
     for item in items:
         unwrapped = unwrap_optimizer(item)

@@ -82,11 +82,12 @@ class JobModel:
         phase_periods: phase name -> period in steps (0: one-off, never projected); stored as
             a read-only copy.
         final_phases: phases the loop runs once more after its last step whatever their
-            period (the Hugging Face Trainer's final save); a frozenset.
+            period (the Hugging Face Trainer's final save); stored as a frozenset.
 
     Raises:
         ValueError: at construction, a field is not an int in its range (bools rejected), a
-            phase name is not a non-empty string, or ``initial_step`` > ``total_steps``.
+            phase name is not a non-empty string, ``final_phases`` is not a collection of
+            them, or ``initial_step`` > ``total_steps``.
     """
 
     total_steps: int | None = None
@@ -94,7 +95,7 @@ class JobModel:
     grad_accum_steps: int = 1
     initial_step: int = 0
     phase_periods: Mapping[str, int] = field(default_factory=dict)
-    final_phases: frozenset[str] = frozenset()
+    final_phases: Collection[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.total_steps is not None:
@@ -114,10 +115,17 @@ class JobModel:
             _positive_int(f"period of phase {name!r}", period, minimum=0)
         # A read-only copy: the caller's dict cannot change the model afterwards.
         object.__setattr__(self, "phase_periods", MappingProxyType(dict(self.phase_periods)))
-        object.__setattr__(self, "final_phases", frozenset(self.final_phases))
-        for name in self.final_phases:
-            if not isinstance(name, str) or not name:
-                raise ValueError(f"final phase names must be non-empty strings, got {name!r}")
+        final = self.final_phases
+        if (
+            isinstance(final, str)
+            or not isinstance(final, Collection)
+            or not all(isinstance(name, str) and name for name in final)
+        ):
+            raise ValueError(
+                f"final_phases must be a collection of non-empty phase names, e.g. ('eval',), "
+                f"got {final!r}"
+            )
+        object.__setattr__(self, "final_phases", frozenset(final))
 
     @classmethod
     def from_args(
@@ -179,15 +187,6 @@ class JobModel:
                 non-empty strings; ``initial_step`` exceeds the total steps.
         """
         k = _positive_int("grad_accum_steps", grad_accum_steps)
-        if (
-            isinstance(final_phases, str)
-            or not isinstance(final_phases, Collection)
-            or not all(isinstance(name, str) and name for name in final_phases)
-        ):
-            raise ValueError(
-                f"final_phases must be a collection of non-empty phase names, e.g. ('eval',), "
-                f"got {final_phases!r}"
-            )
         if dataloader is not None:
             if batches_per_epoch is not None:
                 raise ValueError("give batches_per_epoch or dataloader, not both")
@@ -249,7 +248,7 @@ class JobModel:
             grad_accum_steps=k,
             initial_step=_positive_int("initial_step", initial_step, minimum=0),
             phase_periods=periods,
-            final_phases=frozenset(final_phases),
+            final_phases=final_phases,
         )
 
     def remaining_steps(self, step: int) -> int | None:
