@@ -1,7 +1,8 @@
 """ETSHook: the one object a training script creates. It wires capture -> forecast -> reporters
-into the user's loop: it times steps (phases and ``torch.compile`` time taken out), hands each
-step boundary to the capture window (``capture.window_runner.WindowRunner``) and the forecaster,
-and owns the lifecycle and the fallbacks.
+into the user's loop: it times steps (``capture.step_clock``: phases, ``torch.compile`` time and
+its own work taken out), hands each step boundary to the capture window
+(``capture.window_runner.WindowRunner``) and the forecaster, and owns the lifecycle and the
+fallbacks. Its arguments are checked in ``hook_arguments``.
 
 Lifecycle::
 
@@ -22,8 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
-import numbers
 import os
 import threading
 import time
@@ -43,6 +42,7 @@ from .capture.clocks import read_clocks
 from .capture.compile_events import CompileWatcher
 from .capture.device_timer import CudaStepTimer
 from .capture.host_load import HostLoadSampler
+from .capture.step_clock import StepClock
 from .capture.steps import NoSteps, StepDetector, optimizer_list
 from .capture.sysinfo import (
     DISABLE_ENV,
@@ -83,7 +83,14 @@ from .forecast.job import (
 from .forecast.prediction import Prediction
 from .forecast.ranks import JobView
 from .forecast.stats import StepTimePrior, TraceEstimate
-from .forecast.text import format_duration
+from .hook_arguments import (
+    check_checkpoint_options,
+    check_epochs_length,
+    check_grad_scaler,
+    checked_device,
+    plain_number,
+    warn_if_deadline_past,
+)
 from .launcher import restart_count
 from .reporters.base import ReportDispatcher
 from .reporters.builder import build_reporters, check_log_every
@@ -112,167 +119,6 @@ _hook_of_model: weakref.WeakKeyDictionary[torch.nn.Module, weakref.ref[ETSHook]]
 #: The local step after which the step detector's module hook goes even when no capture
 #: window ran: where the longest adaptive window, after the default skip, would have ended.
 BARE_AFTER_STEP = DEFAULT_SKIP_STEPS + MAX_ADAPTIVE_CAPTURE_STEPS
-
-
-#: Device types ``device=`` may name: the CPU, CUDA (steps timed on the device too), and the
-#: accelerators whose steps the hook times on the host, as for a model found there.
-DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")
-
-
-def _device_available(device: torch.device) -> bool:
-    """Whether this process can use ``device`` (its type available, its index in range)."""
-    if device.type == "cpu":
-        return True
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        return count > 0 and (device.index is None or device.index < count)
-    if device.type == "mps":
-        return torch.backends.mps.is_available()
-    xpu = getattr(torch, "xpu", None)
-    return xpu is not None and bool(xpu.is_available())
-
-
-def checked_device(device: Any) -> torch.device | None:
-    """``ETSHook``'s ``device=`` as a ``torch.device``, checked.
-
-    Args:
-        device: None, a device string or ``torch.device`` of a type in ``DEVICE_TYPES``, or an
-            int ``N`` (as in torch: ``cuda:N``).
-
-    Returns:
-        The device; None for None.
-
-    Raises:
-        ValueError: naming ``device`` and its value: not a device torch accepts, of a type
-            not in ``DEVICE_TYPES``, or one this process cannot use (no CUDA, an index past
-            the devices there are, ...).
-    """
-    if device is None:
-        return None
-    if isinstance(device, bool) or not isinstance(device, (str, torch.device, int)):
-        raise ValueError(
-            f"device must be a device string (e.g. 'cpu', 'cuda:0'), a torch.device, an int "
-            f"(a CUDA device index) or None, got {device!r}"
-        )
-    try:
-        resolved = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
-    except (RuntimeError, TypeError, ValueError):
-        raise ValueError(
-            f"device must be a device of type {'/'.join(DEVICE_TYPES)} (e.g. 'cpu', 'cuda:0'), "
-            f"got {device!r}: not a device torch knows"
-        ) from None
-    if resolved.type not in DEVICE_TYPES:
-        raise ValueError(
-            f"device must be of type {'/'.join(DEVICE_TYPES)}, got {device!r} (type "
-            f"{resolved.type!r}: ets-hook does not time steps there)"
-        )
-    if not _device_available(resolved):
-        what = f"an int names a CUDA device ({resolved})" if isinstance(device, int) else ""
-        if resolved.type == "cuda" and torch.cuda.is_available():
-            reason = f"this process sees {torch.cuda.device_count()} CUDA device(s)"
-        else:
-            reason = f"{resolved.type} is not available in this process"
-        raise ValueError(
-            f"device={device!r}: {what + '; ' if what else ''}{reason}; pass a device this "
-            "process has (e.g. 'cpu'), or None for the model's own"
-        )
-    return resolved
-
-
-def check_grad_scaler(grad_scaler: Any) -> None:
-    """``grad_scaler`` must be None or a ``GradScaler``-like object: a callable ``update``
-    that the hook can wrap (an instance attribute is set on it until ``close``).
-
-    Raises:
-        ValueError: naming ``grad_scaler`` and its value (e.g. an optimizer passed instead).
-    """
-    if grad_scaler is None:
-        return
-    if not callable(getattr(grad_scaler, "update", None)):
-        text = repr(grad_scaler)
-        shown = text if len(text) <= 80 and "\n" not in text else f"a {type(grad_scaler).__name__}"
-        hint = (
-            " (an optimizer: pass it as optimizer=)"
-            if isinstance(grad_scaler, torch.optim.Optimizer)
-            else ""
-        )
-        raise ValueError(
-            "grad_scaler must be a torch.amp.GradScaler (anything with a callable update()) "
-            f"or None, got {shown}{hint}"
-        )
-    if not hasattr(grad_scaler, "__dict__"):
-        raise ValueError(
-            f"grad_scaler must accept attributes (its update() is wrapped until close()), got "
-            f"{type(grad_scaler).__name__} without __dict__"
-        )
-
-
-def check_checkpoint_options(checkpoint_files: Any, checkpoint_in_memory: Any) -> None:
-    """``checkpoint_files``: an int >= 1; ``checkpoint_in_memory``: a bool.
-
-    Raises:
-        ValueError: naming the argument and its value.
-    """
-    if (
-        isinstance(checkpoint_files, bool)
-        or not isinstance(checkpoint_files, int)
-        or (checkpoint_files < 1)
-    ):
-        raise ValueError(f"checkpoint_files must be an int >= 1, got {checkpoint_files!r}")
-    if not isinstance(checkpoint_in_memory, bool):
-        raise ValueError(f"checkpoint_in_memory must be a bool, got {checkpoint_in_memory!r}")
-
-
-def check_epochs_length(epochs: Any, steps_per_epoch: Any, dataloader: Any) -> None:
-    """``epochs`` (a valid number of them) needs steps per epoch from ``steps_per_epoch`` or
-    ``dataloader``: the message names the hook's own arguments (``JobModel.from_args`` also
-    knows ``batches_per_epoch``, which the hook does not take). Also used by the framework
-    callbacks, which read no epoch length once ``epochs`` is given.
-
-    Args:
-        epochs: the ``epochs`` argument (numpy numbers too).
-        steps_per_epoch: the ``steps_per_epoch`` argument, or None.
-        dataloader: the ``dataloader`` argument, or None.
-
-    Raises:
-        ValueError: ``epochs`` given without either, naming ``epochs`` and its value.
-    """
-    epochs = plain_number(epochs)
-    valid = (
-        isinstance(epochs, (int, float))
-        and not isinstance(epochs, bool)
-        and math.isfinite(epochs)
-        and epochs > 0
-    )
-    if valid and steps_per_epoch is None and dataloader is None:
-        raise ValueError(
-            f"epochs={epochs!r} needs the length of an epoch: pass steps_per_epoch= (optimizer "
-            "steps per epoch) or dataloader= (a loader with len()), or total_steps= instead"
-        )
-
-
-def _warn_if_deadline_past(deadline: Any) -> None:
-    """A ``datetime`` deadline already past at creation: one warning, not an error. A job
-    restarted after its deadline (a requeue, an elastic restart) must still start; the guard
-    then reports the miss at the first step (``on_deadline``), as for any predicted miss."""
-    if not isinstance(deadline, datetime):
-        return
-    ago_s = time.time() - deadline.timestamp()
-    if ago_s >= 0:
-        logger.warning(
-            "ets-hook: deadline=%r has already passed (%s ago%s): every prediction will miss it",
-            deadline,
-            format_duration(ago_s),
-            ", naive = local time" if deadline.tzinfo is None else "",
-        )
-
-
-def plain_number(value: Any) -> Any:
-    """``value`` as a Python ``int`` / ``float`` when it is another integral / real number type
-    (numpy's ``int64``, ``float32``, ...); anything else (bools included) unchanged."""
-    if isinstance(value, (bool, int, float)) or not isinstance(value, numbers.Real):
-        return value
-    return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
 class ETSHook:
@@ -465,10 +311,10 @@ class ETSHook:
                 none), None (none: measured steps only), or a callable ``Trace -> TraceEstimate |
                 None``. Its failures are logged.
             device: the training device: a device string or ``torch.device`` of a type in
-                ``DEVICE_TYPES`` (cpu, cuda, mps, xpu) that this process has, or an int ``N``
-                (``cuda:N``, as in torch); None: the device of the model's first parameter or
-                buffer, else CPU, read now (a model moved to another device type later gets
-                one warning at its first training forward).
+                ``hook_arguments.DEVICE_TYPES`` (cpu, cuda, mps, xpu) that this process has,
+                or an int ``N`` (``cuda:N``, as in torch); None: the device of the model's
+                first parameter or buffer, else CPU, read now (a model moved to another device
+                type later gets one warning at its first training forward).
             decode_in_background: decode the window on a background thread (default); False:
                 on the training thread at the window's end (tests, debugging).
 
@@ -481,8 +327,7 @@ class ETSHook:
                 ``eval_dataloader`` without ``len()``; ``checkpoint_files`` not an int >= 1;
                 ``checkpoint_in_memory`` not a bool; ``time_limit_s`` not a finite number
                 > 0; ``log_every`` not None or an int >= 0; ``device`` not a usable device of
-                a type in ``DEVICE_TYPES``; ``grad_scaler`` without a callable ``update``;
-                a
+                a type in ``DEVICE_TYPES``; ``grad_scaler`` without a callable ``update``; a
                 string argument not one of its values (``deadline_policy`` too without a
                 deadline); ``model`` not an ``nn.Module``; ``optimizer`` not optimizers;
                 ``progress`` not a tqdm bar; ``trace_path`` or ``status_path`` a directory, in
@@ -509,7 +354,7 @@ class ETSHook:
             phase_every = {name: plain_number(every) for name, every in phase_every.items()}
         check_log_every(log_every, "log_every")
         check_grad_scaler(grad_scaler)
-        _warn_if_deadline_past(deadline)
+        warn_if_deadline_past(deadline)
         given_device = checked_device(plain_number(device))
         auto_skip = skip_steps is None
         skip_steps = DEFAULT_SKIP_STEPS if skip_steps is None else skip_steps
@@ -591,25 +436,13 @@ class ETSHook:
         # Steps are timed with perf_counter_ns; the trace's clock is Unix time: one offset.
         self._created_ns = time.perf_counter_ns()
         self._epoch_offset_ns = read_clocks().epoch_offset_ns
-        self._step_start_ns = self._created_ns
-        # ets-hook's own work at the boundary that began the current step (its reporters: log
-        # lines, the status file): the window's step begins after it, so that time is in no
-        # captured step's lead-in.
-        self._boundary_own_ns = 0
-        self._phase_ns_in_step = 0
-        # ets-hook's own time on the training thread inside the current step (its boundary
-        # work, reporters, prediction reads): not step time (see _on_boundary).
-        self._own_ns_in_step = 0
-        self._training_thread = threading.get_ident()
-        # torch.compile: compile time is a phase "compile", not step time (capture.compile_events)
-        self._compiles: CompileWatcher | None = None if disabled else CompileWatcher()
-        if self._compiles is not None:
-            self._compiles.ensure_registered()
-        self._compiles_seen = 0
-        self._compile_ns_in_phases = 0  # compile time already taken out with a phase this step
+        # Step times: phases, compile time and ets-hook's own work taken out (capture.step_clock).
+        compiles = None if disabled else CompileWatcher()
+        if compiles is not None:
+            compiles.ensure_registered()
+        self._clock = StepClock(self._created_ns, compiles)
         self._last_compile_step = -1
         self._compile_warmup_end = 0
-        self._phase_stack: list[tuple[str, int]] = []
         self.steps_completed = 0
         self._step_times_s = array("d")
         self._failed_once = False
@@ -785,27 +618,17 @@ class ETSHook:
         """
         if not isinstance(name, str) or not name:
             raise ValueError(f"phase name must be a non-empty string, got {name!r}")
-        self._phase_stack.append((name, time.perf_counter_ns()))
+        self._clock.begin_phase(name)
         self._detector.in_phase = True
 
     def end_phase(self) -> None:
         """End the innermost open phase; the outermost one's duration is recorded under its
         name. Ignored when no phase is open. Never raises."""
-        if not self._phase_stack:
-            return
-        name, started_ns = self._phase_stack.pop()
-        if self._phase_stack:
+        ended = self._clock.end_phase()
+        if ended is None:  # nested, or none open
             return
         self._detector.in_phase = False
-        ended_ns = time.perf_counter_ns()
-        duration_ns = ended_ns - started_ns
-        self._phase_ns_in_step += duration_ns
-        compile_ns = 0
-        compiles = self._compiles
-        if compiles is not None and (compiles.count != self._compiles_seen or compiles.in_progress):
-            compile_ns = min(compiles.compile_ns_in(started_ns, ended_ns), duration_ns)
-            self._compile_ns_in_phases += compile_ns
-        self._guarded(self._on_phase_end)(name, duration_ns - compile_ns, compile_ns)
+        self._guarded(self._on_phase_end)(*ended)
 
     def expect_phase_cost(
         self, name: str, *, seconds: float = 0.0, train_steps: float = 0.0, rel_ci: float = 0.5
@@ -857,9 +680,7 @@ class ETSHook:
         except Exception as exc:
             self._fail(exc)
         finally:
-            # Inside a phase its time is the phase's already (taken out of the step with it).
-            if not self._phase_stack and threading.get_ident() == self._training_thread:
-                self._own_ns_in_step += time.perf_counter_ns() - started_ns
+            self._clock.count_own(started_ns)
 
     def time_dataloader_workers(self, dataloader: Any) -> bool:
         """Time the worker processes of a loader not given as ``dataloader=``: one a framework
@@ -918,13 +739,11 @@ class ETSHook:
         On the training thread its cost (a rebuild: ~0.1-0.5 ms in the first steps, ~25 µs
         later) is left out of the step's time, as the hook's other own work is.
         """
-        if self._phase_stack or threading.get_ident() != self._training_thread:
-            return self._forecaster.prediction  # (a phase's time is out of the step already)
         started_ns = time.perf_counter_ns()
         try:
             return self._forecaster.prediction
         finally:
-            self._own_ns_in_step += time.perf_counter_ns() - started_ns
+            self._clock.count_own(started_ns)
 
     @property
     def step_times_s(self) -> list[float]:
@@ -1086,7 +905,7 @@ class ETSHook:
             thread_ident: the thread's ``threading.get_ident()``.
             error: the exception's type name.
         """
-        if thread_ident == self._training_thread and not self._closed:
+        if thread_ident == self._clock.training_thread and not self._closed:
             self.close_at_exit(exits.FAILED, error)
 
     def _close(self, timeout_s: float, outcome: str, error: str | None) -> None:
@@ -1112,8 +931,8 @@ class ETSHook:
             clock.detach()
         if self._ranks is not None:
             self._ranks.close()
-        if self._compiles is not None:
-            self._compiles.close()
+        if self._clock.compiles is not None:
+            self._clock.compiles.close()
         try:
             window = self._window
             if window.state == WindowState.CAPTURING and window.captured_steps:
@@ -1185,8 +1004,8 @@ class ETSHook:
     def _on_first_activity(self) -> None:
         if self._rank_recheck_until:
             self._recheck_rank()
-        if self._compiles is not None:
-            self._compiles.ensure_registered()
+        if self._clock.compiles is not None:
+            self._clock.compiles.ensure_registered()
         if not self._device_given:
             moved = torch.device(model_device(self.model))
             if moved.type != self._device.type:  # model.to(device) after the hook was made
@@ -1208,9 +1027,7 @@ class ETSHook:
         # Step 0 starts at the first training forward when nothing was timed before it.
         if self.steps_completed == 0 and self._window.state != WindowState.CAPTURING:
             self._note_first_epoch_wait()
-            self._step_start_ns = time.perf_counter_ns()
-            self._boundary_own_ns = 0
-            self._own_ns_in_step = 0
+            self._clock.restart(time.perf_counter_ns())
             if self._cuda_timer is not None:
                 self._cuda_timer = CudaStepTimer()
                 self._cuda_timer.record(0)
@@ -1244,30 +1061,14 @@ class ETSHook:
     def _on_boundary(self, source: str) -> None:
         # Timing first, with nothing that can fail: the step count must survive any error below.
         now_ns = time.perf_counter_ns()
-        start_ns = self._step_start_ns
-        compile_ns = 0
-        compiles = self._compiles
-        if compiles is not None:
-            if self.steps_completed < COMPILE_REGISTER_STEPS:
-                compiles.ensure_registered()  # torch.compile called after the hook was created
-            if compiles.count != self._compiles_seen or compiles.in_progress:
-                compile_ns = self._take_compile_ns(compiles, start_ns, now_ns)
-        # Not step time: phases, compiles, and ets-hook's own work on this thread since the last
-        # boundary (that boundary's bookkeeping and reporters, prediction reads). Early on
-        # those are a few 0.1 ms, far more than later: left in, they would make the first
-        # steps look slower than the steady state by a share that depends on the step's length.
-        own_ns = self._own_ns_in_step
-        duration_ns = max(now_ns - start_ns - self._phase_ns_in_step - compile_ns - own_ns, 0)
         step_index = self.steps_completed
-        epoch_start_ns = self._epoch_start_ns(step_index, duration_ns)
-        duration_ns -= epoch_start_ns
+        span = self._clock.end_step(now_ns, register_compiles=step_index < COMPILE_REGISTER_STEPS)
+        compile_ns = span.compile_ns
+        epoch_start_ns = self._epoch_start_ns(step_index, span.duration_ns)
+        duration_ns = span.duration_ns - epoch_start_ns
         if step_index < MAX_KEPT_STEP_TIMES:
             self._step_times_s.append(duration_ns / 1e9)
         self.steps_completed = step_index + 1
-        self._step_start_ns = now_ns
-        self._phase_ns_in_step = 0
-        self._own_ns_in_step = 0
-        self._training_thread = threading.get_ident()
         try:
             if step_index < self._rank_recheck_until:
                 self._recheck_rank()
@@ -1292,8 +1093,7 @@ class ETSHook:
                 load = self._host_load.sample()  # at most once a second
                 if load is not None:
                     self._forecaster.set_host_load(load.foreign_cpu, load.steal)
-            window_start_ns = min(start_ns + self._boundary_own_ns, now_ns)
-            self._window.on_step(step_index, window_start_ns, now_ns, self._last_compile_step)
+            self._window.on_step(step_index, span.work_start_ns, now_ns, self._last_compile_step)
             if self._accumulation is not None:
                 self._accumulation.on_step(step_index)
                 if self._accumulation.done:
@@ -1311,7 +1111,7 @@ class ETSHook:
         try:
             # Last: with on_deadline="raise" this may raise DeadlineExceededError on purpose.
             self._forecaster.on_step_end(
-                step_index, duration_ns / 1e9, now_ns / 1e9, own_s=own_ns / 1e9
+                step_index, duration_ns / 1e9, now_ns / 1e9, own_s=span.own_ns / 1e9
             )
             job = self._forecaster.job
             if job.total_steps is not None and job.initial_step + step_index == job.total_steps:
@@ -1319,9 +1119,7 @@ class ETSHook:
                 # note names this step, not the next one a reporter happens to look at.
                 _ = self._forecaster.prediction
         finally:
-            # Everything since now_ns was ours (reads of hook.prediction by reporters and
-            # callbacks included, hence an assignment).
-            self._own_ns_in_step = self._boundary_own_ns = time.perf_counter_ns() - now_ns
+            self._clock.boundary_done(now_ns)
 
     def _rank_coordinator(self, rank: int, world_size: int) -> RankCoordinator | None:
         """The rank exchange of a multi-process job (None: one process, or the exchange off)."""
@@ -1428,16 +1226,6 @@ class ETSHook:
             if self._first_epoch_wait is not None:
                 seed_s, end_s = self._first_epoch_wait
             self._forecaster.on_phase_end(EPOCH_START, seed_s, end_s, at_step=epochs.initial_step)
-
-    def _take_compile_ns(self, compiles: CompileWatcher, start_ns: int, end_ns: int) -> int:
-        """Compile time in this step outside its phases (those took theirs out). Never raises."""
-        try:
-            self._compiles_seen = compiles.count
-            inside = compiles.compile_ns_in(start_ns, end_ns) - self._compile_ns_in_phases
-            self._compile_ns_in_phases = 0
-            return min(max(inside, 0), max(end_ns - start_ns - self._phase_ns_in_step, 0))
-        except Exception:
-            return 0
 
     def _on_compile_step(self, step_index: int, compile_ns: int, end_ns: int) -> None:
         """Step ``step_index`` compiled: its compile time is a one-off phase; while the job has

@@ -740,6 +740,7 @@ def test_the_hooks_own_work_on_the_training_thread_is_not_step_time(monkeypatch)
     import time
     import types
 
+    import ets_hook.capture.step_clock as step_clock_module
     import ets_hook.hook as hook_module
     from ets_hook.forecast.forecaster import Forecaster
 
@@ -749,6 +750,7 @@ def test_the_hooks_own_work_on_the_training_thread_is_not_step_time(monkeypatch)
     )
     fake_time.perf_counter_ns = lambda: clock_ns[0]
     monkeypatch.setattr(hook_module, "time", fake_time)
+    monkeypatch.setattr(step_clock_module, "time", fake_time)
     real_prediction = Forecaster.prediction
 
     def costly_prediction(self):

@@ -36,7 +36,10 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "capture": ("trace", "errors", "_C", "launcher"),
     # the ranks' exchange of forecasts; knows forecasts and traces, never the capture
     "distributed": ("forecast", "trace", "errors"),
+    # the checks of ETSHook's arguments, shared with the framework callbacks
+    "hook_arguments": ("forecast.text",),
     "hook": (
+        "hook_arguments",
         "exits",
         "launcher",
         "distributed",
@@ -51,6 +54,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     # above the hook: they check its options with the code it checks them with
     "integrations": (
         "hook",
+        "hook_arguments",
+        "exits",
         "capture",
         "forecast",
         "reporters",

@@ -19,8 +19,8 @@ from ..forecast.early_stop import EarlyStoppingRule
 from ..forecast.forecaster import check_time_limit_s
 from ..forecast.job import JobModel, eval_prior_from_loaders
 from ..forecast.trace_estimators import check_trace_estimator
-from ..hook import (
-    ETSHook,
+from ..hook import ETSHook
+from ..hook_arguments import (
     check_checkpoint_options,
     check_grad_scaler,
     checked_device,

@@ -115,11 +115,13 @@ if not installed_packages():
 
 import torch
 
+from .. import exits
 from ..capture.batch_clock import BatchClock
 from ..forecast.early_stop import EarlyStoppingRule
 from ..forecast.job import CHECKPOINT, EVAL, eval_cost_prior
 from ..forecast.text import format_duration, format_step_time
-from ..hook import ETSHook, check_epochs_length
+from ..hook import ETSHook
+from ..hook_arguments import check_epochs_length
 from .common import (
     HOOK_ARGUMENTS,
     LOG_KEYS,
@@ -425,10 +427,11 @@ class BaseETSCallback:
         self._close(outcome="closed")
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        """Close the hook; its status file records ``interrupted`` (Ctrl-C) or ``failed``."""
-        outcome = "interrupted" if isinstance(exception, KeyboardInterrupt) else "failed"
+        """Close the hook the way the exception ends the job (``exits.ending_of``): its status
+        file records ``interrupted`` (Ctrl-C) or ``failed`` with the exception's type."""
+        outcome, error = exits.ending_of(type(exception))
         self._release_train_loader()
-        self._close(outcome=outcome, error=type(exception).__name__)
+        self._close(outcome=outcome, error=error)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         """Close a hook still open (a fit that ended without ``on_train_end``); give back a

@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import pickle
+import signal
 import subprocess
 import sys
 import textwrap
@@ -512,23 +513,40 @@ class _Boom(RuntimeError):
 
 
 class _FailingModule(TinyModule):
+    def __init__(self, error: type[BaseException] = _Boom) -> None:
+        super().__init__()
+        self.error = error
+
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         if self.trainer.global_step == 3:
-            raise _Boom("step 3")
+            raise self.error("step 3")
         return super().training_step(batch, batch_idx)
 
 
-def test_an_exception_closes_the_hook_as_failed(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("error", "state", "error_name"),
+    [(_Boom, "failed", "_Boom"), (KeyboardInterrupt, "interrupted", None)],
+)
+def test_an_exception_closes_the_hook_as_the_job_ended(
+    tmp_path: Path, error: type[BaseException], state: str, error_name: str | None
+) -> None:
+    """A failure closes as ``failed`` with the exception's type; Ctrl-C, which Lightning
+    handles itself (a graceful shutdown, then ``exit(1)``), as ``interrupted`` with no error,
+    as the hook's own exit paths record it (``exits.ending_of``)."""
     status_path = tmp_path / "eta.json"
     callback = ETSCallback(status_path=status_path)
     trainer = quiet_trainer(max_epochs=1, callbacks=[callback])
-    module = _FailingModule()
-    with warnings.catch_warnings(), pytest.raises(_Boom):
-        warnings.simplefilter("ignore")
-        trainer.fit(module, loaders(batches=8)[0])
+    module = _FailingModule(error)
+    sigint = signal.getsignal(signal.SIGINT)  # Lightning ignores SIGINT while it shuts down
+    try:
+        with warnings.catch_warnings(), pytest.raises((error, SystemExit)):
+            warnings.simplefilter("ignore")
+            trainer.fit(module, loaders(batches=8)[0])
+    finally:
+        signal.signal(signal.SIGINT, sigint)
     status = json.loads(status_path.read_text())
-    assert status["state"] == "failed"
-    assert status["error"] == "_Boom"
+    assert status["state"] == state
+    assert status.get("error") == error_name
     assert callback.hook.steps_completed == trainer.global_step == 3
     assert not torch.autograd._profiler_enabled()
     assert not any(m._forward_pre_hooks for m in module.modules())
