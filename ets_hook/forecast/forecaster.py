@@ -62,6 +62,7 @@ from .stats import (
     estimate_measured,
     fuse,
     normal_quantile,
+    warmup_step_estimate,
 )
 
 logger = logging.getLogger("ets_hook")
@@ -801,9 +802,11 @@ class Forecaster:
             or key[2:] != self._measured_key[2:]
         ):
             values, capture = series.values(), None
-            if series.stride == 1 and count <= self._warmup_end:
+            warming_up = series.stride == 1 and count <= self._warmup_end
+            if warming_up:
                 # Every step so far compiled (or followed a compile): no steady step yet. The
-                # last one with the prior's wide first-step interval, flagged ``warming_up``.
+                # last one with the prior's wide first-step interval, flagged ``warming_up``;
+                # past the first step, its own time (the first-step correction is step 0's).
                 values = values[-1:]
             elif keep_before:
                 # The clean steps after the capture follow the ones before it: together they
@@ -815,15 +818,18 @@ class Forecaster:
                 start, end = self._capture
                 values = np.concatenate([values[:end], values[self._perturbed_end :]])
                 capture = (start, end)
-            self._measured = estimate_measured(
-                values,
-                self._prior,
-                self.level,
-                min_warmup=min_warmup,
-                stride=series.stride,
-                capture=capture,
-                variable=self._variable_steps,
-            )
+            if warming_up and count >= 2:
+                self._measured = warmup_step_estimate(float(values[-1]), self._prior, self.level)
+            else:
+                self._measured = estimate_measured(
+                    values,
+                    self._prior,
+                    self.level,
+                    min_warmup=min_warmup,
+                    stride=series.stride,
+                    capture=capture,
+                    variable=self._variable_steps,
+                )
             self._measured_key = key
             self._measured_at_s = self._last_step_end_s
         return self._measured

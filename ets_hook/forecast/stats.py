@@ -544,20 +544,47 @@ def _mean_interval(x: np.ndarray, level: float, prior: StepTimePrior, stride: in
     return _Interval(mean, q * math.sqrt(var_mean), math.sqrt(sigma2 * tau * stride))
 
 
-def _first_step_estimate(first_s: float, prior: StepTimePrior, level: float) -> Estimate:
-    low, high = prior.first_step_range_s(first_s)
+def _one_step_estimate(
+    value_s: float, half_width_s: float, prior: StepTimePrior, level: float
+) -> Estimate:
+    """A prior-based estimate from one step: ``value_s`` with a 95% half-width ``half_width_s``
+    scaled to ``level``."""
     ci_scale = normal_quantile(0.5 + level / 2) / normal_quantile(0.975)
-    value = 0.5 * (low + high)
     return Estimate(
-        value,
-        0.5 * (high - low) * ci_scale,
+        value_s,
+        half_width_s * ci_scale,
         SOURCE_PRIOR,
         level=level,
-        noise_sd_s=value * prior.cv_scale,
-        median_s=value,
+        noise_sd_s=value_s * prior.cv_scale,
+        median_s=value_s,
         samples=1,
         warmup_steps=0,
     )
+
+
+def _first_step_estimate(first_s: float, prior: StepTimePrior, level: float) -> Estimate:
+    low, high = prior.first_step_range_s(first_s)
+    return _one_step_estimate(0.5 * (low + high), 0.5 * (high - low), prior, level)
+
+
+def warmup_step_estimate(step_s: float, prior: StepTimePrior, level: float) -> Estimate:
+    """The steady step time from one step that is not the process's first, while every step
+    so far is warm-up (it compiled, or followed a compile): that step's own time, with the
+    first-step prior's relative interval (source "prior"). The first-step prior's correction
+    (its excess, its ratio) is the process's first step's: applied to a later step it would
+    halve a step already near the steady state.
+
+    Args:
+        step_s: the step's time, seconds (compile time left out), > 0.
+        prior: the prior whose first-step range sets the interval's width.
+        level: the interval's confidence level, in (0, 1).
+
+    Returns:
+        The estimate: ``value == step_s``, ``samples == 1``.
+    """
+    low, high = prior.first_step_range_s(step_s)
+    rel_half_width = (high - low) / (high + low) if high + low > 0 else 1.0
+    return _one_step_estimate(step_s, step_s * rel_half_width, prior, level)
 
 
 def truncation_point(y: np.ndarray, min_warmup: int = 1) -> tuple[int, bool]:

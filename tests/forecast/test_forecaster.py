@@ -895,3 +895,24 @@ def test_an_unreadable_batch_clock_is_no_floor_and_no_failure() -> None:
     assert p is not None and p.source == "measured" and p.input_period_s is None
     drive(f, [0.004] * 3, first_index=6)
     assert f.prediction.step == 9  # still predicting: the forecaster did not fail
+
+
+def test_a_lone_step_after_compile_steps_is_taken_at_its_own_time() -> None:
+    """While every step so far is warm-up (compile steps and the one after), the prediction
+    rests on the last step. Past step 0 that step's own time is the estimate, with the
+    first-step prior's relative width: the first-step correction (its excess and ratio) is
+    the process's first step's, and applied to a later step it halved it (a compiled job
+    predicted 45% low at step 2)."""
+    f = Forecaster(JobModel(total_steps=100), start_s=0.0, wall_start_s=WALL_START)
+    f.set_warmup_steps(3)  # step 0 compiled: it and the next are warm-up
+    now = drive(f, [0.030])
+    first = f.prediction
+    low, high = f.prior.first_step_range_s(0.030)
+    assert first is not None and first.warming_up
+    assert first.iteration_s == pytest.approx(0.5 * (low + high))  # step 0: corrected
+    drive(f, [0.049], start=now, first_index=1)
+    second = f.prediction
+    assert second is not None and second.warming_up and second.source == "prior"
+    assert second.iteration_s == pytest.approx(0.049)
+    low, high = f.prior.first_step_range_s(0.049)
+    assert second.iteration_ci_s == pytest.approx(0.049 * (high - low) / (high + low))
