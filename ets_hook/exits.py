@@ -15,7 +15,8 @@ them on every exit path, recording how the job ended:
 - ``SIGTERM`` (schedulers, ``torchrun`` stopping workers): ``"interrupted"``, then the process
   dies of the signal as it would have (default handler). A handler the application installed
   before the hook runs first: if it returns (a graceful stop: set a flag, save, exit later),
-  the job and its hooks go on, and they close as the job ends; if it raises (``sys.exit``),
+  the job and its hooks go on, and they close as the job ends -- as ``"interrupted"`` unless
+  they reached their last step (``sigterm_received``); if it raises (``sys.exit``),
   ``"interrupted"``. Python lets only the main thread set a signal handler: a hook created on
   another thread leaves SIGTERM alone, and the next hook registered on the main thread installs
   the handler.
@@ -71,6 +72,7 @@ _live: weakref.WeakSet[Any] = weakref.WeakSet()
 _installed = False
 _sigterm_installed = False
 _outcome: tuple[str, str | None] | None = None
+_sigterm_received = False
 _previous_excepthook: Callable[..., Any] | None = None
 _previous_thread_excepthook: Callable[..., Any] | None = None
 _previous_sigterm: Any = None
@@ -104,6 +106,13 @@ def unregister(listener: ExitListener) -> None:
 def outcome() -> tuple[str, str | None]:
     """How the process is ending as seen so far: ``(state, error type name or None)``."""
     return _outcome or (CLOSED, None)
+
+
+def sigterm_received() -> bool:
+    """Whether this process got a SIGTERM while a hook was alive (through the handler
+    installed here), whatever the application's own handler then did: a job that stops after
+    it (a graceful stop) was stopped, not finished."""
+    return _sigterm_received
 
 
 def close_all(state: str, error: str | None = None) -> None:
@@ -179,7 +188,8 @@ def _install_excepthook() -> None:
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    global _outcome
+    global _outcome, _sigterm_received
+    _sigterm_received = True
     previous = _previous_sigterm
     if callable(previous):
         # The application's own handler first: a graceful stop (set a flag, save, exit later)

@@ -917,6 +917,10 @@ class ETSHook:
                 return
             self._closed = True
         exits.unregister(self)
+        if outcome == exits.CLOSED and exits.sigterm_received() and not self._reached_last_step():
+            # A graceful stop on SIGTERM (a handler that set a flag, a framework's own): the job
+            # was stopped before its end, as a scheduler's preemption stops it.
+            outcome = exits.INTERRUPTED
         if (
             self.steps_completed == 0
             and outcome == exits.CLOSED
@@ -958,6 +962,13 @@ class ETSHook:
         finally:
             self._detector.close()
             self._forecaster.close(outcome, error)
+
+    def _reached_last_step(self) -> bool:
+        """Whether the job's known length has been run (False while it is unknown)."""
+        job = self._forecaster.job
+        return job.total_steps is not None and (
+            job.initial_step + self.steps_completed >= job.total_steps
+        )
 
     def __enter__(self) -> ETSHook:
         return self

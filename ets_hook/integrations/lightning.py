@@ -428,8 +428,11 @@ class BaseETSCallback:
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         """Close the hook the way the exception ends the job (``exits.ending_of``): its status
-        file records ``interrupted`` (Ctrl-C) or ``failed`` with the exception's type."""
+        file records ``interrupted`` (Ctrl-C; a SIGTERM, which Lightning turns into its
+        ``SIGTERMException``, a ``SystemExit``) or ``failed`` with the exception's type."""
         outcome, error = exits.ending_of(type(exception))
+        if getattr(trainer, "received_sigterm", False) is True:
+            outcome, error = exits.INTERRUPTED, None
         self._release_train_loader()
         self._close(outcome=outcome, error=error)
 

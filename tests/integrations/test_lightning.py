@@ -523,6 +523,35 @@ class _FailingModule(TinyModule):
         return super().training_step(batch, batch_idx)
 
 
+class _PreemptedModule(TinyModule):
+    """A SIGTERM as Lightning handles it: its handler sets ``received_sigterm`` and the fit
+    loop raises ``SIGTERMException`` (a ``SystemExit``) at the next step. (A real signal here
+    would reach the test process's own handlers.)"""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if self.trainer.global_step == 3:
+            from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+            self.trainer._signal_connector.received_sigterm = True
+            raise SIGTERMException
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_sigterm_stop_closes_the_hook_as_interrupted(tmp_path: Path) -> None:
+    """Lightning stops gracefully on SIGTERM with its ``SIGTERMException``, a ``SystemExit``:
+    a preempted job, not a finished one (before: ``closed``, its length cut to the steps
+    run)."""
+    status_path = tmp_path / "eta.json"
+    callback = ETSCallback(status_path=status_path)
+    trainer = quiet_trainer(max_epochs=1, callbacks=[callback])
+    with warnings.catch_warnings(), pytest.raises(SystemExit):
+        warnings.simplefilter("ignore")
+        trainer.fit(_PreemptedModule(), loaders(batches=8)[0])
+    status = json.loads(status_path.read_text())
+    assert (status["state"], status.get("error")) == ("interrupted", None)
+    assert status["prediction"]["total_steps"] == 8  # the whole run's projection is kept
+
+
 @pytest.mark.parametrize(
     ("error", "state", "error_name"),
     [(_Boom, "failed", "_Boom"), (KeyboardInterrupt, "interrupted", None)],
