@@ -59,8 +59,10 @@ def _check_range(name: str, value: tuple[float, float]) -> None:
         raise ValueError(f"{name} must be (lo, hi) with 0 < lo <= hi < inf, got {value}")
 
 
-#: CPU autocast (bf16/fp16): range of the first step / steady state.
-LOW_PRECISION_FIRST_STEP_RATIO = (2.0, 9.5)
+#: CPU autocast (bf16/fp16): seconds its first step takes beyond an fp32 first step's excess
+#: (oneDNN creating and JIT-compiling its low-precision primitives), added to the high end of
+#: the first-step excess range (``StepTimePrior.for_low_precision``).
+LOW_PRECISION_FIRST_STEP_EXTRA_S = 0.004
 
 
 def _plus_excess(
@@ -250,19 +252,24 @@ class StepTimePrior:
     def for_low_precision(self) -> StepTimePrior:
         """This prior for a job whose forward runs under bf16/fp16 autocast on the CPU.
 
-        Measured with ``benchmarks/bf16_warmup.py`` (fresh processes, no hook, 3 small zoo
-        jobs): the first step is 3.6-9x the steady state (fp32: 1.8-3.9x; oneDNN creates and
-        JIT-compiles its low-precision primitives and reorders weights on first use). The
-        early steps after it are slower in both precisions alike (the default ``early_ratio``).
+        Measured with ``benchmarks/bf16_warmup.py`` (fresh processes, no hook, small zoo
+        jobs): bf16 adds time to the first step only, a fixed +3-4 ms over fp32's first step
+        on a CPU with avx512_bf16 (oneDNN creates and JIT-compiles its bf16 primitives on first
+        use; 3.6-9x the short steady steps there); on an avx2-only CPU, which emulates bf16
+        (steps 5-10x fp32's), the first step ran at 1.02-1.21x the steady state (excess 2-27
+        ms, fp32's 9-25 ms). Either way an excess, not a ratio: the first-step excess range's
+        high end is raised by ``LOW_PRECISION_FIRST_STEP_EXTRA_S``. (A 2-9.5x ratio used
+        before read a 250 ms emulated-bf16 first step at 1.2x as a 30-120 ms steady state:
+        -67% at step 1.)
 
         Returns:
-            A copy with ``first_step_ratio`` (2.0, 9.5) and no first-step excess; a CUDA prior
-            is returned unchanged (not measured).
+            A copy with that excess range; a CUDA prior is returned unchanged (not measured).
         """
         if self.first_step_ratio[1] > 10.0:  # the CUDA prior: already wide, not measured
             return self
+        low_s, high_s = self.first_step_excess_s
         return dataclasses.replace(
-            self, first_step_ratio=LOW_PRECISION_FIRST_STEP_RATIO, first_step_excess_s=(0.0, 0.0)
+            self, first_step_excess_s=(low_s, high_s + LOW_PRECISION_FIRST_STEP_EXTRA_S)
         )
 
     @classmethod
