@@ -37,8 +37,10 @@ class DeadlineMiss:
     Attributes:
         deadline_s: the deadline.
         margin_s: the guard's safety margin (s before the deadline that count as a miss).
-        predicted_total_s: the predicted total job time (``Prediction.total_s``).
-        optimistic_total_s: ``total_s - total_ci_s``, the early end of the 95% interval.
+        predicted_total_s: the predicted total job time (``Prediction.total_s``); with the
+            job's length unknown, the elapsed time (a lower bound).
+        optimistic_total_s: ``total_s - total_ci_s``, the early end of the 95% interval (the
+            elapsed time with the length unknown).
         shortfall_s: how far the predicted end lies past ``deadline_s - margin_s``.
         policy: the guard's policy when it fired.
         prediction: the prediction that fired the guard.
@@ -89,7 +91,9 @@ def check_deadline_settings(
 class DeadlineGuard(Reporter):
     """Fires once when the prediction says the job will end after ``deadline - margin_s``.
 
-    Policies (the guard never fires while ``total_steps`` is unknown or no steps remain):
+    Policies (the guard never fires once no steps remain; while the job's length is unknown it
+    fires only once the elapsed time passes ``deadline - margin_s``: the job still running then
+    has missed it):
 
     - ``"confident"`` (default): even the optimistic end of the 95% interval of the total,
       ``total_s - total_ci_s``, misses: >= 97.5% sure of a miss. Early intervals are wide, so it
@@ -164,6 +168,37 @@ class DeadlineGuard(Reporter):
             return self.deadline.timestamp() - start
         return float(self.deadline)
 
+    def _deadline_text(self, deadline_s: float) -> str:
+        """The deadline as the warning names it: never a negative duration (a deadline before
+        the start passed that long before it)."""
+        margin = f" (margin {format_duration(self.margin_s)})" if self.margin_s else ""
+        if deadline_s >= 0:
+            return f"deadline {format_duration(deadline_s)}{margin} after start"
+        return f"deadline passed {format_duration(-deadline_s)} before start{margin}"
+
+    def _passed_with_unknown_length(self, p: Prediction) -> DeadlineMiss | None:
+        """With the job's length unknown (no total): a miss once the elapsed time passes
+        ``deadline - margin_s`` (the job is still running), else None."""
+        deadline_s = self.deadline_s(p)
+        limit_s = deadline_s - self.margin_s
+        if p.elapsed_s <= limit_s:
+            return None
+        message = (
+            f"ets-hook: the job will miss the deadline: still running at step {p.step} after "
+            f"{format_duration(p.elapsed_s)} (its length unknown), past the "
+            f"{self._deadline_text(deadline_s)} by {format_duration(p.elapsed_s - limit_s)}"
+        )
+        return DeadlineMiss(
+            deadline_s=deadline_s,
+            margin_s=self.margin_s,
+            predicted_total_s=p.elapsed_s,
+            optimistic_total_s=p.elapsed_s,
+            shortfall_s=p.elapsed_s - limit_s,
+            policy=self.policy,
+            prediction=p,
+            message=message,
+        )
+
     def check(self, p: Prediction) -> DeadlineMiss | None:
         """Judge one prediction under ``policy``, without side effects.
 
@@ -171,10 +206,12 @@ class DeadlineGuard(Reporter):
             p: the prediction to judge.
 
         Returns:
-            The ``DeadlineMiss`` if the guard should fire, else None (also when ``total_s`` is
-            unknown or no steps remain).
+            The ``DeadlineMiss`` if the guard should fire, else None (also when no steps
+            remain, and while the job's length is unknown until the deadline has passed).
         """
-        if p.total_s is None or not p.remaining_steps:
+        if p.total_s is None:
+            return self._passed_with_unknown_length(p)
+        if not p.remaining_steps:
             return None
         deadline_s = self.deadline_s(p)
         limit_s = deadline_s - self.margin_s
@@ -190,14 +227,7 @@ class DeadlineGuard(Reporter):
             fire = p.total_s > limit_s
         if not fire:
             return None
-        margin = f" (margin {format_duration(self.margin_s)})" if self.margin_s else ""
-        # Never a negative duration: a deadline before the start passed that long before it;
-        # the optimistic end is never before now.
-        when = (
-            f"deadline {format_duration(deadline_s)}{margin} after start"
-            if deadline_s >= 0
-            else f"deadline passed {format_duration(-deadline_s)} before start{margin}"
-        )
+        when = self._deadline_text(deadline_s)
         message = (
             f"ets-hook: predicted to miss the deadline at step {p.step}/{p.total_steps}: "
             f"total {format_duration(p.total_s)} (optimistic "

@@ -128,6 +128,29 @@ def test_deadline_already_passed_fires_whatever_the_policy() -> None:
     assert guard.fired.prediction.elapsed_s <= 7.0
 
 
+def test_a_job_of_unknown_length_misses_once_it_runs_past_the_deadline(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """No total, no prediction of a miss; but a job still stepping after its deadline has
+    missed it (before: never checked, so an IterableDataset job under Slurm went unguarded)."""
+    guard = DeadlineGuard(5.0, "warn")
+    f = Forecaster(JobModel(), start_s=0.0, reports=ReportDispatcher([guard]))
+    fired_at: list[float] = []
+
+    def watch(step: int, now_s: float) -> None:
+        _ = f.prediction  # reporters are offered the prediction when it is read
+        if guard.fired is not None and not fired_at:
+            fired_at.append(now_s)
+
+    with caplog.at_level(logging.WARNING, logger="ets_hook"):
+        run_job(f, 12, 1.0, cv=0.0, on_step=watch)
+    assert guard.fired is not None and guard.fired.prediction.total_s is None
+    assert fired_at == [pytest.approx(6.0)]  # at the first step that ended past 5 s
+    assert guard.fired.shortfall_s == pytest.approx(guard.fired.prediction.elapsed_s - 5.0)
+    (message,) = deadline_warnings(caplog)
+    assert "its length unknown" in message and "deadline 5.0s after start" in message
+
+
 def test_a_deadline_before_the_start_is_never_shown_as_a_negative_duration(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
