@@ -6,6 +6,7 @@ optimizer steps."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,6 +93,40 @@ def test_steps_counted_are_optimizer_steps(loop: Loop) -> None:
     assert prediction is not None
     assert prediction.step == prediction.total_steps == BATCHES // ACCUMULATION
     assert prediction.eta_s == 0
+
+
+def test_epochs_with_an_odd_number_of_micro_batches_count_accelerates_steps(caplog) -> None:
+    """Accelerate also steps at the end of an epoch: 5 micro-batches, accumulation 2, are 3
+    optimizer steps an epoch, which ``epochs=, dataloader=, grad_accum_steps=`` (the README's
+    advice) works out; micro-batches / 2 would be 2 short over 2 epochs."""
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=ACCUMULATION)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        data = torch.utils.data.TensorDataset(torch.randn(20, 8), torch.randn(20, 1))
+        loader = torch.utils.data.DataLoader(data, batch_size=4)  # 5 micro-batches
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        hook = ETSHook(
+            model,
+            optimizer=optimizer,
+            epochs=2,
+            dataloader=loader,
+            grad_accum_steps=ACCUMULATION,
+            log_every=None,
+        )
+        with caplog.at_level(logging.WARNING, logger="ets_hook"):
+            for _ in range(2):
+                for x, y in loader:
+                    with accelerator.accumulate(model):
+                        accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+                        optimizer.step()
+                        optimizer.zero_grad()
+            hook.close()
+        assert hook.total_steps == hook.steps_completed == 6
+        assert not [r for r in caplog.records if "ran past" in r.getMessage()]
+    finally:
+        reset_accelerate_state()
 
 
 def test_closed_hook_leaves_nothing(loop: Loop) -> None:
