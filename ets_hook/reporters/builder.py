@@ -106,7 +106,8 @@ def build_reporters(
         log_ranks: ranks that write log lines and show a progress bar of their own
             (``progress=True``; a user's bar is annotated on every rank); None: every rank.
             The other ranks also keep ets-hook's notes below WARNING to themselves
-            (``console.quiet_below_warning``).
+            (``console.quiet_below_warning``). Where any rank but 0 logs, every line begins
+            with its rank (``rank 1 · step 3/120 · ...``).
         rank: this process's rank (the hook passes ``distributed_rank()``'s); None: the
             launcher's (``ets_hook.launcher``, read from ``environ``), else 0.
         world_size: processes in the job (>= 1): above 1, ``status_path`` names the job's file
@@ -146,7 +147,11 @@ def build_reporters(
     if configure_logging:
         quiet_below_warning(not logs_here)  # notes too, not only the ETA lines
     if log_every_n_steps and logs_here:
-        reporters.append(LogReporter(every_n_steps=log_every_n_steps))
+        # Lines from ranks other than 0 alone name their rank (several may write to one log).
+        several = world_size > 1 and (loggers is None or set(loggers) != {0})
+        reporters.append(
+            LogReporter(every_n_steps=log_every_n_steps, rank=this_rank if several else None)
+        )
         if verbose and configure_logging:
             ensure_console_handler()
     if progress is True:

@@ -44,6 +44,7 @@ class LogReporter(Reporter):
         early_lines: tuple[int, ...] = MILESTONE_STEPS,
         logger: logging.Logger | None = None,
         level: int = logging.INFO,
+        rank: int | None = None,
     ) -> None:
         """Validate and store the settings.
 
@@ -58,6 +59,8 @@ class LogReporter(Reporter):
             early_lines: local step counts (ints >= 1) after which a line is always written.
             logger: the logger; None: ``logging.getLogger("ets_hook")``.
             level: the level of every line.
+            rank: this process's rank, put first on every line (``rank 1 · step 3/120 ·
+                ...``) where several ranks log; None: no prefix.
 
         Raises:
             ValueError: ``move_threshold`` not > 0, ``min_interval_s`` < 0, ``every_n_steps`` < 1,
@@ -80,6 +83,7 @@ class LogReporter(Reporter):
         self.min_interval_s = min_interval_s
         self.logger = logger or logging.getLogger("ets_hook")
         self.level = level
+        self.prefix = f"rank {rank} · " if rank is not None else ""
         self._last_value: float | None = None
         self._last_elapsed_s = -math.inf
 
@@ -121,7 +125,8 @@ class LogReporter(Reporter):
         cause = f" ({error})" if outcome == "failed" and error else ""
         self.logger.log(
             self.level,
-            "%s at step %d after %s%s",
+            "%s%s at step %d after %s%s",
+            self.prefix,
             verb,
             prediction.step,
             format_duration(prediction.elapsed_s),
@@ -133,4 +138,6 @@ class LogReporter(Reporter):
         self._last_value = value
         self._last_elapsed_s = p.elapsed_s
         if self.logger.isEnabledFor(self.level):
-            self.logger.log(self.level, "%s", format_prediction(p), extra={"ets_prediction": p})
+            self.logger.log(
+                self.level, "%s%s", self.prefix, format_prediction(p), extra={"ets_prediction": p}
+            )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,33 @@ def test_log_ranks_decide_who_logs_and_shows_its_own_bar() -> None:
             LogReporter,
             TqdmReporter,
         ]
+
+
+@pytest.mark.parametrize(
+    ("rank", "world_size", "log_ranks", "prefix"),
+    [
+        (0, 2, (0,), ""),  # the default: rank 0 alone logs, as a single process would
+        (0, 1, None, ""),  # a single process
+        (0, 2, None, "rank 0 · "),  # every rank logs: each line says whose it is
+        (1, 2, None, "rank 1 · "),
+        (1, 2, (1,), "rank 1 · "),  # not rank 0: said, though it logs alone
+    ],
+)
+def test_lines_name_their_rank_where_any_rank_but_0_logs(
+    caplog: pytest.LogCaptureFixture, rank: int, world_size: int, log_ranks: Any, prefix: str
+) -> None:
+    [log] = [
+        r
+        for r in _quiet(rank=rank, world_size=world_size, log_ranks=log_ranks)
+        if isinstance(r, LogReporter)
+    ]
+    f = Forecaster(JobModel(total_steps=10), start_s=0.0, reports=ReportDispatcher([log]))
+    with caplog.at_level(logging.INFO, logger="ets_hook"):
+        run_job(f, 10, 0.1, on_step=lambda step, now: f.prediction)
+        f.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "ets_hook"]
+    assert lines and lines[-1].startswith(f"{prefix}finished at step 10")
+    assert all(line.startswith(f"{prefix}step ") for line in lines[:-1])
 
 
 def test_a_users_bar_is_annotated_on_every_rank() -> None:
