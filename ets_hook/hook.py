@@ -418,7 +418,7 @@ class ETSHook:
 
         self.model = model
         self.total_steps = job.total_steps
-        self._host_load = HostLoadSampler() if not disabled else None
+        self._host_load = HostLoadSampler(include_siblings=world_size > 1) if not disabled else None
         self._epochs = (
             EpochStarts(
                 job.steps_per_epoch, job.initial_step, restarts=loader_restarts_workers(dataloader)
@@ -1181,6 +1181,8 @@ class ETSHook:
         self.trace_path = trace_path
         self._ranks = self._rank_coordinator(rank, world_size)
         self._forecaster.set_rank(rank, world_size, ReportDispatcher(reporters))
+        if self._host_load is not None:  # the other ranks on this node are the job's too
+            self._host_load = HostLoadSampler(include_siblings=True)
         self._window.set_rank(
             rank,
             world_size,

@@ -7,7 +7,11 @@ reads both from ``psutil`` at step boundaries, at most once per ``interval_s``: 
 times (``psutil.cpu_times``: user, system, ..., steal; ``guest`` is already inside ``user`` on
 Linux) and the job's own: this process's and its descendants' (``ProcessTreeCpu``: the
 DataLoader's worker processes, ``torch.compile``'s compile workers; a job with two busy
-workers read as "other processes 90% CPU" before). Between two samples:
+workers read as "other processes 90% CPU" before); in a multi-process job, the launcher's
+whole tree (``include_siblings``: the parent -- ``torchrun``'s agent, ``mp.spawn``'s main
+process, ``srun``'s step daemon -- and all its descendants), so that the other ranks on this
+node are the job's too (before, every single-node DDP job read as "host busy"). Between two
+samples:
 
 - ``foreign_cpu``: the machine's busy CPU time less the job's, over the elapsed time x the
   logical CPUs: the share of the whole machine that other processes used (0..1);
@@ -52,12 +56,19 @@ class HostLoad:
     interval_s: float
 
 
-def _psutil_readers() -> tuple[Callable[[], Any], Callable[[], Any], int] | None:
+def _psutil_readers(
+    include_siblings: bool = False,
+) -> tuple[Callable[[], Any], Callable[[], Any], int] | None:
     try:
         import psutil
 
         process = psutil.Process()
-        readers = (psutil.cpu_times, ProcessTreeCpu(psutil, process), psutil.cpu_count() or 1)
+        root = process
+        if include_siblings:
+            parent = process.parent()
+            if parent is not None and parent.pid > 1:  # never all of init's processes
+                root = parent
+        readers = (psutil.cpu_times, ProcessTreeCpu(psutil, root), psutil.cpu_count() or 1)
         readers[0]()
         process.cpu_times()  # readable here (the descendants' scan waits for the first sample)
     except Exception:  # no psutil support here: the sampler stays off
@@ -79,7 +90,7 @@ def _own_s(times: Any) -> float:
 
 
 class ProcessTreeCpu:
-    """CPU seconds this process and its descendants have used so far, as one running total.
+    """CPU seconds a process and its descendants have used so far, as one running total.
 
     Each live process counts its own user + system time and its reaped children's
     (``children_user`` / ``children_system``); a descendant that ends moves from the live ones
@@ -93,7 +104,7 @@ class ProcessTreeCpu:
         Args:
             psutil_module: the ``psutil`` module (its ``Error`` is what a vanished process
                 raises).
-            process: this process, a ``psutil.Process``.
+            process: the tree's root, a ``psutil.Process`` (this process, or its parent).
         """
         self._error = psutil_module.Error
         self._process = process
@@ -144,6 +155,7 @@ class HostLoadSampler:
         process_times: Callable[[], Any] | None = None,
         cpus: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        include_siblings: bool = False,
     ) -> None:
         """Set the sampler up and take its first sample.
 
@@ -155,6 +167,8 @@ class HostLoadSampler:
                 CPU times (``user``, ``system``); None: ``ProcessTreeCpu`` over psutil.
             cpus: logical CPUs; None: psutil's count.
             clock: monotonic seconds.
+            include_siblings: with psutil's process times, count the parent's whole tree
+                as the job (a multi-process job: the other ranks on this node).
 
         Raises:
             ValueError: ``interval_s`` is not a number > 0.
@@ -165,7 +179,7 @@ class HostLoadSampler:
         self.latest: HostLoad | None = None
         self._clock = clock
         if machine_times is None or process_times is None:
-            readers = _psutil_readers()
+            readers = _psutil_readers(include_siblings)
             if readers is None:
                 self.enabled = False
                 return

@@ -281,3 +281,41 @@ def test_a_real_child_process_counts_as_the_jobs_own() -> None:
 def _burn_until(stop) -> None:  # a spawned child's target: module level, picklable
     while not stop.is_set():
         sum(i * i for i in range(10_000))
+
+
+def _sample_beside_a_busy_sibling(results, stop) -> None:  # spawned: module level
+    """Two samplers over the same second while a sibling process burns CPU: one counting
+    only this process's tree, one its parent's (the job's other ranks on this node)."""
+    import psutil
+
+    alone, job = (
+        HostLoadSampler(interval_s=0.01),
+        HostLoadSampler(interval_s=0.01, include_siblings=True),
+    )
+    time.sleep(1.0)
+    results.put((alone.sample().foreign_cpu, job.sample().foreign_cpu, psutil.cpu_count()))
+    stop.set()
+
+
+def test_other_ranks_on_the_node_are_the_jobs_own_load() -> None:
+    """A single-node DDP job: every rank read its siblings as other processes, so every such
+    job read as "host busy". With ``include_siblings`` the parent's tree is the job's."""
+    pytest.importorskip("psutil")
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    stop, results = context.Event(), context.Queue()
+    burner = context.Process(target=_burn_until, args=(stop,))
+    burner.start()
+    sampler = context.Process(target=_sample_beside_a_busy_sibling, args=(results, stop))
+    try:
+        time.sleep(0.5)  # the burner starts burning
+        sampler.start()
+        alone, job, cpus = results.get(timeout=60)
+    finally:
+        stop.set()
+        burner.join(30)
+        sampler.join(30)
+    # The sibling burned about one CPU of the machine's: foreign to the lone tree, not to the
+    # job's (other processes on this shared machine count in both alike).
+    assert alone - job > 0.5 / cpus
