@@ -101,7 +101,8 @@ def format_prediction(p: Prediction) -> str:
         ETA and total while ``eta_s`` is (`` · total unknown, at most 1h00m (time limit)`` with
         a time limit ahead, `` · total unknown, time limit 1h00m reached`` past it); a total
         cut to the time limit gains `` (capped by the time limit)``; with early stopping
-        followed, `` · early stop ~step 1200 · total 8m20s–13m45s``; in a multi-process job
+        followed, `` · early stop ~step 1200 · total 8m20s–13m45s`` (`` · early stop at step
+        1200`` once the range has closed: the job stopped there); in a multi-process job
         once a rank exchange has given the job's end,
         `` · job of 8 ranks, waits for rank 3`` (``this rank ends last`` on that rank; ETA and
         total are then the job's); while other
@@ -125,10 +126,13 @@ def format_prediction(p: Prediction) -> str:
         text += f" · total unknown, time limit {format_duration(p.time_limit_s)} reached"
     if p.expected_stop_step is not None and p.total_range_s is not None:
         low, high = p.total_range_s
-        text += (
-            f" · early stop ~step {p.expected_stop_step}"
-            f" · total {format_duration(low)}–{format_duration(high)}"
-        )
+        if format_duration(low) == format_duration(high):  # the job stopped there: no range
+            text += f" · early stop at step {p.expected_stop_step}"
+        else:
+            text += (
+                f" · early stop ~step {p.expected_stop_step}"
+                f" · total {format_duration(low)}–{format_duration(high)}"
+            )
     if p.input_bound:
         text += " · input-bound: DataLoader workers"
     elif p.waits_for_input and p.data_wait_share is not None:

@@ -109,6 +109,15 @@ def test_job_suffix_comes_after_the_early_stop_range() -> None:
     assert text.endswith("job of 2 ranks, this rank ends last")  # rank 0 names no one else
 
 
+def test_an_early_stop_that_happened_shows_no_range() -> None:
+    """A job closed by its early stop: the range has collapsed to the job's total (was
+    ``total 3.7s–3.7s``)."""
+    ahead = format_prediction(prediction(expected_stop_step=1200, total_range_s=(500.0, 825.0)))
+    assert ahead.endswith(" · early stop ~step 1200 · total 8m20s–13m45s")
+    ended = format_prediction(prediction(expected_stop_step=460, total_range_s=(3.7, 3.7)))
+    assert ended.endswith(" · early stop at step 460")
+
+
 @pytest.mark.parametrize(
     "fields",
     [
