@@ -32,7 +32,8 @@ def trace_files(paths: Iterable[str | Path]) -> list[Path]:
         The files, in the order of ``paths``.
 
     Raises:
-        FileNotFoundError: a path does not exist, or a folder holds no trace file.
+        FileNotFoundError: a path does not exist, or a folder holds no trace file. (Anything
+            else that exists -- a FIFO, a device -- is returned for the loader to refuse.)
     """
     files: list[Path] = []
     for raw in paths:
@@ -44,12 +45,12 @@ def trace_files(paths: Iterable[str | Path]) -> list[Path]:
                 if q.is_file() and q.suffix.lower() in TRACE_SUFFIXES and q.name not in _NOT_TRACES
             )
             if not found:
-                raise FileNotFoundError(f"no .csv or .ets trace files under {path}")
+                raise FileNotFoundError(f"{path}: a folder without .csv or .ets trace files")
             files.extend(found)
-        elif path.is_file():
+        elif path.is_file() or path.exists():  # a FIFO or a device: the loader refuses it
             files.append(path)
         else:
-            raise FileNotFoundError(f"no such file or directory: {path}")
+            raise FileNotFoundError(f"{path}: No such file or directory")
     return files
 
 

@@ -374,7 +374,7 @@ CASES = [
     ),
     *(("export", kind) for kind in ("missing", "fifo", "truncated")),
     *(("train", kind) for kind in ("missing", "folder", "fifo", "garbage", "bad-csv")),
-    *(("evaluate", kind) for kind in ("fifo", "truncated", "bad-csv")),
+    *(("evaluate", kind) for kind in ("missing", "folder", "fifo", "truncated", "bad-csv")),
     *(("evaluate-model", kind) for kind in ("missing", "folder", "fifo", "garbage")),
     *(("evaluate-model", kind) for kind in ("truncated", "no-metadata")),
 ]
@@ -397,6 +397,8 @@ def test_a_bad_input_exits_2_with_one_line_naming_it(
     out.mkdir()
     run = ets_hook(*args, timeout=30)  # a loader that opened the FIFO would block: fail instead
     assert_input_error(run, command.removesuffix("-model"), bad)
+    # The documented shape: ets-hook CMD: error: FILE: PROBLEM (FILE:LINE: in a CSV)
+    assert re.search(rf": error: {re.escape(str(bad))}:(\d+:)? ", run.stderr), run.stderr
     assert list(out.iterdir()) == []  # nothing written
 
 
