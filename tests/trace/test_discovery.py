@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -76,10 +77,18 @@ def test_missing_path_raises_naming_it(tmp_path: Path) -> None:
         load_traces([missing])
 
 
+def test_a_fifo_is_left_to_the_loader_to_refuse(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe.ets"
+    os.mkfifo(fifo)
+    assert trace_files([fifo]) == [fifo]  # it exists: not "no such file"
+
+
 def test_a_folder_without_traces_is_an_error_naming_it(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(FileNotFoundError, match=r"no \.csv or \.ets"):
+    with pytest.raises(
+        FileNotFoundError, match=rf"{re.escape(str(empty))}: .* without \.csv or \.ets"
+    ):
         load_traces([empty])
     _touch(empty / "MANIFEST.csv")  # the manifest alone is not a trace
     _touch(empty / "opCodes.dict")
