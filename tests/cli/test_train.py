@@ -117,7 +117,7 @@ def test_defaults_and_lstm_options(data_dir: Path, tmp_path: Path) -> None:
 def test_bad_inputs_raise_input_errors(data_dir: Path, tmp_path: Path) -> None:
     """Handlers raise ``InputError`` (``cli.main`` prints it and exits 2), naming the problem."""
     args = _parser().parse_args(["train", str(tmp_path / "nope"), "-o", str(tmp_path / "m.npz")])
-    with pytest.raises(InputError, match="no such file"):
+    with pytest.raises(InputError, match="No such file"):
         args.handler(args)
     args = _parser().parse_args(
         ["train", str(data_dir), "-o", str(tmp_path / "m.npz"), "--width", "2", "--stride", "3"]

@@ -66,7 +66,15 @@ def test_status_files_and_logs_as_with_the_rank_known_at_creation(job: Path) -> 
     rank0 = (job / "log.rank0.txt").read_text()
     rank1 = (job / "log.rank1.txt").read_text()
     assert "it runs as rank 0 of 2" in rank0 and "step 5/12" in rank0
-    assert "step " not in rank1 and "WARNING" not in rank0 + rank1
+    assert "step " not in rank1
+    # No warning about the late rank (a straggler note on these identical 1-2 ms ranks is
+    # the machine's noise, not the rank's adoption).
+    warnings = [
+        line
+        for line in (rank0 + rank1).splitlines()
+        if "WARNING" in line and "is a straggler" not in line
+    ]
+    assert warnings == []
 
 
 def test_a_group_initialised_after_the_first_step_gets_one_warning(
