@@ -43,7 +43,7 @@ from .capture.compile_events import CompileWatcher
 from .capture.device_timer import CudaStepTimer
 from .capture.host_load import HostLoadSampler
 from .capture.step_clock import StepClock
-from .capture.steps import NoSteps, StepDetector, optimizer_list
+from .capture.steps import Authority, NoSteps, StepDetector, optimizer_list
 from .capture.sysinfo import (
     DISABLE_ENV,
     checked_trace_path,
@@ -104,6 +104,8 @@ TraceEstimator = Callable[[Trace], "TraceEstimate | None"]
 # hook.step_times_s keeps the first this-many raw step times (8 bytes each); the forecaster keeps
 # its own bounded summary for any job length.
 MAX_KEPT_STEP_TIMES = 1 << 20
+
+FORWARD_SOURCE, ANY_OPTIMIZER_SOURCE = Authority.FORWARD.value, Authority.ANY_OPTIMIZER.value
 
 #: Steps during which the hook looks for ``torch.compile`` having been imported after it.
 COMPILE_REGISTER_STEPS = 64
@@ -513,6 +515,7 @@ class ETSHook:
             else None
         )
         self._hooks_removal_deferred = False
+        self._forward_marked_steps = 0  # steps ended by forwards before any optimizer step
         self._window = WindowRunner(
             self._forecaster,
             capture_steps=capture_steps,
@@ -1085,6 +1088,7 @@ class ETSHook:
                 self._recheck_rank()
             if compile_ns:
                 self._on_compile_step(step_index, compile_ns, now_ns)
+            self._note_first_optimizer_step(source)
             if self._epochs is not None:
                 self._on_epoch_starts(epoch_start_ns, now_ns)
             if step_index == BARE_AFTER_STEP and self._window.state == WindowState.OFF:
@@ -1104,9 +1108,15 @@ class ETSHook:
                 load = self._host_load.sample()  # at most once a second
                 if load is not None:
                     self._forecaster.set_host_load(load.foreign_cpu, load.steal)
-            self._window.on_step(step_index, span.work_start_ns, now_ns, self._last_compile_step)
+            self._window.on_step(
+                step_index,
+                span.work_start_ns,
+                now_ns,
+                self._last_compile_step,
+                own_ns=span.own_in_work_ns,
+            )
             if self._accumulation is not None:
-                self._accumulation.on_step(step_index)
+                self._accumulation.on_step(step_index, forward_marked=source == FORWARD_SOURCE)
                 if self._accumulation.done:
                     self._accumulation = None
                     if self._hooks_removal_deferred:
@@ -1131,6 +1141,25 @@ class ETSHook:
                 _ = self._forecaster.prediction
         finally:
             self._clock.boundary_done(now_ns)
+
+    def _note_first_optimizer_step(self, source: str) -> None:
+        """With no optimizer given, training forwards mark steps until an optimizer first
+        steps (``capture.steps``): a loop with several forwards per optimizer step (undeclared
+        accumulation, two forwards a batch) had each counted as a step until then, and its count
+        runs ahead of the optimizer's for good. Say so once, and what to pass."""
+        if source == FORWARD_SOURCE:
+            self._forward_marked_steps += 1
+            return
+        if self._forward_marked_steps and source == ANY_OPTIMIZER_SOURCE:
+            logger.warning(
+                "ets-hook: the first optimizer step came %d model forwards in, each counted "
+                "as a step until then (no optimizer= given): the step count runs %d ahead of "
+                "the optimizer's; pass optimizer= (and grad_accum_steps= for accumulation) to "
+                "count optimizer steps",
+                self._forward_marked_steps + 1,
+                self._forward_marked_steps,
+            )
+        self._forward_marked_steps = 0
 
     def _rank_coordinator(self, rank: int, world_size: int) -> RankCoordinator | None:
         """The rank exchange of a multi-process job (None: one process, or the exchange off)."""

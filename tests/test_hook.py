@@ -971,3 +971,49 @@ def test_the_hooks_own_work_at_a_boundary_is_in_no_captured_step() -> None:
     for iteration in trace.iterations:
         first_op_ns = min(op.start_ns for op in iteration.ops)
         assert first_op_ns - iteration.start_ns < slow_s / 3 * 1e9, iteration.step
+
+
+def test_prediction_reads_inside_the_window_stay_out_of_the_traces_steps(monkeypatch) -> None:
+    """A loop that reads ``hook.prediction`` after every optimizer step (to log it): the read
+    is the hook's own time, out of the step times and, in the window, out of the trace's step
+    spans and lead-ins too (before: a 43% high trace estimate and a false input wait)."""
+    import time as time_module
+
+    from ets_hook.forecast.forecaster import Forecaster
+
+    read_s = 0.02
+    real_prediction = Forecaster.prediction
+
+    def slow_prediction(self):
+        time_module.sleep(read_s)
+        return real_prediction.fget(self)
+
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    hook = ETSHook(
+        model,
+        opt,
+        total_steps=100,
+        skip_steps=1,
+        capture_steps=3,
+        log_every=None,
+        deadline=False,
+        decode_in_background=False,
+    )
+    monkeypatch.setattr(Forecaster, "prediction", property(slow_prediction))
+    loss_fn = nn.CrossEntropyLoss()
+    for _ in range(6):
+        x, y = batch()
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+        assert hook.prediction is not None  # the loop's read: 20 ms, after the boundary
+    monkeypatch.setattr(Forecaster, "prediction", real_prediction)
+    trace = hook.trace
+    hook.close()
+    assert trace is not None and [it.step for it in trace.iterations] == [1, 2, 3]
+    for iteration in trace.iterations:
+        span_s = (iteration.end_ns - iteration.start_ns) / 1e9
+        lead_in_s = (iteration.ops[0].start_ns - iteration.start_ns) / 1e9
+        assert span_s < hook.step_times_s[iteration.step] + 0.5 * read_s
+        assert lead_in_s < 0.5 * read_s

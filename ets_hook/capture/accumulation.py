@@ -34,24 +34,29 @@ class UndeclaredAccumulation:
         self._batches_per_epoch = batches_per_epoch
         self._forwards = 0
         self._counts: list[int] = []
+        self._partial = False  # the current step began at a forward-marked boundary
         self.done = False
 
     def on_forward(self) -> None:
         """A training forward (not the first of the job) started."""
         self._forwards += 1
 
-    def on_step(self, step_index: int) -> int | None:
-        """An optimizer step ended.
+    def on_step(self, step_index: int, forward_marked: bool = False) -> int | None:
+        """A step ended.
 
         Args:
             step_index: the step's local index (0: the first, not counted).
+            forward_marked: a training forward ended it (no optimizer given and none seen
+                stepping yet: ``capture.steps``): one forward by construction, not counted;
+                nor is the step after it, which began in the middle of an iteration.
 
         Returns:
             The forwards per step k when this step decided that accumulation went undeclared
             (the warning is logged then), else None. ``done`` is set once decided either way.
         """
         forwards, self._forwards = self._forwards, 0
-        if self.done or step_index == 0:
+        partial, self._partial = self._partial, forward_marked
+        if self.done or step_index == 0 or forward_marked or partial:
             return None
         if forwards == 0:  # the module hook is gone (window over): nothing more to count
             self.done = True

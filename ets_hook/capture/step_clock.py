@@ -38,6 +38,8 @@ class StepSpan:
         own_ns: ets-hook's own work on the training thread in the step.
         work_start_ns: where the step's own work began: after the hook's work at the boundary
             that started it (the capture window's step starts there).
+        own_in_work_ns: the part of ``own_ns`` after ``work_start_ns`` (reads of
+            ``hook.prediction`` between boundaries).
     """
 
     start_ns: int
@@ -46,6 +48,7 @@ class StepSpan:
     compile_ns: int
     own_ns: int
     work_start_ns: int
+    own_in_work_ns: int
 
 
 class StepClock:
@@ -147,6 +150,7 @@ class StepClock:
             compile_ns=compile_ns,
             own_ns=own_ns,
             work_start_ns=min(start_ns + self._boundary_own_ns, now_ns),
+            own_in_work_ns=max(own_ns - self._boundary_own_ns, 0),
         )
         self._start_ns = now_ns
         self._phase_ns = self._own_ns = 0

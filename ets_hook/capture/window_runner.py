@@ -324,7 +324,14 @@ class WindowRunner:
     # ------------------------------------------------------------------------------------------
     # Driving the window (training thread)
 
-    def on_step(self, step_index: int, start_ns: int, end_ns: int, last_compile_step: int) -> None:
+    def on_step(
+        self,
+        step_index: int,
+        start_ns: int,
+        end_ns: int,
+        last_compile_step: int,
+        own_ns: int = 0,
+    ) -> None:
         """Step ``step_index`` ended: record its bounds in the window, start, advance or end the
         window, or, while the decode runs, mark the step perturbed.
 
@@ -332,6 +339,8 @@ class WindowRunner:
             step_index: the step that ended (local, 0-based).
             start_ns, end_ns: its bounds, ``time.perf_counter_ns()``.
             last_compile_step: the latest step that compiled (``torch.compile``), or -1.
+            own_ns: ets-hook's own work inside the step after ``start_ns`` (prediction reads:
+                ``decode.StepBounds.own_ns``).
 
         Raises:
             Exception: whatever starting or stopping the capture raises (the hook's guard
@@ -340,7 +349,7 @@ class WindowRunner:
         if self.state == WindowState.CAPTURING and isinstance(self._ops, NativeOpCapture):
             self._ops.boundaries += 1  # alive (see NativeOpCapture.boundaries)
         if self.state == WindowState.CAPTURING or self.state == WindowState.WAITING:
-            self._advance(step_index, start_ns, end_ns, last_compile_step)
+            self._advance(step_index, start_ns, end_ns, last_compile_step, own_ns)
         elif self.state == WindowState.DECODING:
             # The decode still runs on its thread, sharing the cores and the GIL: this step
             # and the next stay out of the measured estimate until it is done (the decode
@@ -500,7 +509,9 @@ class WindowRunner:
         self._capture_note = note
         self._trace_ready.set()
 
-    def _advance(self, step_index: int, start_ns: int, end_ns: int, last_compile_step: int) -> None:
+    def _advance(
+        self, step_index: int, start_ns: int, end_ns: int, last_compile_step: int, own_ns: int
+    ) -> None:
         if self._user_profiler_took_over():
             return
         compiled_now = last_compile_step == step_index
@@ -510,7 +521,7 @@ class WindowRunner:
             and self._ops.active
             and not compiled_now  # its ops are mostly the compiler's: left out of the trace
         ):
-            self._window_bounds.append(StepBounds(step_index, start_ns, end_ns))
+            self._window_bounds.append(StepBounds(step_index, start_ns, end_ns, own_ns))
             if isinstance(self._ops, NativeOpCapture) and self._device.type == "cpu":
                 self._measure_window_step()
         elif compiled_now and isinstance(self._ops, NativeOpCapture) and self._ops.active:
@@ -632,7 +643,12 @@ class WindowRunner:
         first = self._clocks_at_start if self._clocks_at_start is not None else read_clocks()
         last = read_clocks()
         return [
-            StepBounds(b.step, epoch_ns(b.start_ns, first, last), epoch_ns(b.end_ns, first, last))
+            StepBounds(
+                b.step,
+                epoch_ns(b.start_ns, first, last),
+                epoch_ns(b.end_ns, first, last),
+                b.own_ns,
+            )
             for b in self._window_bounds
         ]
 

@@ -43,11 +43,16 @@ class StepBounds:
         step: the step's number.
         start_ns: step start, ns.
         end_ns: step end, ns (exclusive).
+        own_ns: ets-hook's own work on the training thread inside the step (reads of
+            ``hook.prediction`` between boundaries), ns: most often before the step's first
+            op, so the iteration starts that much later, at most at its first op (not step
+            time, as in the hook's step times).
     """
 
     step: int
     start_ns: int
     end_ns: int
+    own_ns: int = 0
 
 
 @dataclass(slots=True)
@@ -276,8 +281,12 @@ def build_iterations(
             )
             if positions is not None:
                 positions[raw_index] = (slot, k)
+        start_ns = bound.start_ns
+        if bound.own_ns > 0:  # the hook's own reads: out of the lead-in, never past an op
+            first_op_ns = min((starts_ns[i] for i in indices), default=bound.end_ns)
+            start_ns = max(start_ns, min(start_ns + bound.own_ns, first_op_ns, bound.end_ns))
         iterations.append(
-            IterationTrace(step=bound.step, start_ns=bound.start_ns, end_ns=bound.end_ns, ops=ops)
+            IterationTrace(step=bound.step, start_ns=start_ns, end_ns=bound.end_ns, ops=ops)
         )
 
     if shapes_source_step is not None:

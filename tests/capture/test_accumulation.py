@@ -14,7 +14,14 @@ from ets_hook.capture.accumulation import UndeclaredAccumulation
 from ets_hook.hook import BARE_AFTER_STEP
 
 
-def _train(k: int, *, declared: bool = False, capture_steps: int | None = 0, **options) -> ETSHook:
+def _train(
+    k: int,
+    *,
+    declared: bool = False,
+    capture_steps: int | None = 0,
+    optimizer_given: bool = True,
+    **options,
+) -> ETSHook:
     """Two epochs of an 80-batch loader, ``k`` micro-batches per optimizer step."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
@@ -24,7 +31,7 @@ def _train(k: int, *, declared: bool = False, capture_steps: int | None = 0, **o
     options = {"dataloader": loader, "epochs": 2, **options}
     hook = ETSHook(
         model,
-        opt,
+        opt if optimizer_given else None,
         log_every=None,
         capture_steps=capture_steps,
         grad_accum_steps=k if declared else 1,
@@ -61,6 +68,30 @@ def test_undeclared_accumulation_is_named_once(
     # The module hook kept for the count (the window, or its dropping, ended first) goes
     # once it is done: the job runs bare.
     assert hook.hooks_after_check == 0  # type: ignore[attr-defined]
+
+
+def test_undeclared_accumulation_is_named_without_the_optimizer_given(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """No ``optimizer=``: forwards mark the steps until the first optimizer step (3 extra steps
+    for k = 4), then optimizer steps do. The count of forwards per step starts after that
+    switch (before, it counted the forward-marked steps, saw k = 1 and never warned: every ETA
+    4x too long without a word), and the switch itself is named once."""
+    caplog.set_level(logging.WARNING, logger="ets_hook")
+    hook = _train(4, optimizer_given=False)
+    assert hook.steps_completed == 40 + 3  # the 3 forward-marked steps before the first
+    (warning,) = _warnings(caplog)
+    assert "took 4 training forwards" in warning and "grad_accum_steps=4" in warning
+    switches = [r.getMessage() for r in caplog.records if "model forwards in" in r.getMessage()]
+    assert len(switches) == 1
+    assert "came 4 model forwards in" in switches[0] and "runs 3 ahead" in switches[0]
+
+
+def test_no_switch_note_for_one_forward_a_step(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="ets_hook")
+    hook = _train(1, optimizer_given=False)
+    assert hook.steps_completed == 160
+    assert not [r for r in caplog.records if "model forwards in" in r.getMessage()]
 
 
 @pytest.mark.parametrize(
