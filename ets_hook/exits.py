@@ -124,7 +124,7 @@ def close_all(state: str, error: str | None = None) -> None:
         try:
             listener.close_at_exit(state, error)
         except Exception:  # a hook's close must not stop the others, nor the exit
-            logger.debug("ets-hook: closing a hook at exit failed", exc_info=True)
+            logger.debug("closing a hook at exit failed", exc_info=True)
 
 
 def _at_exit() -> None:
@@ -174,7 +174,7 @@ def _thread_excepthook(args: Any) -> None:
                 try:
                     listener.after_thread_failed(thread.ident, args.exc_type.__name__)
                 except Exception:
-                    logger.debug("ets-hook: a hook failed after a thread failed", exc_info=True)
+                    logger.debug("a hook failed after a thread failed", exc_info=True)
     previous = _previous_thread_excepthook or threading.__excepthook__
     previous(args)
 
@@ -239,7 +239,7 @@ def after_failed_cell(error: str) -> None:
         try:
             listener.after_failed_cell(error)
         except Exception:
-            logger.debug("ets-hook: a hook failed after a failed cell", exc_info=True)
+            logger.debug("a hook failed after a failed cell", exc_info=True)
 
 
 def _post_run_cell(result: Any) -> None:
@@ -257,4 +257,4 @@ def _install_cell_hook() -> None:
         if shell is not None:
             shell.events.register("post_run_cell", _post_run_cell)
     except Exception:  # an IPython without events, or a stub: notebooks just go unwatched
-        logger.debug("ets-hook: IPython's post_run_cell not watched", exc_info=True)
+        logger.debug("IPython's post_run_cell not watched", exc_info=True)

@@ -109,6 +109,9 @@ FORWARD_SOURCE, ANY_OPTIMIZER_SOURCE = Authority.FORWARD.value, Authority.ANY_OP
 
 #: Steps during which the hook looks for ``torch.compile`` having been imported after it.
 COMPILE_REGISTER_STEPS = 64
+#: With no optimizer given, an optimizer first stepping within this many steps is part of the
+#: loop's iteration (not a new stage): the steps counted before it are named (one warning).
+NEW_OPTIMIZER_NOTE_STEPS = 16
 #: Seconds ``close`` waits for a running decode when the interpreter is exiting.
 EXIT_DECODE_WAIT_S = 10.0
 
@@ -248,9 +251,10 @@ class ETSHook:
                 over the state, at ``CHECKPOINT_SERIALIZE_BYTES_PER_S``.
             phase_every: period in steps of any named phase (int >= 0; 0: one-off).
             final_phases: names of phases your loop runs once more after its last step
-                whatever their period (a final evaluation or save): projected as one more
-                occurrence. A phase whose period lands on the last step needs no entry: the
-                job ends when its loop does, that occurrence included.
+                whatever their period (a final evaluation or save): projected as one
+                occurrence at the last step. A phase whose period lands on the last step
+                needs no entry (the job ends when its loop does, that occurrence included),
+                and gains none from one: occurrences at one step count once.
             initial_step: steps already done before this process (resumed jobs; int >= 0).
             early_stopping: ``(patience, min_delta, mode)`` or an ``EarlyStoppingRule``: the
                 job stops early by that rule on the metric given to ``report_metric``;
@@ -411,11 +415,11 @@ class ETSHook:
         exchange_timeout_s = check_exchange_timeout(rank_exchange_timeout_s)
         if disabled:
             reporters, capture_steps = [], 0
-            logger.debug("ets-hook: disabled by %s; this hook does nothing", DISABLE_ENV)
+            logger.debug("disabled by %s; this hook does nothing", DISABLE_ENV)
         previous = _hook_of_model.get(model)
         previous_hook = previous() if previous is not None else None
         if previous_hook is not None and not previous_hook._closed:
-            logger.info("ets-hook: a new ETSHook on this model replaces the previous one")
+            logger.info("a new ETSHook on this model replaces the previous one")
             previous_hook.close()
 
         self.model = model
@@ -516,6 +520,7 @@ class ETSHook:
         )
         self._hooks_removal_deferred = False
         self._forward_marked_steps = 0  # steps ended by forwards before any optimizer step
+        self._new_optimizer_noted = False
         self._window = WindowRunner(
             self._forecaster,
             capture_steps=capture_steps,
@@ -564,6 +569,7 @@ class ETSHook:
                 on_forward=self._guarded(self._on_forward),
                 on_inputs_vary=self._guarded(self._on_inputs_vary),
                 forwards_per_step=job.grad_accum_steps,
+                on_new_optimizer=self._guarded(self._on_new_optimizer),
             )
         )
         if not disabled:
@@ -719,7 +725,7 @@ class ETSHook:
                     restarts = restarts or self._epochs.restarts
                 self._epochs.restarts = restarts
         except Exception as exc:  # a loader whose attributes raise: not the loop's problem
-            logger.debug("ets-hook: the loader's worker restarts are unknown: %r", exc)
+            logger.debug("the loader's worker restarts are unknown: %r", exc)
         return self._use_batch_clock(BatchClock.attach(dataloader))
 
     def _use_batch_clock(self, clock: BatchClock | None) -> bool:
@@ -739,8 +745,9 @@ class ETSHook:
     def prediction(self) -> Prediction | None:
         """The current prediction (None before the first step). Cheap; cached between steps.
 
-        On the training thread its cost (a rebuild: ~0.1-0.5 ms in the first steps, ~25 µs
-        later) is left out of the step's time, as the hook's other own work is.
+        On the training thread its cost (a rebuild: ~0.1-0.8 ms in the first steps, 25-300 µs
+        later, the machine's and the job's length's) is left out of the step's time, as the
+        hook's other own work is, and not projected.
         """
         started_ns = time.perf_counter_ns()
         try:
@@ -858,7 +865,7 @@ class ETSHook:
         if outcome == exits.CLOSED and self._explicit_close:
             outcome = exits.INTERRUPTED
             logger.warning(
-                "ets-hook: the process exits before the framework ended training (step %d): "
+                "the process exits before the framework ended training (step %d): "
                 "closed as interrupted",
                 self.steps_completed,
             )
@@ -867,7 +874,7 @@ class ETSHook:
                 self._window.abandon("window cut short: the process exited")
                 if self.trace_path is not None:
                     logger.warning(
-                        "ets-hook: no trace written to %s: the job ended (%s) inside the "
+                        "no trace written to %s: the job ended (%s) inside the "
                         "capture window, after %d steps",
                         self.trace_path,
                         outcome,
@@ -896,7 +903,7 @@ class ETSHook:
             if window.state == WindowState.CAPTURING and not window.needs_capture_thread():
                 note = f"window abandoned: the notebook cell raised {error} inside it"
                 window.abandon(note)
-                logger.info("ets-hook: %s; timing steps only", note)
+                logger.info("%s; timing steps only", note)
         except Exception as exc:
             self._fail(exc)
 
@@ -930,7 +937,7 @@ class ETSHook:
             and not (self._disabled or self._explicit_close)  # a framework's run may be empty
         ):
             logger.warning(
-                "ets-hook: closed without a single training step: a step ends at an optimizer "
+                "closed without a single training step: a step ends at an optimizer "
                 "step of a watched optimizer (optimizer=), or at hook.step(); an inference or "
                 "evaluation loop (model.eval(), torch.no_grad()) calls hook.step() per batch"
             )
@@ -952,7 +959,7 @@ class ETSHook:
                 )
                 if self.trace_path is not None:
                     logger.warning(
-                        "ets-hook: no trace written to %s: the job ended after %d steps, "
+                        "no trace written to %s: the job ended after %d steps, "
                         "before a capture window step (skip_steps=%d)",
                         self.trace_path,
                         self.steps_completed,
@@ -1024,7 +1031,7 @@ class ETSHook:
             moved = torch.device(model_device(self.model))
             if moved.type != self._device.type:  # model.to(device) after the hook was made
                 logger.warning(
-                    "ets-hook: the model moved to %s after this ETSHook was created on %s; its "
+                    "the model moved to %s after this ETSHook was created on %s; its "
                     "step timing, priors and trace model stay those of %s: create the hook after "
                     "model.to(device), or pass device=",
                     moved,
@@ -1062,12 +1069,12 @@ class ETSHook:
                 wait_s = min(max(known), since_creation_s)
                 self._first_epoch_wait = (wait_s, now_ns / 1e9)
         except Exception as exc:  # only the seed's source changes
-            logger.debug("ets-hook: the first epoch's start-up was not read: %r", exc)
+            logger.debug("the first epoch's start-up was not read: %r", exc)
 
     def _on_inputs_vary(self) -> None:
         # The batches change shape beyond their batch dimension: steps of different lengths.
         logger.info(
-            "ets-hook: the batches change shape from step to step; the step time is predicted "
+            "the batches change shape from step to step; the step time is predicted "
             "as the mean over steps of every length seen (the trace estimate is left out)"
         )
         self._forecaster.set_variable_steps()
@@ -1152,7 +1159,7 @@ class ETSHook:
             return
         if self._forward_marked_steps and source == ANY_OPTIMIZER_SOURCE:
             logger.warning(
-                "ets-hook: the first optimizer step came %d model forwards in, each counted "
+                "the first optimizer step came %d model forwards in, each counted "
                 "as a step until then (no optimizer= given): the step count runs %d ahead of "
                 "the optimizer's; pass optimizer= (and grad_accum_steps= for accumulation) to "
                 "count optimizer steps",
@@ -1160,6 +1167,22 @@ class ETSHook:
                 self._forward_marked_steps,
             )
         self._forward_marked_steps = 0
+
+    def _on_new_optimizer(self, steps_before: int) -> None:
+        """With no optimizer given, another optimizer first stepped after the ones seen before
+        had ended ``steps_before`` steps alone. Early in the job (a GAN's two optimizers, one
+        stepping more often), those steps were parts of iterations and the count runs ahead:
+        said once, with what to pass. Later, a new optimizer is a new stage: nothing to say."""
+        if steps_before > NEW_OPTIMIZER_NOTE_STEPS or self._new_optimizer_noted:
+            return
+        self._new_optimizer_noted = True
+        logger.warning(
+            "another optimizer first stepped after %d step(s) had ended at the others' steps "
+            "alone (no optimizer= given): the step count may run ahead of the loop's "
+            "iterations; pass optimizer=[...] with every optimizer to end a step once all have "
+            "stepped",
+            steps_before,
+        )
 
     def _rank_coordinator(self, rank: int, world_size: int) -> RankCoordinator | None:
         """The rank exchange of a multi-process job (None: one process, or the exchange off)."""
@@ -1192,7 +1215,7 @@ class ETSHook:
             self._adopt_rank(rank, world_size)
             return
         logger.warning(
-            "ets-hook: torch.distributed was initialised after this ETSHook was created "
+            "torch.distributed was initialised after this ETSHook was created "
             "(rank %d of %d), after its first step: it goes on as a single process (no "
             "job-level prediction; every rank logs and writes rank 0's status and trace "
             "files); create the ETSHook after init_process_group",
@@ -1219,7 +1242,7 @@ class ETSHook:
             self._ranks.set_breakdown if self._ranks is not None else None,
         )
         logger.info(
-            "ets-hook: torch.distributed was initialised after this ETSHook was created: "
+            "torch.distributed was initialised after this ETSHook was created: "
             "it runs as rank %d of %d",
             rank,
             world_size,
@@ -1299,7 +1322,7 @@ class ETSHook:
             if not self._failed_once:
                 self._failed_once = True
                 logger.warning(
-                    "ets-hook: internal error, continuing as a step timer only: %r",
+                    "internal error, continuing as a step timer only: %r",
                     exc,
                     exc_info=logger.isEnabledFor(logging.DEBUG),
                 )

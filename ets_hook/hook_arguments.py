@@ -167,7 +167,7 @@ def warn_if_deadline_past(deadline: Any) -> None:
     ago_s = time.time() - deadline.timestamp()
     if ago_s >= 0:
         logger.warning(
-            "ets-hook: deadline=%r has already passed (%s ago%s): every prediction will miss it",
+            "deadline=%r has already passed (%s ago%s): every prediction will miss it",
             deadline,
             format_duration(ago_s),
             ", naive = local time" if deadline.tzinfo is None else "",

@@ -69,7 +69,7 @@ class UndeclaredAccumulation:
         if k < 2 or any(count != k for count in self._counts):
             return None
         logger.warning(
-            "ets-hook: each optimizer step took %d training forwards, but the job's length was "
+            "each optimizer step took %d training forwards, but the job's length was "
             "read from len(dataloader)=%d as one batch a step: if they are micro-batches of "
             "gradient accumulation, pass grad_accum_steps=%d (until then every ETA is %dx too "
             "long); if each batch takes %d forwards, pass steps_per_epoch=%d to say so",

@@ -163,7 +163,7 @@ class BatchClock:
                 return None
             return cls(loader)
         except Exception as exc:  # a loader subclass that refuses the attribute, no shm, ...
-            logger.debug("ets-hook: DataLoader batch clock not attached: %r", exc)
+            logger.debug("DataLoader batch clock not attached: %r", exc)
             return None
 
     @staticmethod
@@ -239,7 +239,7 @@ class BatchClock:
                 if loader.collate_fn is self._wrapper:
                     loader.collate_fn = self._original
             except Exception as exc:
-                logger.debug("ets-hook: DataLoader collate_fn not restored: %r", exc)
+                logger.debug("DataLoader collate_fn not restored: %r", exc)
 
 
 def _iterated_loader(loader: Any) -> Any:

@@ -376,8 +376,7 @@ class CompileWatcher:
         if not self._failed:
             self._failed = True
             logger.warning(
-                "ets-hook: compile watcher failed (%s: %s); compile time may be counted as "
-                "step time",
+                "compile watcher failed (%s: %s); compile time may be counted as step time",
                 type(exc).__name__,
                 exc,
             )

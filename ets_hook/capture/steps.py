@@ -266,6 +266,7 @@ class StepDetector:
         on_forward: Callable[[], None] | None = None,
         on_inputs_vary: Callable[[], None] | None = None,
         forwards_per_step: int = 1,
+        on_new_optimizer: Callable[[int], None] | None = None,
     ) -> None:
         """Install the hooks for the authority the arguments select.
 
@@ -284,6 +285,10 @@ class StepDetector:
                 ``WATCHED_FORWARDS`` forwards. None: not watched.
             forwards_per_step: training forwards per step where forwards mark the steps (the
                 gradient accumulation's micro-batches per optimizer step; int >= 1).
+            on_new_optimizer: with no optimizer given, called with the steps already ended by
+                the optimizers seen before when another one first steps while they are alive
+                (the others' steps alone ended those: a GAN's discriminator stepping twice
+                before its generator's first step). None: not told.
 
         Raises:
             ValueError: ``forwards_per_step`` is not an int >= 1.
@@ -303,6 +308,8 @@ class StepDetector:
         self._on_first_activity = on_first_activity
         self._on_forward = on_forward
         self._on_inputs_vary = on_inputs_vary
+        self._on_new_optimizer = on_new_optimizer
+        self._optimizer_boundaries = 0  # ANY_OPTIMIZER boundaries so far
         self._shape_watch = InputShapeWatch() if on_inputs_vary is not None else None
         self._scaler = grad_scaler
         self._handles: list[Any] = []
@@ -393,6 +400,9 @@ class StepDetector:
             expected = self._seen_ids
             seen_now = len(self._seen_optimizers) + len(self._kept_optimizers)
             if key not in expected or len(expected) != seen_now:  # a new one, or one freed
+                joined = key not in expected and len(expected) == seen_now and bool(expected)
+                if joined and self._optimizer_boundaries and self._on_new_optimizer is not None:
+                    self._on_new_optimizer(self._optimizer_boundaries)
                 try:
                     self._seen_optimizers.add(optimizer)
                 except TypeError:  # a class that refuses weak references: kept for good
@@ -408,6 +418,8 @@ class StepDetector:
         self._stepped_since_boundary.add(key)
         if expected <= self._stepped_since_boundary:
             self._stepped_since_boundary.clear()
+            if self.authority is Authority.ANY_OPTIMIZER:
+                self._optimizer_boundaries += 1
             self._on_boundary(self.authority.value)
 
     def _forward_pre(self, module: Any, args: Any, kwargs: Any) -> None:

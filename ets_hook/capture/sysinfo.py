@@ -190,7 +190,7 @@ def machine_facts(device: Any) -> tuple[DeviceInfo | None, HostInfo | None]:
         try:
             facts.append(gather())
         except Exception as exc:
-            logger.debug("ets-hook: machine facts unavailable now: %r", exc)
+            logger.debug("machine facts unavailable now: %r", exc)
             facts.append(None)
     return facts[0], facts[1]
 

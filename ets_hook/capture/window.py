@@ -220,7 +220,7 @@ def choose_op_capture(mode: str, *, observer_busy: bool = False) -> OpCaptureCho
     busy = other_profiler_active()
     if busy is not None:
         note = f"op capture backed off: {busy}"
-        logger.warning("ets-hook: %s; timing steps only", note)
+        logger.warning("%s; timing steps only", note)
         return OpCaptureChoice(None, note)
     profiler = ProfilerOpCapture()
     note = f"ops: {profiler.name}"
@@ -232,8 +232,7 @@ def choose_op_capture(mode: str, *, observer_busy: bool = False) -> OpCaptureCho
         )
         note += f" (native observer: {reason})"
         logger.info(
-            "ets-hook: native op observer unavailable (%s); the torch profiler captures this "
-            "window",
+            "native op observer unavailable (%s); the torch profiler captures this window",
             reason,
         )
     return OpCaptureChoice(profiler, note)
@@ -255,7 +254,7 @@ def start_kernel_collector() -> tuple[Any, str]:
     if status.available:
         return collector, "on: CUPTI activity collector"
     collector.close()
-    logger.info("ets-hook: kernel capture unavailable: %s", status.reason)
+    logger.info("kernel capture unavailable: %s", status.reason)
     return None, f"off: {status.reason}"
 
 

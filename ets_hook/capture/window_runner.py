@@ -384,7 +384,7 @@ class WindowRunner:
         if holder is not None and self._observer_waits < MAX_OBSERVER_WAIT_STEPS:
             if self._observer_waits == 0:
                 logger.info(
-                    "ets-hook: another ETSHook's capture holds the op observer; this hook's "
+                    "another ETSHook's capture holds the op observer; this hook's "
                     "window waits for it"
                 )
             awaited = self._awaited
@@ -474,7 +474,7 @@ class WindowRunner:
         self._awaited = None
         holder.on_preempt()
         logger.warning(
-            "ets-hook: another ETSHook's capture window saw no step in %d of this hook's steps "
+            "another ETSHook's capture window saw no step in %d of this hook's steps "
             "(its loop stopped: an exception, a notebook cell run again?): it was abandoned, and "
             "this hook captures with the op observer",
             self._observer_waits - since,
@@ -666,7 +666,7 @@ class WindowRunner:
             f"capture dropped: decoding it would cost more than {share:g}% of this job's "
             "predicted total (a short job: its steps are timed only)"
         )
-        logger.info("ets-hook: %s", self._capture_note)
+        logger.info("%s", self._capture_note)
 
     def _restart_ops(self) -> None:
         self._restart_pending = False
@@ -692,7 +692,7 @@ class WindowRunner:
             "op capture backed off: a torch.profiler session was opened inside the capture "
             "window (left alone; ets-hook times steps only)"
         )
-        logger.warning("ets-hook: %s", self._capture_note)
+        logger.warning("%s", self._capture_note)
         return True
 
     # ------------------------------------------------------------------------------------------
@@ -766,7 +766,7 @@ class WindowRunner:
             if whole is not None:
                 self._sink.set_input_wait(whole.data_wait_s, whole.wall_s)
         except Exception as exc:  # shown, not needed: never fails the window
-            logger.debug("ets-hook: the window's input wait is unavailable: %r", exc)
+            logger.debug("the window's input wait is unavailable: %r", exc)
             return None
         return None if partial else whole
 
@@ -774,7 +774,7 @@ class WindowRunner:
         try:
             estimate = self._trace_estimator(trace) if self._trace_estimator else None
         except Exception as exc:  # the trace estimate is optional: log, keep the measured one
-            logger.info("ets-hook: trace-based estimate unavailable: %r", exc)
+            logger.info("trace-based estimate unavailable: %r", exc)
             return
         if estimate is not None:
             self._sink.set_trace_estimate(estimate)

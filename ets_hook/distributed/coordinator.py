@@ -187,7 +187,7 @@ class RankCoordinator:
             slow = view.forecast_of(straggler)
             slow_ms = slow.busy_s * 1e3 if slow is not None and slow.busy_s is not None else 0.0
             logger.warning(
-                "ets-hook: rank %d is a straggler: compute + data wait %.2f ms per step, %.2fx "
+                "rank %d is a straggler: compute + data wait %.2f ms per step, %.2fx "
                 "the fastest rank's (%.2f ms); the other ranks wait for it in collectives",
                 straggler,
                 slow_ms,
@@ -201,7 +201,7 @@ class RankCoordinator:
         if not self._logged_skip:
             self._logged_skip = True
             logger.info(
-                "ets-hook: rank exchange %d skipped on rank %d: %s; predictions are this rank's "
+                "rank exchange %d skipped on rank %d: %s; predictions are this rank's "
                 "own until an exchange succeeds",
                 exchange,
                 self.rank,

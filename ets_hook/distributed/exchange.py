@@ -281,4 +281,4 @@ class RankExchange:
         try:
             self._on_view(view)
         except Exception as exc:
-            logger.warning("ets-hook: applying the job view failed: %r", exc)
+            logger.warning("applying the job view failed: %r", exc)

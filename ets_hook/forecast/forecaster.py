@@ -412,7 +412,7 @@ class Forecaster:
         if rule is not None and not isinstance(rule, EarlyStoppingRule):
             raise ValueError(f"rule must be an EarlyStoppingRule or None, got {rule!r}")
         if rule is not None and self._job.total_steps is None:
-            logger.info("ets-hook: early stopping followed only when the job's length is known")
+            logger.info("early stopping followed only when the job's length is known")
             rule = None
         with self._lock:
             self._early_stop = (
@@ -434,7 +434,7 @@ class Forecaster:
             with self._lock:
                 self._version += 1
         except Exception as exc:
-            logger.info("ets-hook: early-stopping metric ignored: %r", exc)
+            logger.info("early-stopping metric ignored: %r", exc)
 
     def set_input_wait(self, data_wait_s: float, step_wall_s: float) -> None:
         """What the captured steps waited for their input (``WindowSink``): the median wait (a
@@ -776,7 +776,7 @@ class Forecaster:
                 self._supply_read = readings
             return self._supply
         except Exception as exc:
-            logger.debug("ets-hook: DataLoader batch times unreadable: %r", exc)
+            logger.debug("DataLoader batch times unreadable: %r", exc)
             return None
 
     def _measured_estimate(self) -> Estimate | None:
@@ -892,7 +892,7 @@ class Forecaster:
         if measured is not None and measured.recurring_period_steps and not self._recurring_noted:
             self._recurring_noted = True
             logger.info(
-                "ets-hook: every %d steps a step runs %.3g ms longer: work the loop does not "
+                "every %d steps a step runs %.3g ms longer: work the loop does not "
                 "mark (an evaluation? a checkpoint?), now counted in the step time; "
                 "`with hook.phase(name):` around it has it priced as a phase from its first run",
                 measured.recurring_period_steps,
@@ -943,7 +943,7 @@ class Forecaster:
             if not self._overrun_noted:
                 self._overrun_noted = True
                 logger.warning(
-                    "ets-hook: the loop ran past the job's length (step %d, total_steps=%d from "
+                    "the loop ran past the job's length (step %d, total_steps=%d from "
                     "the arguments given or the trainer); the total is unknown from here on",
                     step,
                     job.total_steps,
@@ -1103,4 +1103,4 @@ class Forecaster:
     def _fail(self, exc: BaseException) -> None:
         if not self._failed:
             self._failed = True
-            logger.warning("ets-hook: forecaster error, reporters disabled: %r", exc, exc_info=True)
+            logger.warning("forecaster error, reporters disabled: %r", exc, exc_info=True)

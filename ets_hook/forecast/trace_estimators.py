@@ -570,5 +570,5 @@ def resolve_trace_estimator(
     try:
         return default_trace_estimator(device_type)
     except Exception as exc:
-        logging.getLogger("ets_hook").info("ets-hook: trace-based estimator unavailable: %r", exc)
+        logging.getLogger("ets_hook").info("trace-based estimator unavailable: %r", exc)
         return None

@@ -323,7 +323,7 @@ class BaseETSCallback:
         trainer_package = package_of(trainer)
         if trainer_package and self.lightning_package and trainer_package != self.lightning_package:
             logger.warning(
-                "ets-hook: this ETSCallback is a %s Callback but the Trainer is from %s: use "
+                "this ETSCallback is a %s Callback but the Trainer is from %s: use "
                 "%s.ETSCallback (or callback_class(%r))",
                 self.lightning_package,
                 trainer_package,
@@ -366,7 +366,7 @@ class BaseETSCallback:
             self._patch_progress_bar(trainer)
         notes += self._length_notes(trainer, trainer_total)
         for note in notes:
-            logger.info("ets-hook: %s", note)
+            logger.info("%s", note)
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         """Begin the validation phase (validation during training only)."""
@@ -420,7 +420,7 @@ class BaseETSCallback:
                 )
         except Exception as exc:  # never into the training loop: log once, stop logging
             self._logging_failed = True
-            logger.warning("ets-hook: logging the prediction to Lightning failed: %r", exc)
+            logger.warning("logging the prediction to Lightning failed: %r", exc)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         """Close the hook (final prediction, every hook removed)."""
@@ -464,13 +464,13 @@ class BaseETSCallback:
                         if clock is not None:
                             callback._early_clocks.append(clock)
                 except Exception as exc:  # a collection whose attributes raise: untimed
-                    logger.debug("ets-hook: train loaders not timed: %r", exc)
+                    logger.debug("train loaders not timed: %r", exc)
             return loaders
 
         try:
             source.dataloader = dataloader
         except Exception as exc:  # a frozen or slotted source in another Lightning version
-            logger.debug("ets-hook: Lightning's train loader source not wrapped: %r", exc)
+            logger.debug("Lightning's train loader source not wrapped: %r", exc)
             return
         self._source_patch = (source, dataloader)
 
@@ -492,7 +492,7 @@ class BaseETSCallback:
                     if self._hook.time_dataloader_workers(loader):
                         timed.append(BatchClock.attached_to(loader))
             except Exception as exc:  # a collection whose attributes raise: untimed
-                logger.debug("ets-hook: train loaders not timed: %r", exc)
+                logger.debug("train loaders not timed: %r", exc)
         for clock in early:
             if all(clock is not used for used in timed):
                 clock.detach()
@@ -649,7 +649,7 @@ class BaseETSCallback:
         try:
             value = float(metrics[monitor])
         except (TypeError, ValueError, RuntimeError) as exc:
-            logger.debug("ets-hook: %s is not a number: %r", monitor, exc)
+            logger.debug("%s is not a number: %r", monitor, exc)
             return
         self._hook.report_metric(monitor, value)
 
@@ -723,13 +723,13 @@ class BaseETSCallback:
                 ours = callback.bar_items()
                 return {**items, **ours} if ours else items
             except Exception as exc:  # never into the loop: the bar as it was
-                logger.debug("ets-hook: the ETA not shown in the progress bar: %r", exc)
+                logger.debug("the ETA not shown in the progress bar: %r", exc)
                 return items
 
         try:
             bar.get_metrics = get_metrics
         except Exception as exc:  # a read-only attribute: the number stays in the bar
-            logger.debug("ets-hook: Lightning's progress bar not wrapped: %r", exc)
+            logger.debug("Lightning's progress bar not wrapped: %r", exc)
             return
         self._bar_patch = (bar, get_metrics, previous)
 

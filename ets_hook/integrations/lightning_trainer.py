@@ -46,7 +46,7 @@ def trainer_total_steps(trainer: Any) -> int | None:
     try:
         estimated = whole_number(trainer.estimated_stepping_batches)
     except Exception as exc:  # e.g. accumulation scheduled to vary per epoch
-        logger.debug("ets-hook: estimated_stepping_batches unavailable: %r", exc)
+        logger.debug("estimated_stepping_batches unavailable: %r", exc)
         estimated = None
     if estimated is not None and estimated > 0:
         candidates.append(estimated)
@@ -72,7 +72,7 @@ def trainer_time_limit_s(trainer: Any) -> float | None:
     try:
         remaining = timer.time_remaining()
     except Exception as exc:  # another Lightning version's Timer
-        logger.debug("ets-hook: the Trainer's time limit is unreadable: %r", exc)
+        logger.debug("the Trainer's time limit is unreadable: %r", exc)
         return None
     if isinstance(remaining, bool) or not isinstance(remaining, (int, float)):
         return None
@@ -300,7 +300,7 @@ def early_stopping_rule(callback: Any) -> EarlyStoppingRule | None:
             bool(getattr(callback, "check_finite", True)),
         )
     except (AttributeError, TypeError, ValueError) as exc:
-        logger.info("ets-hook: EarlyStopping not followed: %r", exc)
+        logger.info("EarlyStopping not followed: %r", exc)
         return None
 
 

@@ -275,7 +275,7 @@ class ETSTrainerCallback(TrainerCallback):
             self._price_evaluation(args, options.get("grad_accum_steps", 1))
         if disagree:  # after the hook: its console handler shows the line
             logger.info(
-                "ets-hook: ETSTrainerCallback uses the values given explicitly: %s",
+                "ETSTrainerCallback uses the values given explicitly: %s",
                 "; ".join(disagree),
             )
 
@@ -498,7 +498,7 @@ class ETSTrainerCallback(TrainerCallback):
                 bool(getattr(args, "greater_is_better", False)),
             )
         except (ValueError, TypeError) as exc:
-            logger.info("ets-hook: EarlyStoppingCallback not followed: %r", exc)
+            logger.info("EarlyStoppingCallback not followed: %r", exc)
             return None
 
     def _report_metric(self, metrics: dict[str, Any] | None) -> None:
@@ -540,7 +540,7 @@ class ETSTrainerCallback(TrainerCallback):
             self.hook.close()
         elif not self.hook.closed:
             logger.warning(
-                "ets-hook: the previous Trainer.train() stopped at step %d without ending "
+                "the previous Trainer.train() stopped at step %d without ending "
                 "(an exception): closed as interrupted",
                 self.hook.steps_completed,
             )
@@ -568,7 +568,7 @@ class ETSTrainerCallback(TrainerCallback):
                 entry.update(values)
             logs.update(values)
         except Exception as exc:  # a log without our values, never a failed training
-            logger.debug("ets-hook: could not add the prediction to the Trainer's log: %r", exc)
+            logger.debug("could not add the prediction to the Trainer's log: %r", exc)
 
     def _show_progress(self) -> None:
         """Our ETA in the postfix of the Trainer's tqdm bar (redrawn by its next update)."""
@@ -580,7 +580,7 @@ class ETSTrainerCallback(TrainerCallback):
         try:
             bar.set_postfix_str(TqdmReporter.postfix(prediction), refresh=False)
         except Exception as exc:
-            logger.debug("ets-hook: could not annotate the Trainer's progress bar: %r", exc)
+            logger.debug("could not annotate the Trainer's progress bar: %r", exc)
 
     def _adopt_handler(self) -> None:
         """Find the Trainer's ``CallbackHandler`` (the caller of this event), put
@@ -588,14 +588,14 @@ class ETSTrainerCallback(TrainerCallback):
         try:
             self._adopt(self._handler() if self._handler is not None else None)
         except Exception as exc:  # the values then reach fewer places; training goes on
-            logger.debug("ets-hook: could not arrange the Trainer's callbacks: %r", exc)
+            logger.debug("could not arrange the Trainer's callbacks: %r", exc)
 
     def _adopt(self, handler: CallbackHandler | None) -> None:
         if handler is None or not any(cb is self for cb in handler.callbacks):
             handler = _calling_handler(self)
         if handler is None:
             logger.debug(
-                "ets-hook: the Trainer's callback list was not found; the ets/ values reach "
+                "the Trainer's callback list was not found; the ets/ values reach "
                 "state.log_history and the callbacks after ETSTrainerCallback only"
             )
             return
@@ -675,7 +675,7 @@ def _trainer_options(
             optimizer_list(_held_optimizer(optimizer))
         except ValueError:
             logger.info(
-                "ets-hook: the Trainer's optimizer (%s) holds no torch optimizer; steps are "
+                "the Trainer's optimizer (%s) holds no torch optimizer; steps are "
                 "marked by any optimizer's step or the model's forwards",
                 type(optimizer).__name__,
             )

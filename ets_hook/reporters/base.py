@@ -303,7 +303,7 @@ class ReportDispatcher:
         except Exception as exc:
             slot.active = False
             logger.warning(
-                "ets-hook: reporter %s failed and is disabled: %r",
+                "reporter %s failed and is disabled: %r",
                 type(slot.reporter).__name__,
                 exc,
                 exc_info=True,

@@ -259,7 +259,9 @@ class DeadlineGuard(Reporter):
         self.fired = miss
         # Stop being scheduled: fired once, never again.
         self.schedule = ReportSchedule(first_steps=0)
-        self.logger.warning("%s", miss.message)
+        # The message keeps its "ets-hook: " for the exception (on_deadline="raise"); the log
+        # record goes without it, as every other: handlers name the logger, ours adds it.
+        self.logger.warning("%s", miss.message.removeprefix("ets-hook: "))
         if self.on_deadline == "raise":
             raise DeadlineExceededError(miss)
         if callable(self.on_deadline):

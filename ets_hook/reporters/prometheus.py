@@ -304,15 +304,14 @@ class PrometheusReporter(Reporter):
         except OSError as exc:
             if not self._write_failing:
                 logger.warning(
-                    "ets-hook: cannot write the Prometheus textfile %s (%s); retrying at the "
-                    "next prediction",
+                    "cannot write the Prometheus textfile %s (%s); retrying at the next prediction",
                     self.textfile,
                     exc,
                 )
             self._write_failing = True
             return
         if self._write_failing:
-            logger.info("ets-hook: Prometheus textfile %s written again", self.textfile)
+            logger.info("Prometheus textfile %s written again", self.textfile)
         self._write_failing = False
 
     def _serve(self) -> None:
@@ -331,7 +330,7 @@ class PrometheusReporter(Reporter):
             except OSError as exc:
                 self._off = True
                 logger.warning(
-                    "ets-hook: cannot serve Prometheus metrics on port %d (%s); the Prometheus "
+                    "cannot serve Prometheus metrics on port %d (%s); the Prometheus "
                     "reporter is off",
                     self.port,
                     exc,

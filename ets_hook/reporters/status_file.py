@@ -255,14 +255,14 @@ class StatusFileReporter(Reporter):
             delay = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (self._failures - 1))
             self._retry_at = now + delay
             logger.warning(
-                "ets-hook: cannot write the status file %s (%s); retrying in %.0f s",
+                "cannot write the status file %s (%s); retrying in %.0f s",
                 self.path,
                 exc,
                 delay,
             )
             return False
         if self._failures:
-            logger.info("ets-hook: status file %s written again", self.path)
+            logger.info("status file %s written again", self.path)
         self._failures = 0
         self._retry_at = -math.inf
         return True

@@ -175,7 +175,7 @@ def test_failures_never_raise_and_are_logged_once(caplog: pytest.LogCaptureFixtu
         watcher.on_compile_end(args())
         watcher.on_compile_start(args())
     assert [r.getMessage() for r in caplog.records if "compile watcher" in r.getMessage()] == [
-        "ets-hook: compile watcher failed (RuntimeError: clock broke); compile time may be "
+        "compile watcher failed (RuntimeError: clock broke); compile time may be "
         "counted as step time"
     ]
     assert watcher.events == []

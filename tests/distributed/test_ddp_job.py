@@ -101,7 +101,7 @@ def test_both_ranks_get_the_same_job_view_naming_the_slow_rank(job: Path) -> Non
 
 def test_straggler_warning_on_rank0_only(job: Path) -> None:
     rank0 = (job / "log.rank0.txt").read_text()
-    assert f"WARNING ets-hook: rank {SLOW_RANK} is a straggler" in rank0
+    assert f"WARNING rank {SLOW_RANK} is a straggler" in rank0
     assert "straggler" not in (job / "log.rank1.txt").read_text()
 
 

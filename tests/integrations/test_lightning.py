@@ -455,8 +455,8 @@ def test_explicit_options_win_with_one_log_line(caplog: pytest.LogCaptureFixture
     assert callback.resolved_options["grad_accum_steps"] == 1
     messages = [r.getMessage() for r in caplog.records if "the Trainer says" in r.getMessage()]
     assert sorted(messages) == [
-        "ets-hook: grad_accum_steps=1 given; the Trainer says 2 (using 1)",
-        "ets-hook: the job length given resolves to 10 steps; the Trainer says 4 (using 10)",
+        "grad_accum_steps=1 given; the Trainer says 2 (using 1)",
+        "the job length given resolves to 10 steps; the Trainer says 4 (using 10)",
     ]
 
 
@@ -794,7 +794,7 @@ def test_a_long_value_is_named_by_its_type_in_the_log_line(
         trainer.fit(module, loaders(batches=2)[0])
     assert callback.resolved_options["model"] is module.net
     linear = "Linear(in_features=8, out_features=1, bias=True)"  # short: shown as it is
-    expected = f"ets-hook: model={linear} given; the Trainer says <TinyModule> (using {linear})"
+    expected = f"model={linear} given; the Trainer says <TinyModule> (using {linear})"
     assert expected in [r.getMessage() for r in caplog.records]
 
 

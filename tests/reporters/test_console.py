@@ -27,6 +27,7 @@ SCRIPT = textwrap.dedent(
         model(torch.randn(2, 4)).sum().backward()
         opt.step()
     hook.close()
+    ETSHook(torch.nn.Linear(2, 2), total_steps=5, capture_steps=0, log_every=None).close()
     """
 )
 MODES = ("default", "quiet", "configured", "no-lines")
@@ -51,6 +52,16 @@ def runs() -> dict[str, str]:
 
 def _lines(stderr: str, prefix: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith(prefix)]
+
+
+def test_notes_carry_the_prefix_once_on_stderr_and_none_in_the_apps_handlers(runs) -> None:
+    """A warning (a hook closed without a step): ``ets-hook: ...`` from our handler; through
+    the application's formatter, which names the logger, no ``ets-hook:`` of its own (before:
+    ``ets_hook: ets-hook: ...`` beside ``ets_hook: step 3/60 ...``)."""
+    note = "closed without a single training step"
+    assert _lines(runs["default"], f"ets-hook: {note}")
+    assert "ets-hook: ets-hook:" not in runs["default"]
+    assert _lines(runs["configured"], f"APP ets_hook {note}")
 
 
 def test_lines_show_on_stderr_by_default(runs) -> None:

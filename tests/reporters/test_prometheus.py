@@ -191,8 +191,7 @@ def test_a_failed_textfile_write_is_logged_once_and_retried(
     with caplog.at_level(logging.WARNING, logger="ets_hook"):
         f = drive(reporter)
     assert [r.getMessage() for r in caplog.records].count(
-        f"ets-hook: cannot write the Prometheus textfile {path} (disk full); retrying at the "
-        "next prediction"
+        f"cannot write the Prometheus textfile {path} (disk full); retrying at the next prediction"
     ) == 1
     monkeypatch.undo()
     f.close()
