@@ -101,5 +101,7 @@ class TqdmReporter(Reporter):
             self._bar.set_postfix_str(self.postfix(prediction), refresh=not self._own)
         if self._own:
             if prediction is not None:
+                if self._bar.total is None and prediction.total_steps is not None:
+                    self._bar.total = prediction.total_steps  # a length learned at the end
                 self._bar.update(prediction.step - self._bar.n)
             self._bar.close()

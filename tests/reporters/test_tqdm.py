@@ -37,6 +37,17 @@ def test_tqdm_bar_of_our_own(capsys: pytest.CaptureFixture[str]) -> None:
     assert reporter._bar is not None and reporter._bar.disable is True  # closed
 
 
+def test_our_bar_of_a_job_of_unknown_length_ends_full(capsys: pytest.CaptureFixture[str]) -> None:
+    """No length until close (which learns it): the last frame reads 30/30, not 30/?."""
+    pytest.importorskip("tqdm")
+    reporter = TqdmReporter(file=sys.stderr, mininterval=0)
+    f = Forecaster(JobModel(), start_s=0.0, reports=ReportDispatcher([reporter]))
+    run_job(f, 30, 0.2, on_step=lambda step, now: f.prediction)
+    f.close()
+    err = capsys.readouterr().err
+    assert "30/30" in err and "100%" in err
+
+
 def test_missing_tqdm_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "tqdm", None)
     with pytest.raises(ImportError, match=r"pip install 'ets-hook\[tqdm\]'"):
