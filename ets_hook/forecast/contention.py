@@ -344,6 +344,8 @@ def outdated_by_recent_steps(recent_s: np.ndarray, iteration_s: float, ci_s: flo
     """
     if len(recent_s) < OUTDATED_RUN_STEPS or not iteration_s > 0:
         return False
-    last = np.asarray(recent_s[-OUTDATED_RUN_STEPS:], dtype=float)
+    # Six floats, on every prediction a loop reads: plain Python (numpy's calls cost ~20 us).
+    last = [float(value) for value in recent_s[-OUTDATED_RUN_STEPS:]]
     band_s = max(ci_s, MIN_SHIFT_REL * iteration_s)
-    return bool(np.all(last > iteration_s + band_s) or np.all(last < iteration_s - band_s))
+    high_s, low_s = iteration_s + band_s, iteration_s - band_s
+    return all(value > high_s for value in last) or all(value < low_s for value in last)

@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import statistics
 import sys
 import threading
 import time
@@ -931,7 +932,7 @@ class Forecaster:
             # A run longer than a burst sits off the estimate: a lasting shift may be under way
             # (confirmed MIN_SHIFT_STEPS steps after the change). The point waits for that; the
             # interval reaches the level the latest steps run at.
-            reach_s = abs(float(np.median(recent)) - est.iteration_s)
+            reach_s = abs(statistics.median(recent.tolist()) - est.iteration_s)
             est = dataclasses.replace(est, ci_s=max(est.ci_s, reach_s))
         est = bound_by_supply(est, supply, job.grad_accum_steps)
         step = job.initial_step + self._steps_done
