@@ -105,7 +105,7 @@ TraceEstimator = Callable[[Trace], "TraceEstimate | None"]
 # its own bounded summary for any job length.
 MAX_KEPT_STEP_TIMES = 1 << 20
 
-FORWARD_SOURCE, ANY_OPTIMIZER_SOURCE = Authority.FORWARD.value, Authority.ANY_OPTIMIZER.value
+FORWARD_SOURCE = Authority.FORWARD.value
 
 #: Steps during which the hook looks for ``torch.compile`` having been imported after it.
 COMPILE_REGISTER_STEPS = 64
@@ -519,7 +519,6 @@ class ETSHook:
             else None
         )
         self._hooks_removal_deferred = False
-        self._forward_marked_steps = 0  # steps ended by forwards before any optimizer step
         self._new_optimizer_noted = False
         self._window = WindowRunner(
             self._forecaster,
@@ -570,6 +569,7 @@ class ETSHook:
                 on_inputs_vary=self._guarded(self._on_inputs_vary),
                 forwards_per_step=job.grad_accum_steps,
                 on_new_optimizer=self._guarded(self._on_new_optimizer),
+                on_first_optimizer_step=self._guarded(self._on_first_optimizer_step),
             )
         )
         if not disabled:
@@ -1095,7 +1095,6 @@ class ETSHook:
                 self._recheck_rank()
             if compile_ns:
                 self._on_compile_step(step_index, compile_ns, now_ns)
-            self._note_first_optimizer_step(source)
             if self._epochs is not None:
                 self._on_epoch_starts(epoch_start_ns, now_ns)
             if step_index == BARE_AFTER_STEP and self._window.state == WindowState.OFF:
@@ -1149,33 +1148,33 @@ class ETSHook:
         finally:
             self._clock.boundary_done(now_ns)
 
-    def _note_first_optimizer_step(self, source: str) -> None:
-        """With no optimizer given, training forwards mark steps until an optimizer first
-        steps (``capture.steps``): a loop with several forwards per optimizer step (undeclared
-        accumulation, two forwards a batch) had each counted as a step until then, and its count
-        runs ahead of the optimizer's for good. Say so once, and what to pass."""
-        if source == FORWARD_SOURCE:
-            self._forward_marked_steps += 1
-            return
-        if self._forward_marked_steps and source == ANY_OPTIMIZER_SOURCE:
-            logger.warning(
-                "the first optimizer step came %d model forwards in, each counted "
-                "as a step until then (no optimizer= given): the step count runs %d ahead of "
-                "the optimizer's; pass optimizer= (and grad_accum_steps= for accumulation) to "
-                "count optimizer steps",
-                self._forward_marked_steps + 1,
-                self._forward_marked_steps,
-            )
-        self._forward_marked_steps = 0
+    def _on_first_optimizer_step(self, forward_steps: int) -> None:
+        """With no optimizer given, training forwards marked ``forward_steps`` steps before an
+        optimizer first stepped (``capture.steps``): a loop with several forwards per optimizer
+        step (undeclared accumulation, two forwards a batch) had each counted as a step, and its
+        count runs ahead of the optimizer's for good. Said once (the detector tells once), with
+        what to pass; the line is the hook's own time, not the step's."""
+        started_ns = time.perf_counter_ns()
+        logger.warning(
+            "the first optimizer step came %d model forwards in, each counted "
+            "as a step until then (no optimizer= given): the step count runs %d ahead of "
+            "the optimizer's; pass optimizer= (and grad_accum_steps= for accumulation) to "
+            "count optimizer steps",
+            forward_steps + 1,
+            forward_steps,
+        )
+        self._clock.count_own(started_ns)
 
     def _on_new_optimizer(self, steps_before: int) -> None:
         """With no optimizer given, another optimizer first stepped after the ones seen before
         had ended ``steps_before`` steps alone. Early in the job (a GAN's two optimizers, one
         stepping more often), those steps were parts of iterations and the count runs ahead:
-        said once, with what to pass. Later, a new optimizer is a new stage: nothing to say."""
+        said once, with what to pass (the hook's own time, not the step's). Later, a new
+        optimizer is a new stage: nothing to say."""
         if steps_before > NEW_OPTIMIZER_NOTE_STEPS or self._new_optimizer_noted:
             return
         self._new_optimizer_noted = True
+        started_ns = time.perf_counter_ns()
         logger.warning(
             "another optimizer first stepped after %d step(s) had ended at the others' steps "
             "alone (no optimizer= given): the step count may run ahead of the loop's "
@@ -1183,6 +1182,7 @@ class ETSHook:
             "stepped",
             steps_before,
         )
+        self._clock.count_own(started_ns)
 
     def _rank_coordinator(self, rank: int, world_size: int) -> RankCoordinator | None:
         """The rank exchange of a multi-process job (None: one process, or the exchange off)."""

@@ -267,6 +267,7 @@ class StepDetector:
         on_inputs_vary: Callable[[], None] | None = None,
         forwards_per_step: int = 1,
         on_new_optimizer: Callable[[int], None] | None = None,
+        on_first_optimizer_step: Callable[[int], None] | None = None,
     ) -> None:
         """Install the hooks for the authority the arguments select.
 
@@ -289,6 +290,10 @@ class StepDetector:
                 the optimizers seen before when another one first steps while they are alive
                 (the others' steps alone ended those: a GAN's discriminator stepping twice
                 before its generator's first step). None: not told.
+            on_first_optimizer_step: with no optimizer given, called at the first optimizer
+                step with the steps training forwards had ended before it, when there were
+                any (several forwards per optimizer step: each was counted as a step until
+                then). None: not told. Both notes come after that step's boundary.
 
         Raises:
             ValueError: ``forwards_per_step`` is not an int >= 1.
@@ -309,7 +314,9 @@ class StepDetector:
         self._on_forward = on_forward
         self._on_inputs_vary = on_inputs_vary
         self._on_new_optimizer = on_new_optimizer
+        self._on_first_optimizer_step = on_first_optimizer_step
         self._optimizer_boundaries = 0  # ANY_OPTIMIZER boundaries so far
+        self._forward_boundaries = 0  # FORWARD boundaries so far
         self._shape_watch = InputShapeWatch() if on_inputs_vary is not None else None
         self._scaler = grad_scaler
         self._handles: list[Any] = []
@@ -394,15 +401,16 @@ class StepDetector:
             return
         self._optimizer_since_explicit = True
         key = id(optimizer)
+        forward_steps = joined_after = 0  # what to tell once the boundary is done
         if self.authority is Authority.FORWARD:
             self.authority = Authority.ANY_OPTIMIZER
+            forward_steps = self._forward_boundaries
         if self.authority is Authority.ANY_OPTIMIZER:
             expected = self._seen_ids
             seen_now = len(self._seen_optimizers) + len(self._kept_optimizers)
             if key not in expected or len(expected) != seen_now:  # a new one, or one freed
-                joined = key not in expected and len(expected) == seen_now and bool(expected)
-                if joined and self._optimizer_boundaries and self._on_new_optimizer is not None:
-                    self._on_new_optimizer(self._optimizer_boundaries)
+                if key not in expected and len(expected) == seen_now and expected:
+                    joined_after = self._optimizer_boundaries  # others alive: it joined them
                 try:
                     self._seen_optimizers.add(optimizer)
                 except TypeError:  # a class that refuses weak references: kept for good
@@ -421,6 +429,10 @@ class StepDetector:
             if self.authority is Authority.ANY_OPTIMIZER:
                 self._optimizer_boundaries += 1
             self._on_boundary(self.authority.value)
+        if forward_steps and self._on_first_optimizer_step is not None:
+            self._on_first_optimizer_step(forward_steps)
+        if joined_after and self._on_new_optimizer is not None:
+            self._on_new_optimizer(joined_after)
 
     def _forward_pre(self, module: Any, args: Any, kwargs: Any) -> None:
         if _is_compiling():
@@ -446,6 +458,7 @@ class StepDetector:
             self.authority is Authority.FORWARD and self._forwards_in_step > self._forwards_per_step
         ):
             self._forwards_in_step = 1
+            self._forward_boundaries += 1
             self._on_boundary(Authority.FORWARD.value)
             return
         if self._on_forward is not None:

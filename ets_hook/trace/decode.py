@@ -283,7 +283,7 @@ def build_iterations(
                 positions[raw_index] = (slot, k)
         start_ns = bound.start_ns
         if bound.own_ns > 0:  # the hook's own reads: out of the lead-in, never past an op
-            first_op_ns = min((starts_ns[i] for i in indices), default=bound.end_ns)
+            first_op_ns = starts_ns[indices[0]] if indices else bound.end_ns  # start order
             start_ns = max(start_ns, min(start_ns + bound.own_ns, first_op_ns, bound.end_ns))
         iterations.append(
             IterationTrace(step=bound.step, start_ns=start_ns, end_ns=bound.end_ns, ops=ops)

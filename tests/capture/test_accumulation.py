@@ -121,39 +121,3 @@ def test_uneven_forwards_per_step_are_not_accumulation() -> None:
     stopped = UndeclaredAccumulation(batches_per_epoch=100)
     stopped.on_step(0)
     assert stopped.on_step(1) is None and stopped.done  # no forward reported: hook gone
-
-
-@pytest.mark.parametrize("optimizers_given", [False, True])
-def test_a_gans_second_optimizer_joining_late_is_named_once(
-    caplog: pytest.LogCaptureFixture, optimizers_given: bool
-) -> None:
-    """No optimizer given, a discriminator stepping twice before the generator's first step:
-    those two steps ended at D's steps alone and the count runs ahead of the iterations (a
-    trial: 52 steps for 50). Said once, naming what to pass; nothing when both are given."""
-    caplog.set_level(logging.WARNING, logger="ets_hook")
-    torch.manual_seed(0)
-    generator, discriminator = torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)
-    opt_g = torch.optim.SGD(generator.parameters(), lr=0.01)
-    opt_d = torch.optim.SGD(discriminator.parameters(), lr=0.01)
-    hook = ETSHook(
-        generator,
-        [opt_g, opt_d] if optimizers_given else None,
-        total_steps=20,
-        capture_steps=0,
-        log_every=None,
-    )
-    for _ in range(20):
-        for _ in range(2):
-            discriminator(generator(torch.randn(4, 8)).detach()).mean().backward()
-            opt_d.step()
-            opt_d.zero_grad()
-        discriminator(generator(torch.randn(4, 8))).mean().backward()
-        opt_g.step()
-        opt_g.zero_grad()
-    hook.close()
-    notes = [r.getMessage() for r in caplog.records if "another optimizer" in r.getMessage()]
-    if optimizers_given:
-        assert notes == [] and hook.steps_completed == 20
-    else:
-        assert len(notes) == 1 and "after 2 step(s)" in notes[0]
-        assert "optimizer=[...]" in notes[0]
