@@ -143,6 +143,10 @@ def test_metadata_and_console_script(wheel: Path, wheel_names: list[str]) -> Non
         entry_points.read_string(zf.read(entry_name).decode())
     assert meta["Name"] == "ets-hook"
     assert meta["Version"] == ets_hook.__version__
+    # an SPDX license expression (PEP 639, setuptools>=77), not the deprecated table's free text
+    assert meta["License-Expression"] == "Apache-2.0"
+    assert meta["License"] is None
+    assert not [c for c in meta.get_all("Classifier") or [] if c.startswith("License ::")]
     assert entry_points["console_scripts"]["ets-hook"] == "ets_hook.cli.main:main"
 
 

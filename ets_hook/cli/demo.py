@@ -10,12 +10,14 @@ step time (median of the second half of the steps).
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import sys
 import time
 from dataclasses import dataclass
 
+from ..capture.sysinfo import DISABLE_ENV, hooks_disabled
 from .common import InputError, exit_codes_epilog, int_at_least, require_output
 
 REPORT_STEPS = (1, 2, 3, 5, 10, 20, 50, 100, 200, 500, 1000)
@@ -34,7 +36,8 @@ DEMO_EXIT_CODES = exit_codes_epilog(
     "the run finished (and --trace, when given, was written)",
     f"usage error or invalid value: --steps below {MIN_STEPS}, an unknown --model, a --device "
     "other than cpu, cuda, cuda:N or auto, --device cuda without a CUDA device, a --trace path "
-    "that is a directory or in a missing directory",
+    f"that is a directory or in a missing directory, or {DISABLE_ENV}=1 in the environment "
+    "(it turns off the hook the demo shows)",
     "a failure while training (Python's traceback), or the trace asked for was not written",
 )
 
@@ -119,9 +122,15 @@ def run_demo(args: argparse.Namespace) -> int:
         0; 1 (with a line on stderr) when ``--trace`` was asked for but not written.
 
     Raises:
-        InputError: ``--trace`` is a directory or in a missing directory, or ``--device cuda`` is
-            asked for without a CUDA device (checked before training).
+        InputError: ``ETS_HOOK_DISABLE`` turns hooks off (the demo shows the hook, so it does
+            nothing: no build, no files); ``--trace`` is a directory or in a missing directory,
+            or ``--device cuda`` is asked for without a CUDA device (checked before training).
     """
+    if hooks_disabled():
+        raise InputError(
+            f"{DISABLE_ENV}={os.environ[DISABLE_ENV].strip()} turns ets-hook off and the demo "
+            f"shows ets-hook, so there is nothing to show: unset {DISABLE_ENV} to run the demo"
+        )
     if args.trace is not None:
         require_output(args.trace)
     import torch
