@@ -26,6 +26,10 @@ live hook whose capture window is still open abandons that window (``IPython``'s
 ``post_run_cell`` event) and goes on timing steps; otherwise its op observer would go on
 recording every op of the kernel's later cells.
 
+A process forked from the job (``os.fork``, ``multiprocessing``'s ``fork`` workers, a
+``DataLoader``'s workers) starts with an empty registry: its exit, or a SIGTERM that ends it
+(``Process.terminate``), closes none of the parent's hooks and writes none of their files.
+
 The ``atexit`` handler is registered when the first hook registers, i.e. after ``import torch``:
 ``atexit`` runs handlers last-registered first, so ours runs before torch's. Nothing here
 imports torch or the rest of the package.
@@ -76,6 +80,18 @@ _sigterm_received = False
 _previous_excepthook: Callable[..., Any] | None = None
 _previous_thread_excepthook: Callable[..., Any] | None = None
 _previous_sigterm: Any = None
+
+
+def _forget_hooks_in_child() -> None:
+    """After ``fork``, in the child: the hooks are the parent's (see the module docstring). A
+    fresh lock too: another thread of the parent may have held the old one at the fork."""
+    global _lock, _live
+    _lock = threading.RLock()
+    _live = weakref.WeakSet()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_forget_hooks_in_child)
 
 
 def register(listener: ExitListener) -> None:

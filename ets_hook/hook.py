@@ -420,6 +420,7 @@ class ETSHook:
         previous_hook = previous() if previous is not None else None
         if previous_hook is not None and not previous_hook._closed:
             logger.info("a new ETSHook on this model replaces the previous one")
+            previous_hook._replaced = True  # no "closed without a step" for a re-run cell
             previous_hook.close()
 
         self.model = model
@@ -460,6 +461,9 @@ class ETSHook:
 
             estimator = resolve_trace_estimator(trace_estimator, self._device.type)
         self._closed = False
+        # A process forked from the job (a worker that runs the model, a user's fork) inherits
+        # this hook: there it does nothing, and closes nothing of the parent's (_guarded, _close).
+        self._pid = os.getpid()
         self._close_lock = threading.RLock()  # a SIGTERM handler may close inside close()
         # A close() from another thread while the profiler path captures: the training thread
         # (the only one that can end that session) finishes closing at its next hook call.
@@ -467,6 +471,7 @@ class ETSHook:
         # A framework callback closes the hook at its train-end event: a hook of theirs still
         # open at exit belongs to a run that stopped early (expect_explicit_close).
         self._explicit_close = False
+        self._replaced = False  # a new hook on the same model closed this one
 
         self._forecaster = Forecaster(
             job,
@@ -869,9 +874,14 @@ class ETSHook:
                 "closed as interrupted",
                 self.steps_completed,
             )
+        self._close_ended(outcome, error, "the process exited")
+
+    def _close_ended(self, outcome: str, error: str | None, why: str) -> None:
+        """Close a job that ended before its loop closed the hook (``why``): an open window is
+        cut short without decoding."""
         try:
             if self._window.state == WindowState.CAPTURING:
-                self._window.abandon("window cut short: the process exited")
+                self._window.abandon(f"window cut short: {why}")
                 if self.trace_path is not None:
                     logger.warning(
                         "no trace written to %s: the job ended (%s) inside the "
@@ -916,9 +926,11 @@ class ETSHook:
             error: the exception's type name.
         """
         if thread_ident == self._clock.training_thread and not self._closed:
-            self.close_at_exit(exits.FAILED, error)
+            self._close_ended(exits.FAILED, error, f"the training thread died of {error}")
 
     def _close(self, timeout_s: float, outcome: str, error: str | None) -> None:
+        if os.getpid() != self._pid:
+            return  # a forked process: the parent's hook, its files and its status
         with self._close_lock:
             if self._closed:
                 return
@@ -927,6 +939,9 @@ class ETSHook:
                 return
             self._closed = True
         exits.unregister(self)
+        if outcome == exits.CLOSED:
+            # Steps marked by training forwards: the last one ends here, not at a next forward.
+            self._detector.finish_forward_step()
         if outcome == exits.CLOSED and exits.sigterm_received() and not self._reached_last_step():
             # A graceful stop on SIGTERM (a handler that set a flag, a framework's own): the job
             # was stopped before its end, as a scheduler's preemption stops it.
@@ -934,13 +949,23 @@ class ETSHook:
         if (
             self.steps_completed == 0
             and outcome == exits.CLOSED
-            and not (self._disabled or self._explicit_close)  # a framework's run may be empty
+            # A framework's run may be empty; a hook replaced before training never trained.
+            and not (self._disabled or self._explicit_close or self._replaced)
         ):
-            logger.warning(
-                "closed without a single training step: a step ends at an optimizer "
-                "step of a watched optimizer (optimizer=), or at hook.step(); an inference or "
-                "evaluation loop (model.eval(), torch.no_grad()) calls hook.step() per batch"
-            )
+            if self._detector.only_parts_called:
+                logger.warning(
+                    "closed without a single training step: the loop trained a part of the "
+                    "model (or called model.forward directly) but never the model itself, "
+                    "whose forward marks steps when no optimizer steps: pass optimizer=, or "
+                    "call hook.step() once per step"
+                )
+            else:
+                logger.warning(
+                    "closed without a single training step: a step ends at an optimizer "
+                    "step of a watched optimizer (optimizer=), or at hook.step(); an inference "
+                    "or evaluation loop (model.eval(), torch.no_grad()) calls hook.step() per "
+                    "batch"
+                )
         for clock in self._batch_clocks:
             clock.detach()
         if self._ranks is not None:
@@ -1008,6 +1033,8 @@ class ETSHook:
 
     def _guarded(self, function: Callable[..., None]) -> Callable[..., None]:
         def call(*args: Any) -> None:
+            if os.getpid() != self._pid:
+                return  # a forked process: the parent's hook
             pending = self._close_pending
             if pending is not None:  # close() came from another thread: finish it here
                 self._close_pending = None
@@ -1096,7 +1123,7 @@ class ETSHook:
             if compile_ns:
                 self._on_compile_step(step_index, compile_ns, now_ns)
             if self._epochs is not None:
-                self._on_epoch_starts(epoch_start_ns, now_ns)
+                self._on_epoch_starts(step_index, epoch_start_ns, now_ns)
             if step_index == BARE_AFTER_STEP and self._window.state == WindowState.OFF:
                 # No window ever ran (capture_steps=0, another profiler...): the module hook
                 # goes when a window's would have (it is idempotent after one that ran).
@@ -1120,6 +1147,7 @@ class ETSHook:
                 now_ns,
                 self._last_compile_step,
                 own_ns=span.own_in_work_ns,
+                phase_in_step=span.phase_ns > 0,
             )
             if self._accumulation is not None:
                 self._accumulation.on_step(step_index, forward_marked=source == FORWARD_SOURCE)
@@ -1273,24 +1301,29 @@ class ETSHook:
         except Exception:
             return 0
 
-    def _on_epoch_starts(self, epoch_start_ns: int, now_ns: int) -> None:
-        """An epoch's start-up taken out of this step is a phase; and once the job's first
-        steps exist, its first step's start-up seeds that phase (loaders that restart)."""
+    def _on_epoch_starts(self, step_index: int, epoch_start_ns: int, now_ns: int) -> None:
+        """An epoch's start-up taken out of this step is a phase; and the first epoch's start-up
+        seeds that phase (loaders that restart): at step 0's end where the workers' clocks
+        measured the loop's wait for them, else once the job's first steps exist."""
         epochs = self._epochs
         if epochs is None:
             return
         if epoch_start_ns:
             self._forecaster.on_phase_end(EPOCH_START, epoch_start_ns / 1e9, now_ns / 1e9)
-        seed_s = epochs.seed_s(self._step_times_s)
-        if seed_s is not None:
-            # Before the first step (the workers' clocks saw the loop wait for them): that wait,
-            # ended where step 0 began. Else the first step's excess, which happened inside the
-            # first step: it ends there, not now (counted now, it would be subtracted from the
-            # wall time of steps it is not part of).
-            end_s = self._forecaster.first_step_end_s
-            if self._first_epoch_wait is not None:
-                seed_s, end_s = self._first_epoch_wait
-            self._forecaster.on_phase_end(EPOCH_START, seed_s, end_s, at_step=epochs.initial_step)
+        seed: tuple[float, float] | None = None
+        if self._first_epoch_wait is not None:
+            # Before the first step (the workers' clocks saw the loop wait for them): that
+            # wait, ended where step 0 began; known as soon as step 0 ends.
+            seed = self._first_epoch_wait if step_index == 0 else None
+        else:
+            # The first step's excess, which happened inside the first step: it ends there, not
+            # now (counted now, it would be subtracted from the wall time of steps it is not
+            # part of).
+            seed_s = epochs.seed_s(self._step_times_s)
+            if seed_s is not None:
+                seed = (seed_s, self._forecaster.first_step_end_s)
+        if seed is not None:
+            self._forecaster.on_phase_end(EPOCH_START, *seed, at_step=epochs.initial_step)
 
     def _on_compile_step(self, step_index: int, compile_ns: int, end_ns: int) -> None:
         """Step ``step_index`` compiled: its compile time is a one-off phase; while the job has

@@ -155,9 +155,10 @@ def test_forward_marks_steps_when_nothing_else_does():
     for _ in range(5):
         x, _ = batch()
         model(x).sum().backward()
-    hook.close()
-    # Steps run forward-to-forward: five forwards end four steps.
+    # Steps run forward-to-forward: five forwards end four steps; the fifth ends at close.
     assert hook.steps_completed == 4
+    hook.close()
+    assert hook.steps_completed == 5
 
 
 def test_the_default_window_starts_after_three_clean_steps():
@@ -224,6 +225,70 @@ def test_optimizer_not_given_uses_any_optimizer_and_direct_forward_calls():
         opt.step()
     hook.close()
     assert hook.steps_completed == 4
+
+
+def test_step_zero_starts_at_a_submodules_first_forward_when_the_model_is_never_called():
+    """A LightningModule whose ``training_step`` calls ``self.net(x)``: the hook is on the
+    module, whose own forward never runs. Step 0 starts at the first training forward of the
+    part it calls, not at the hook's creation (the setup before it is no step time)."""
+    import time
+
+    class Module(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = tiny_mlp()
+
+    model = Module()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(model, optimizer=opt, total_steps=6, capture_steps=0, log_every=None)
+    setup_s = 0.3
+    time.sleep(setup_s)  # e.g. a framework's set-up between the callback and the first batch
+    train(model.net, opt, hook, 4, call_step=False)
+    assert hook.steps_completed == 4
+    assert hook.step_times_s[0] < setup_s
+    hook.close()
+    assert_detached(model)
+
+
+def test_a_loop_without_an_optimizer_counts_its_last_step_at_close():
+    """Training forwards mark the steps (a manual update, no torch optimizer): a step ends at
+    the next forward, so the last one ends at close; the final prediction counts it."""
+    model = tiny_mlp()
+    hook = ETSHook(model, total_steps=5, capture_steps=0, log_every=None)
+    for _ in range(5):
+        x, y = batch()
+        nn.functional.cross_entropy(model(x), y).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.01 * p.grad
+                p.grad = None
+    assert hook.steps_completed == 4
+    hook.close()
+    assert hook.steps_completed == 5
+    assert hook.prediction.step == 5 and hook.prediction.total_steps == 5
+
+
+def test_a_window_step_with_a_marked_phase_is_no_iteration_of_the_trace():
+    """An evaluation inside the capture window (``hook.phase``): the step it fell in is not in
+    the trace (its ops would be the model's evaluation ops; a trial's trace step had 171 forward
+    ops for 11 and read 6.5x the step time); the other window steps are."""
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(model, optimizer=opt, skip_steps=1, capture_steps=4, log_every=None)
+    for step in range(8):
+        if step == 3:  # inside window step 3 (steps 1-4)
+            with hook.phase("eval"), torch.no_grad():
+                model.eval()
+                for _ in range(20):
+                    model(batch()[0])
+                model.train()
+        train(model, opt, hook, 1, call_step=False)
+    trace = hook.wait_for_trace(60)
+    hook.close()
+    assert trace is not None
+    assert [it.step for it in trace.iterations] == [1, 2, 4]
+    forwards = [sum(op.name == "aten::addmm" for op in it.ops) for it in trace.iterations]
+    assert forwards == [2, 2, 2]
 
 
 def test_two_optimizers_make_one_step_per_iteration():

@@ -77,9 +77,11 @@ SCRIPT = textwrap.dedent(
         with make() as hook:
             train(hook)
     elif mode == "thread-raise":  # the loop runs on a thread of its own, which dies
-        loop = threading.Thread(target=train, args=(make(),))
+        hook = make()
+        loop = threading.Thread(target=train, args=(hook,))
         loop.start()
         loop.join()
+        print("capture:", hook.capture_status, file=sys.stderr)
     else:
         train(make())
     """
@@ -137,6 +139,8 @@ def test_every_exit_path_closes_the_hook_before_torch_is_torn_down(exit_runs, ca
     assert ("Traceback (most recent call last)" in stderr) is traceback, stderr[-3000:]
     if case[0].endswith("raise"):
         assert "RuntimeError: the user's own bug" in stderr
+    if case[0] == "thread-raise":  # the process goes on: its thread, not its exit, ended it
+        assert "window cut short: the training thread died of RuntimeError" in stderr
     assert doc is not None, "the status file was never written"
     assert (doc["state"], doc["error"]) == (state, error)
     assert doc["prediction"]["step"] == case[1] + (5 if case[0] == "graceful" else 0)
@@ -252,6 +256,14 @@ def test_a_second_hook_on_the_same_model_replaces_the_first(caplog) -> None:
     assert len(model._forward_pre_hooks) == 1  # only the second hook's
     second.close()
     assert_detached(model)
+    # A notebook cell re-run before training: the replaced hook says nothing of its zero steps.
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="ets_hook"):
+        ETSHook(model, optimizer=opt, capture_steps=0, log_every=None)
+        again = ETSHook(model, optimizer=opt, capture_steps=0, log_every=None)
+    assert [m for m in log_lines(caplog) if "replaces the previous one" in m]
+    assert not [m for m in log_lines(caplog) if "without a single training step" in m]
+    again.close()
     # A hook on another model is left alone.
     other = tiny_mlp()
     third = ETSHook(other, capture_steps=0, log_every=None)
@@ -641,3 +653,91 @@ def test_closing_without_a_single_step_says_how_steps_end(caplog) -> None:
         hook.close()
     assert hook.steps_completed == 3
     assert not [r for r in caplog.records if "without a single" in r.getMessage()]
+
+
+FORKS = textwrap.dedent(
+    """
+    import json, multiprocessing, os, signal, sys, time
+    import torch
+    from torch import nn
+    from ets_hook import ETSHook
+
+    status = sys.argv[1]
+    model = nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(model, optimizer=opt, total_steps=40, status_path=status, log_every=None)
+
+    def train(steps):
+        for _ in range(steps):
+            opt.zero_grad()
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+
+    def state():
+        with open(status) as f:
+            data = json.load(f)
+        return data["state"], data["pid"], data["prediction"]["step"]
+
+    train(6)
+    print("parent", os.getpid(), flush=True)
+    seen = [state()]
+    child = os.fork()
+    if child == 0:  # trains on the parent's hook, then ends through sys.exit (atexit runs)
+        train(10)
+        sys.exit(0)
+    os.waitpid(child, 0)
+    seen.append(state())
+    ctx = multiprocessing.get_context("fork")
+    worker = ctx.Process(target=time.sleep, args=(60,), daemon=True)
+    worker.start()
+    time.sleep(0.5)
+    worker.terminate()  # SIGTERM: the handler inherited from the parent runs in the worker
+    worker.join()
+    seen.append(state())
+    train(4)
+    print("steps", hook.steps_completed, flush=True)
+    hook.close()
+    seen.append(state())
+    print("seen", json.dumps(seen), flush=True)
+    """
+)
+
+
+def test_a_forked_process_never_closes_or_writes_the_parents_hook(tmp_path) -> None:
+    """A forked child that trains on the inherited hook and exits, and a fork worker ended by
+    SIGTERM: neither counts a step, closes the parent's hook or writes its status file."""
+    status = tmp_path / "eta.json"
+    run = subprocess.run(
+        [sys.executable, "-c", FORKS, str(status)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    lines = dict(line.split(" ", 1) for line in run.stdout.splitlines())
+    parent = int(lines["parent"])
+    seen = json.loads(lines["seen"])
+    assert int(lines["steps"]) == 10
+    assert seen[:3] == [["running", parent, seen[0][2]]] * 3
+    assert seen[3] == ["closed", parent, 10]  # its 10 steps, none of the child's
+    assert "interrupted" not in run.stderr and "finished at step 16" not in run.stderr
+
+
+def test_closing_without_a_step_when_only_a_part_of_the_model_trained_says_so(caplog) -> None:
+    """No optimizer, a manual update, and the loop calls ``model.net`` (never the model): no
+    step can be seen; the warning names that, not an inference loop."""
+    model = nn.Sequential()
+    model.add_module("net", tiny_mlp())
+    hook = ETSHook(model, total_steps=10, capture_steps=0, log_every=None)
+    for _ in range(3):
+        x, y = batch()
+        nn.functional.cross_entropy(model.net(x), y).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.01 * p.grad
+                p.grad = None
+    with caplog.at_level(logging.WARNING, logger="ets_hook"):
+        hook.close()
+    said = [
+        r.getMessage() for r in caplog.records if "without a single training step" in r.getMessage()
+    ]
+    assert len(said) == 1 and "never the model itself" in said[0]
+    assert "pass optimizer=" in said[0]

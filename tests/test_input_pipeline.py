@@ -195,8 +195,10 @@ def test_a_loader_that_restarts_its_workers_seeds_the_phase_from_the_first_step(
             seen.append(phase.occurrences if phase is not None else 0)
     hook.close()
     assert prediction.total_steps == 18
-    # Seeded once 1 + SEED_STEPS steps exist, then one occurrence per later epoch.
-    assert seen[:3] == [0, 0, 0] and seen[3] == 1
+    # Seeded from the workers' clocks as soon as step 0 ends (the loop's wait for them, before
+    # the first forward), then one occurrence per later epoch.
+    assert seen[:6] == [1] * 6
+    assert _phase(predictions[0], EPOCH_START).remaining == 2  # epochs 2 and 3, priced at once
     # The seed happened before or inside the first step: it is not taken out of the later
     # steps' wall time (counted there, the per-step overhead would go negative by seed / 3).
     seed_s = _phase(predictions[3], EPOCH_START).spent_s  # the worker's start-up (>= 0)

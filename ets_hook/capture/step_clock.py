@@ -40,6 +40,7 @@ class StepSpan:
             that started it (the capture window's step starts there).
         own_in_work_ns: the part of ``own_ns`` after ``work_start_ns`` (reads of
             ``hook.prediction`` between boundaries).
+        phase_ns: the outermost phases that ended in the step.
     """
 
     start_ns: int
@@ -49,6 +50,7 @@ class StepSpan:
     own_ns: int
     work_start_ns: int
     own_in_work_ns: int
+    phase_ns: int = 0
 
 
 class StepClock:
@@ -86,9 +88,11 @@ class StepClock:
 
     def restart(self, now_ns: int) -> None:
         """The current step starts at ``now_ns`` instead (step 0 at the first training forward,
-        when nothing was timed before it); the own work counted so far is dropped."""
+        when nothing was timed before it); the own work and the phases ended so far (before
+        ``now_ns``: not in the step) are dropped."""
         self._start_ns = now_ns
         self._boundary_own_ns = self._own_ns = 0
+        self._phase_ns = self._compile_ns_in_phases = 0
 
     def begin_phase(self, name: str) -> None:
         """Open phase ``name`` now (phases nest; the outermost one counts)."""
@@ -151,6 +155,7 @@ class StepClock:
             own_ns=own_ns,
             work_start_ns=min(start_ns + self._boundary_own_ns, now_ns),
             own_in_work_ns=max(own_ns - self._boundary_own_ns, 0),
+            phase_ns=self._phase_ns,
         )
         self._start_ns = now_ns
         self._phase_ns = self._own_ns = 0

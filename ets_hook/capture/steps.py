@@ -89,6 +89,33 @@ def _run_outside_dynamo(*functions: Callable[..., Any]) -> bool:
     return True
 
 
+def _updates_parameters_of(optimizer: Any, model: torch.nn.Module) -> bool:
+    """Whether ``optimizer`` holds at least one of ``model``'s parameters (True when that
+    cannot be told: an optimizer without the usual ``param_groups``)."""
+    try:
+        ids = {id(parameter) for parameter in model.parameters()}
+        groups = optimizer.param_groups
+        return any(id(parameter) in ids for group in groups for parameter in group["params"])
+    except Exception:
+        return True
+
+
+def _in_backward() -> bool:
+    """Whether this thread runs inside the autograd engine's backward (an activation
+    checkpoint's recomputed forward: part of the step, never a new one)."""
+    return torch._C._current_graph_task_id() != -1
+
+
+def _is_compiled_module(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is compiled: a ``torch.compile`` wrapper (``OptimizedModule``, told by
+    its ``_orig_mod`` without importing ``torch._dynamo``) or compiled in place
+    (``model.compile()``)."""
+    return (
+        isinstance(getattr(model, "_orig_mod", None), torch.nn.Module)
+        or getattr(model, "_compiled_call_impl", None) is not None
+    )
+
+
 def _call_eagerly(function: Callable[..., None], *args: Any) -> None:
     """``function(*args)``; called from code dynamo traces, it makes dynamo break the graph
     and run the call as plain Python (``_torchdynamo_disable``, as ``torch.compiler.disable``
@@ -333,10 +360,15 @@ class StepDetector:
         self._seen_optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._kept_optimizers: list[Any] = []
         self._seen_ids: set[int] = set()  # their ids, rebuilt when one is added or freed
+        # Whether each optimizer seen updates some of the model's parameters (_foreign).
+        self._owns_parameters: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+        self._own_optimizer_seen = False
+        self._steps_before_own = 0  # boundaries foreign optimizers ended before the model's
         self._optimizer_since_explicit = False
         self._forward_since_explicit = False
         self._explicit_absorbed = 0
         self._forward_started = False
+        self._root_forward_seen = False
         self._active = True
         # Inside a compiled optimizer step, run the optimizer hooks eagerly (a graph break)
         # only where the step breaks the graph anyway; elsewhere they are no-ops there.
@@ -357,6 +389,26 @@ class StepDetector:
             self._pre_handles.append(register_optimizer_step_pre_hook(self._optimizer_pre))
             self._handles.append(register_optimizer_step_post_hook(self._optimizer_post))
         self._forward_handle = model.register_forward_pre_hook(self._forward_pre, with_kwargs=True)
+        # The root's forward may never run: a LightningModule's training_step calling
+        # self.net(x), a loop calling model.backbone(x). Then a direct child's first training
+        # forward starts step 0. These hooks go at the first training forward of either. (Not on
+        # a compiled root: its own hook always runs, and hooks inside its graph must stay.)
+        self._child_handles: list[Any] = []
+        if on_first_activity is not None and not _is_compiled_module(model):
+            self._child_handles = [
+                child.register_forward_pre_hook(self._child_forward_pre)
+                for child in model.children()
+            ]
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> StepDetector:
+        """A deep copy of the model (an EMA / mean-teacher copy, ``AveragedModel``) or of an
+        optimizer copies their hooks, bound to this detector: the copy's get an inert one
+        (its callbacks are this hook's: the copy's forwards would count as its steps)."""
+        return _inert_detector()
+
+    def __reduce__(self) -> tuple[Callable[[], StepDetector], tuple[()]]:
+        """Pickled with the model (``torch.save(model)``) as an inert detector likewise."""
+        return _inert_detector, ()
 
     # -- hooks -----------------------------------------------------------------------------
 
@@ -392,6 +444,40 @@ class StepDetector:
             return
         self._optimizer_stepped(optimizer)
 
+    def _foreign(self, optimizer: Any) -> bool:
+        """With no optimizer given: whether ``optimizer``'s steps are not this model's training
+        (ignored). An optimizer that updates none of the model's parameters (another model's,
+        a linear probe's, a later run's in the same process) is foreign once one that updates
+        some has stepped; until then every optimizer counts (one that steps copies of the
+        parameters, e.g. fp32 master weights, is then the only one there is). The first
+        optimizer of the model drops the foreign ones seen before it from those awaited."""
+        owns = self._owns_parameters.get(optimizer)
+        if owns is None:
+            owns = _updates_parameters_of(optimizer, self._model)
+            with contextlib.suppress(TypeError):  # a class refusing weak references: asked again
+                self._owns_parameters[optimizer] = owns
+        if owns:
+            if not self._own_optimizer_seen:
+                self._own_optimizer_seen = True
+                if self._drop_seen(lambda seen: not self._owns_parameters.get(seen, True)):
+                    # Steps ended at the foreign ones' steps alone: said as a late joiner is.
+                    self._steps_before_own = self._optimizer_boundaries
+            return False
+        return self._own_optimizer_seen
+
+    def _drop_seen(self, drop: Callable[[Any], bool]) -> int:
+        """Forget the seen optimizers ``drop`` selects (ANY_OPTIMIZER's awaited set); returns
+        how many."""
+        dropped = 0
+        for seen in [*self._seen_optimizers, *self._kept_optimizers]:
+            if drop(seen):
+                dropped += 1
+                self._seen_optimizers.discard(seen)
+                self._kept_optimizers = [k for k in self._kept_optimizers if k is not seen]
+        self._seen_ids = {id(seen) for seen in (*self._seen_optimizers, *self._kept_optimizers)}
+        self._stepped_since_boundary &= self._seen_ids
+        return dropped
+
     def _enter_optimizer_step(self) -> None:
         self._in_optimizer_step += 1
 
@@ -399,9 +485,12 @@ class StepDetector:
         self._in_optimizer_step = max(0, self._in_optimizer_step - 1)
         if not self._active or self.in_phase:
             return
+        if self.authority is not Authority.OPTIMIZER and self._foreign(optimizer):
+            return
         self._optimizer_since_explicit = True
         key = id(optimizer)
-        forward_steps = joined_after = 0  # what to tell once the boundary is done
+        # What to tell once the boundary is done.
+        forward_steps, joined_after, self._steps_before_own = 0, self._steps_before_own, 0
         if self.authority is Authority.FORWARD:
             self.authority = Authority.ANY_OPTIMIZER
             forward_steps = self._forward_boundaries
@@ -435,23 +524,17 @@ class StepDetector:
             self._on_new_optimizer(joined_after)
 
     def _forward_pre(self, module: Any, args: Any, kwargs: Any) -> None:
-        if _is_compiling():
-            return
-        if (
-            not self._active
-            or self.in_phase
-            or self._in_optimizer_step
-            or not module.training
-            or not torch.is_grad_enabled()
-        ):
+        if _is_compiling() or not self._training_forward(module):
             return
         self._forward_since_explicit = True
+        self._root_forward_seen = True
         watch = self._shape_watch
         if watch is not None and watch.active and watch.observe(args, kwargs):
             self._on_inputs_vary()  # type: ignore[misc]  # set with the watch
         self._forwards_in_step += 1
         if not self._forward_started:
             self._forward_started = True
+            self._drop_child_hooks()
             if self._on_first_activity is not None:
                 self._on_first_activity()
         elif (
@@ -463,6 +546,37 @@ class StepDetector:
             return
         if self._on_forward is not None:
             self._on_forward()
+
+    def _child_forward_pre(self, module: Any, args: Any) -> None:
+        """A direct child's forward before the root's first training forward: the loop calls a
+        part of the model, not the model (see ``__init__``); its first training forward starts
+        step 0. Forwards are not counted from children (two of them in one iteration would
+        look like two steps)."""
+        if _is_compiling() or self._forward_started or not self._training_forward(module):
+            return
+        self._forward_started = True
+        self._forward_since_explicit = True
+        self._drop_child_hooks()
+        if self._on_first_activity is not None:
+            self._on_first_activity()
+
+    def _training_forward(self, module: Any) -> bool:
+        """Whether a forward of ``module`` now is one of the loop's training forwards: not in
+        a marked phase, an optimizer step (LBFGS closures) or the backward (an activation
+        checkpoint's recompute), in training mode with grad enabled, while active."""
+        return (
+            self._active
+            and not self.in_phase
+            and not self._in_optimizer_step
+            and module.training
+            and torch.is_grad_enabled()
+            and not _in_backward()
+        )
+
+    def _drop_child_hooks(self) -> None:
+        for handle in self._child_handles:
+            handle.remove()
+        self._child_handles = []
 
     # -- explicit steps --------------------------------------------------------------------
 
@@ -505,6 +619,20 @@ class StepDetector:
             if self.authority is Authority.OPTIMIZER:
                 self._watch_forwards()
 
+    def finish_forward_step(self) -> None:
+        """The job ends (``close()``): with ``FORWARD`` authority the step its last training
+        forward began ends now (such a step ends at the next forward, which never comes), when
+        that forward completed its step's forwards (all micro-batches)."""
+        if (
+            self._active
+            and not self.in_phase
+            and self.authority is Authority.FORWARD
+            and self._forwards_in_step >= self._forwards_per_step
+        ):
+            self._forwards_in_step = 0
+            self._forward_boundaries += 1
+            self._on_boundary(Authority.FORWARD.value)
+
     # -- lifecycle -------------------------------------------------------------------------
 
     @property
@@ -513,6 +641,13 @@ class StepDetector:
         means forwards are invisible: the hook was compiled into the model's graph (see the
         module docstring) or the loop never calls the hooked module."""
         return self._forward_started
+
+    @property
+    def only_parts_called(self) -> bool:
+        """Whether training forwards ran in the model's children but never in the model itself
+        (the loop calls a part of it, or ``model.forward`` directly): forwards cannot mark
+        steps then."""
+        return self._forward_started and not self._root_forward_seen
 
     @property
     def needs_forward_hook(self) -> bool:
@@ -571,6 +706,8 @@ class StepDetector:
             with contextlib.suppress(Exception):
                 self._forward_handle.remove()
             self._forward_handle = None
+        with contextlib.suppress(Exception):
+            self._drop_child_hooks()
         wrapper, self._scaler_wrapper = self._scaler_wrapper, None
         # Only undo our own wrapper, and only while nobody wrapped it again since.
         if wrapper is not None and vars(self._scaler).get("update") is wrapper:
@@ -582,8 +719,23 @@ class StepDetector:
         self._scaler_original_update = None
 
 
+def _inert_detector() -> StepDetector:
+    """A detector whose hooks return at once (copies of the model, ``StepDetector.__deepcopy__``)
+    and that installs nothing."""
+    detector = StepDetector.__new__(StepDetector)
+    detector._active = False
+    detector._forward_started = True
+    detector._in_optimizer_step = 0
+    detector._eager_in_compiled_steps = False
+    detector._child_handles = []
+    detector._root_forward_seen = True
+    detector.in_phase = False
+    return detector
+
+
 _run_outside_dynamo(
     StepDetector._forward_pre,
+    StepDetector._child_forward_pre,
     StepDetector._optimizer_pre,
     StepDetector._optimizer_post,
     _call_eagerly,
@@ -595,12 +747,16 @@ class NoSteps:
     nothing; the same methods as ``StepDetector``."""
 
     in_phase = False
+    only_parts_called = False
 
     def explicit_step(self) -> None:
         """Ignored."""
 
     def remove_capture_hooks(self) -> None:
         """Nothing to remove."""
+
+    def finish_forward_step(self) -> None:
+        """No step to end."""
 
     def close(self) -> None:
         """Nothing to remove."""

@@ -331,6 +331,7 @@ class WindowRunner:
         end_ns: int,
         last_compile_step: int,
         own_ns: int = 0,
+        phase_in_step: bool = False,
     ) -> None:
         """Step ``step_index`` ended: record its bounds in the window, start, advance or end the
         window, or, while the decode runs, mark the step perturbed.
@@ -341,6 +342,8 @@ class WindowRunner:
             last_compile_step: the latest step that compiled (``torch.compile``), or -1.
             own_ns: ets-hook's own work inside the step after ``start_ns`` (prediction reads:
                 ``decode.StepBounds.own_ns``).
+            phase_in_step: a marked phase (an evaluation) ran inside the step: a window step
+                all the same, but not an iteration of the trace (its ops are the phase's too).
 
         Raises:
             Exception: whatever starting or stopping the capture raises (the hook's guard
@@ -349,7 +352,7 @@ class WindowRunner:
         if self.state == WindowState.CAPTURING and isinstance(self._ops, NativeOpCapture):
             self._ops.boundaries += 1  # alive (see NativeOpCapture.boundaries)
         if self.state == WindowState.CAPTURING or self.state == WindowState.WAITING:
-            self._advance(step_index, start_ns, end_ns, last_compile_step, own_ns)
+            self._advance(step_index, start_ns, end_ns, last_compile_step, own_ns, phase_in_step)
         elif self.state == WindowState.DECODING:
             # The decode still runs on its thread, sharing the cores and the GIL: this step
             # and the next stay out of the measured estimate until it is done (the decode
@@ -510,7 +513,13 @@ class WindowRunner:
         self._trace_ready.set()
 
     def _advance(
-        self, step_index: int, start_ns: int, end_ns: int, last_compile_step: int, own_ns: int
+        self,
+        step_index: int,
+        start_ns: int,
+        end_ns: int,
+        last_compile_step: int,
+        own_ns: int,
+        phase_in_step: bool,
     ) -> None:
         if self._user_profiler_took_over():
             return
@@ -520,6 +529,7 @@ class WindowRunner:
             and self._ops is not None
             and self._ops.active
             and not compiled_now  # its ops are mostly the compiler's: left out of the trace
+            and not phase_in_step  # likewise the phase's (a decode drops ops outside steps)
         ):
             self._window_bounds.append(StepBounds(step_index, start_ns, end_ns, own_ns))
             if isinstance(self._ops, NativeOpCapture) and self._device.type == "cpu":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Collection, Mapping
 from datetime import datetime
@@ -152,8 +153,11 @@ def build_reporters(
         reporters.append(
             LogReporter(every_n_steps=log_every_n_steps, rank=this_rank if several else None)
         )
-        if verbose and configure_logging:
-            ensure_console_handler()
+    if verbose and configure_logging:
+        # Without log lines here, warnings still come out as ets-hook's (prefixed).
+        ensure_console_handler(
+            level=logging.INFO if log_every_n_steps and logs_here else logging.WARNING
+        )
     if progress is True:
         if logs_here:
             reporters.append(TqdmReporter())

@@ -68,14 +68,20 @@ def logging_configured() -> bool:
     )
 
 
-def ensure_console_handler(stream: TextIO | None = None) -> ConsoleHandler | None:
+def ensure_console_handler(
+    stream: TextIO | None = None, level: int = logging.INFO
+) -> ConsoleHandler | None:
     """Attach one ``ConsoleHandler`` to the ``ets_hook`` logger unless logging is configured.
 
     Sets the logger's level to INFO when it has none (so INFO lines pass the default WARNING).
-    Idempotent: a second call returns the handler already attached.
+    Idempotent: a second call returns the handler already attached, its level lowered to
+    ``level`` where that is lower (a hook with log lines after one with warnings only).
 
     Args:
         stream: passed to a new handler; None: stderr.
+        level: the lowest level it writes: INFO (log lines and notes), or WARNING (a hook
+            without log lines: its warnings still come out as ets-hook's, not bare through
+            Python's last-resort handler).
 
     Returns:
         The handler in place, or None when the application configured logging.
@@ -84,10 +90,13 @@ def ensure_console_handler(stream: TextIO | None = None) -> ConsoleHandler | Non
     with _lock:
         existing = next((h for h in logger.handlers if isinstance(h, ConsoleHandler)), None)
         if existing is not None:
+            if level < existing.level:
+                existing.setLevel(level)
             return existing
         if logging_configured():
             return None
         handler = ConsoleHandler(stream)
+        handler.setLevel(level)
         logger.addHandler(handler)
         if logger.level == logging.NOTSET:
             logger.setLevel(logging.INFO)

@@ -112,6 +112,20 @@ def test_restart_moves_the_steps_start_and_drops_earlier_own_work(now) -> None:
     assert (span.start_ns, span.duration_ns, span.own_ns) == (10_000, 2_000, 0)
 
 
+def test_restart_drops_phases_that_ended_before_the_step_began(now) -> None:
+    """An evaluation before the first training step (``eval_on_start``, an RL rollout): its
+    time is before step 0's start, so it is not taken out of step 0 (which read 0 s)."""
+    clock = StepClock(now[0], None)
+    clock.begin_phase("eval")
+    now[0] += 50_000
+    clock.end_phase()
+    now[0] += 1_000
+    clock.restart(now[0])  # the first training forward
+    now[0] += 6_000
+    span = clock.end_step(now[0], register_compiles=False)
+    assert span.duration_ns == 6_000
+
+
 def test_compile_time_leaves_the_step_and_the_phase_it_fell_in_once(now) -> None:
     compiles = FakeCompiles()
     clock = StepClock(now[0], compiles)  # type: ignore[arg-type]

@@ -76,6 +76,7 @@ def hook_counts(model: nn.Module, *optimizers: torch.optim.Optimizer) -> dict[st
     """How many hooks torch holds for the model, the optimizers and globally."""
     counts = {
         "module_forward_pre": len(model._forward_pre_hooks),
+        "child_forward_pre": sum(len(child._forward_pre_hooks) for child in model.children()),
         "global_pre": len(optim_module._global_optimizer_pre_hooks),
         "global_post": len(optim_module._global_optimizer_post_hooks),
     }
@@ -460,6 +461,56 @@ def test_non_training_forwards_do_not_start_step_zero(make) -> None:
     assert events.log == [("first",), ("forward",)]
 
 
+class Wrapper(nn.Module):
+    """A model whose own forward the loop never calls: it calls ``body`` (a LightningModule's
+    ``training_step`` calling ``self.net(x)``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = tiny_model()
+        self.head = nn.Linear(2, 2)
+
+
+def test_a_childs_first_training_forward_starts_step_zero_when_the_root_is_never_called(
+    make,
+) -> None:
+    model = Wrapper()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    detector, events = make(model, [opt])
+    assert hook_counts(model)["child_forward_pre"] == 2
+    with torch.no_grad():
+        model.body(batch()[0])  # not a training forward
+    assert events.log == []
+    forward_backward(model.body)
+    assert events.log == [("first",)]
+    assert detector.saw_training_forward
+    # The children's hooks served only that: gone, and nothing counts forwards from children.
+    assert hook_counts(model)["child_forward_pre"] == 0
+    opt.step()
+    forward_backward(model.body)
+    opt.step()
+    assert events.log == [("first",), ("boundary", "optimizer"), ("boundary", "optimizer")]
+
+
+def test_the_roots_first_forward_drops_the_childrens_hooks(make) -> None:
+    model = tiny_model()
+    _, events = make(model, [])
+    assert hook_counts(model)["child_forward_pre"] == 3
+    forward_backward(model)
+    assert events.log == [("first",), ("forward",)]  # once, from the root
+    assert hook_counts(model)["child_forward_pre"] == 0
+
+
+def test_a_compiled_roots_children_are_not_hooked(make) -> None:
+    model = tiny_model()
+    make(torch.compile(model), [])  # compiles nothing until called
+    assert hook_counts(model)["child_forward_pre"] == 0
+    assert hook_counts(model)["module_forward_pre"] == 0  # on the OptimizedModule only
+    model.compile()
+    make(model, [])
+    assert hook_counts(model)["child_forward_pre"] == 0
+
+
 def test_any_optimizer_step_takes_over_from_forwards(make) -> None:
     model = tiny_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -628,12 +679,14 @@ def test_which_hooks_each_authority_installs(make) -> None:
     def added(counts: dict[str, int]) -> dict[str, int]:
         return {k: v - base[k] for k, v in counts.items() if v != base[k]}
 
+    # One forward pre-hook on the root, and one on each child until the first training forward.
     scaler_detector, _ = make(model, [opt], grad_scaler=torch.amp.GradScaler("cpu"))
-    assert added(hook_counts(model, opt)) == {"module_forward_pre": 1}
+    assert added(hook_counts(model, opt)) == {"module_forward_pre": 1, "child_forward_pre": 3}
     scaler_detector.close()
     optimizer_detector, _ = make(model, [opt])
     assert added(hook_counts(model, opt)) == {
         "module_forward_pre": 1,
+        "child_forward_pre": 3,
         "opt0_pre": 1,
         "opt0_post": 1,
     }
@@ -641,6 +694,7 @@ def test_which_hooks_each_authority_installs(make) -> None:
     make(model, [])
     assert added(hook_counts(model, opt)) == {
         "module_forward_pre": 1,
+        "child_forward_pre": 3,
         "global_pre": 1,
         "global_post": 1,
     }
@@ -671,8 +725,8 @@ def test_remove_capture_hooks_under_optimizer_authority(make) -> None:
 def test_remove_capture_hooks_keeps_the_forward_hook_when_forwards_mark_steps(make) -> None:
     model = tiny_model()
     detector, events = make(model, [])
+    forward_backward(model)  # the children's first-forward hooks go here
     base = hook_counts(model)
-    forward_backward(model)
     detector.remove_capture_hooks()
     assert detector.needs_forward_hook
     assert hook_counts(model) == base
@@ -733,3 +787,99 @@ def test_a_gans_second_optimizer_joining_late_is_named_once(
     else:
         assert len(notes) == 1 and "after 2 step(s)" in notes[0]
         assert "optimizer=[...]" in notes[0]
+
+
+def test_a_checkpointed_roots_recomputed_forward_is_not_a_step(make) -> None:
+    """Non-reentrant activation checkpointing of the whole model runs its forward again inside
+    the backward: part of the step (a trial counted 99 steps for 50 iterations)."""
+    from torch.utils.checkpoint import checkpoint
+
+    model = tiny_model()
+    _, events = make(model, [])
+    for _ in range(4):
+        x, y = batch()
+        nn.functional.cross_entropy(checkpoint(model, x, use_reentrant=False), y).backward()
+        manual_update(model)
+    assert events.boundaries == ["forward"] * 3  # the 4th ends at the next forward (or close)
+
+
+def test_a_deep_copy_of_the_model_gets_inert_hooks(make) -> None:
+    """An EMA / mean-teacher copy made after the hook: its forwards are not the model's steps,
+    and the hooked model still pickles whole (``torch.save(model)``)."""
+    import copy
+    import io
+
+    model = tiny_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    detector, events = make(model, [])
+    ema = copy.deepcopy(model)
+    opt_copy = copy.deepcopy(opt)
+    for _ in range(3):
+        x, y = batch()
+        loss = nn.functional.cross_entropy(model(x), y) + ema(x).detach().sum() * 0
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        opt_copy.step()  # a copy's step (stepping the copy's parameters) neither
+    assert events.boundaries == ["any_optimizer"] * 3
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    loaded(batch()[0])  # its hooks do nothing
+    assert events.boundaries == ["any_optimizer"] * 3
+    detector.close()
+    assert hook_counts(model)["module_forward_pre"] == 0
+
+
+def test_optimizers_that_update_none_of_the_models_parameters_are_not_its_steps(make) -> None:
+    """No optimizer given: once the model's own optimizer has stepped, another model's (a later
+    run in the same process, a linear probe trained during evaluation) does not end steps."""
+    model = tiny_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = nn.Linear(2, 2)
+    probe_opt = torch.optim.SGD(probe.parameters(), lr=0.1)
+    _, events = make(model, [])
+    for step in range(4):
+        forward_backward(model)
+        opt.step()
+        opt.zero_grad()
+        if step % 2 == 1:  # the probe, several steps, on frozen features
+            for _ in range(3):
+                probe(torch.randn(4, 2)).sum().backward()
+                probe_opt.step()
+    assert events.boundaries == ["any_optimizer"] * 4
+
+
+def test_an_optimizer_of_copied_parameters_counts_while_it_is_the_only_one(make) -> None:
+    """fp32 master weights (the optimizer steps copies, not the model's parameters): with no
+    optimizer of the model's own, its steps are the job's steps."""
+    model = tiny_model()
+    masters = [p.detach().clone().requires_grad_() for p in model.parameters()]
+    opt = torch.optim.SGD(masters, lr=0.1)
+    _, events = make(model, [])
+    for _ in range(3):
+        forward_backward(model)
+        for master, p in zip(masters, model.parameters(), strict=True):
+            master.grad = p.grad
+        opt.step()
+    assert events.boundaries == ["any_optimizer"] * 3
+
+
+def test_close_ends_the_last_step_that_forwards_mark(make) -> None:
+    model = tiny_model()
+    detector, events = make(model, [], forwards_per_step=2)
+    for _ in range(3):
+        for _ in range(2):
+            forward_backward(model)
+        manual_update(model)
+    forward_backward(model)  # half a step: the loop stopped inside it
+    assert events.boundaries == ["forward"] * 3
+    detector.finish_forward_step()
+    assert events.boundaries == ["forward"] * 3
+    detector, events = make(model, [])
+    for _ in range(3):
+        forward_backward(model)
+        manual_update(model)
+    detector.finish_forward_step()
+    assert events.boundaries == ["forward"] * 3

@@ -27,7 +27,8 @@ SCRIPT = textwrap.dedent(
         model(torch.randn(2, 4)).sum().backward()
         opt.step()
     hook.close()
-    ETSHook(torch.nn.Linear(2, 2), total_steps=5, capture_steps=0, log_every=None).close()
+    ETSHook(torch.nn.Linear(2, 2), total_steps=5, capture_steps=0, log_every=None,
+            verbose=mode != "quiet").close()
     """
 )
 MODES = ("default", "quiet", "configured", "no-lines")
@@ -83,6 +84,14 @@ def test_configured_logging_gets_each_line_once_through_its_own_handlers(runs) -
 
 def test_log_every_none_means_no_lines(runs) -> None:
     assert "step 1/40" not in runs["no-lines"]
+    assert "finished at step 40" not in runs["no-lines"]  # an INFO line
+
+
+def test_without_lines_warnings_still_come_out_as_ets_hooks(runs) -> None:
+    """``log_every=None``: no ETA lines, but a warning is ets-hook's, prefixed (before: bare,
+    through Python's last-resort handler, so nothing said which library wrote it)."""
+    assert _lines(runs["no-lines"], "ets-hook: closed without a single training step")
+    assert not _lines(runs["no-lines"], "closed without a single training step")
 
 
 def test_lines_go_through_tqdm_write_when_tqdm_is_loaded(monkeypatch) -> None:
