@@ -526,17 +526,19 @@ class StepDetector:
     def _forward_pre(self, module: Any, args: Any, kwargs: Any) -> None:
         if _is_compiling() or not self._training_forward(module):
             return
-        self._forward_since_explicit = True
         self._root_forward_seen = True
+        if self._in_optimizer_step:
+            # A closure's forward (Lightning's automatic optimization, LBFGS): never a
+            # boundary, but the job's first one starts step 0.
+            self._start_training()
+            return
+        self._forward_since_explicit = True
         watch = self._shape_watch
         if watch is not None and watch.active and watch.observe(args, kwargs):
             self._on_inputs_vary()  # type: ignore[misc]  # set with the watch
         self._forwards_in_step += 1
         if not self._forward_started:
-            self._forward_started = True
-            self._drop_child_hooks()
-            if self._on_first_activity is not None:
-                self._on_first_activity()
+            self._start_training()
         elif (
             self.authority is Authority.FORWARD and self._forwards_in_step > self._forwards_per_step
         ):
@@ -554,20 +556,28 @@ class StepDetector:
         look like two steps)."""
         if _is_compiling() or self._forward_started or not self._training_forward(module):
             return
+        if not self._in_optimizer_step:
+            self._forward_since_explicit = True
+        self._start_training()
+
+    def _start_training(self) -> None:
+        """The job's first training forward: step 0 starts (``on_first_activity``), and the
+        children's one-shot hooks go."""
+        if self._forward_started:
+            return
         self._forward_started = True
-        self._forward_since_explicit = True
         self._drop_child_hooks()
         if self._on_first_activity is not None:
             self._on_first_activity()
 
     def _training_forward(self, module: Any) -> bool:
-        """Whether a forward of ``module`` now is one of the loop's training forwards: not in
-        a marked phase, an optimizer step (LBFGS closures) or the backward (an activation
-        checkpoint's recompute), in training mode with grad enabled, while active."""
+        """Whether a forward of ``module`` now is one of the loop's training forwards (inside
+        an optimizer step too: a closure's): not in a marked phase or the backward (an
+        activation checkpoint's recompute), in training mode with grad enabled, while
+        active."""
         return (
             self._active
             and not self.in_phase
-            and not self._in_optimizer_step
             and module.training
             and torch.is_grad_enabled()
             and not _in_backward()

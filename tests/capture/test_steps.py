@@ -883,3 +883,20 @@ def test_close_ends_the_last_step_that_forwards_mark(make) -> None:
         manual_update(model)
     detector.finish_forward_step()
     assert events.boundaries == ["forward"] * 3
+
+
+def test_a_closures_first_forward_starts_step_zero(make) -> None:
+    """Lightning's automatic optimization runs training_step inside ``optimizer.step(closure)``:
+    its forwards never end a step, but the first one starts step 0 (before, step 0 started at
+    the hook's creation there, and autocast or a loader's first wait went unseen)."""
+    model = tiny_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    _, events = make(model, [opt])
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        return forward_backward(model)
+
+    for _ in range(3):
+        opt.step(closure)
+    assert events.log == [("first",), *[("boundary", "optimizer")] * 3]
