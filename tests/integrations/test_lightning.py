@@ -475,6 +475,32 @@ def test_without_a_logger_the_values_are_kept_without_lightnings_warning() -> No
     assert "ets/eta_s" in trainer.progress_bar_metrics
 
 
+class _SlowFirstBatch(L.Callback):
+    """Set-up work before the first batch's training step (a framework's, a callback's)."""
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, idx: int) -> None:
+        if trainer.global_step == 0 and idx == 0:
+            time.sleep(SETUP_SLEEP_S)
+
+
+SETUP_SLEEP_S = 0.3
+
+
+def test_step_zero_starts_at_the_first_training_forward_and_sees_autocast() -> None:
+    """Lightning runs ``training_step`` inside ``optimizer.step(closure)``: its first forward
+    (not the hook's creation at ``on_train_start``) starts step 0, and bf16-mixed autocast,
+    on there, is seen (the hook's low-precision prior)."""
+    callback = ETSCallback(capture_steps=0, verbose=False)
+    trainer = quiet_trainer(
+        max_steps=4, callbacks=[callback, _SlowFirstBatch()], precision="bf16-mixed"
+    )
+    trainer.fit(TinyModule(), loaders(batches=8)[0])
+    hook = callback.hook
+    assert hook is not None and hook.steps_completed == 4
+    assert hook.step_times_s[0] < SETUP_SLEEP_S
+    assert hook._forecaster._low_precision  # private: the prior it chose has no public name
+
+
 class _DropoutModule(TinyModule):
     def __init__(self) -> None:
         super().__init__()
