@@ -12,14 +12,24 @@ One authority decides at a time, so a boundary is never counted twice:
 3. No optimizer given: explicit ``hook.step()`` calls, from the first one on.
 4. Neither: any optimizer's step (``register_optimizer_step_post_hook``; with several optimizers,
    once all optimizers seen so far and still alive have stepped: one re-created for a new stage
-   replaces the old once that is freed), else the root module's forward in training
-   mode with grad enabled (a step runs from one such forward to the one ``forwards_per_step``
-   later: the gradient accumulation's micro-batches make one step). Until the first optimizer
+   replaces the old once that is freed; once an optimizer holding some of the model's
+   parameters has stepped, one holding none of them is not the model's), else the root
+   module's forward in training mode with grad enabled (a step runs from one such forward to
+   the one ``forwards_per_step`` later: the gradient accumulation's micro-batches make one
+   step). Until the first optimizer
    step, forwards decide; a loop with more forwards per optimizer step than it declared (two
    views of a batch, undeclared accumulation) gets those extra boundaries before its first one.
 
-Forwards in eval mode, under ``no_grad``, inside a marked phase or inside an optimizer step
-(LBFGS closures) never end a step. Optimizer steps inside a marked phase are ignored too.
+Forwards in eval mode, under ``no_grad``, inside a marked phase, inside an optimizer step
+(LBFGS closures, Lightning's automatic optimization) or inside the backward (an activation
+checkpoint's recompute) never end a step; when forwards mark the steps, the last one ends at
+``finish_forward_step`` (the hook's close). Optimizer steps inside a marked phase are ignored too.
+
+Step 0 starts at the job's first training forward (``on_first_activity``), a closure's
+included: the root module's, or a direct child's where the loop never calls the root (a
+LightningModule's ``training_step`` calling ``self.net(x)``; one-shot hooks on the children,
+not on a compiled root). A deep copy or a pickle of the model or optimizer carries an inert
+detector (``StepDetector.__deepcopy__``): an EMA copy's forwards are not the model's.
 
 ``torch.compile`` (checked with fullgraph=True, see ``tests/capture/test_compile_events.py``):
 
