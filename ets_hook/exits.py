@@ -70,6 +70,10 @@ class ExitListener(Protocol):
         """A notebook cell raised ``error`` (the exception's type name): stop an open capture
         window; never raises."""
 
+    def after_fork_in_child(self) -> None:
+        """This process is a fork of the one the hook belongs to: do nothing from now on
+        (count no step, close nothing, write no file); never raises."""
+
 
 _lock = threading.RLock()  # re-entrant: the SIGTERM handler may run inside register()
 _live: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -83,11 +87,15 @@ _previous_sigterm: Any = None
 
 
 def _forget_hooks_in_child() -> None:
-    """After ``fork``, in the child: the hooks are the parent's (see the module docstring). A
-    fresh lock too: another thread of the parent may have held the old one at the fork."""
+    """After ``fork``, in the child: the hooks are the parent's (see the module docstring): each
+    goes inert, and none is closed here. A fresh lock too: another thread of the parent may have
+    held the old one at the fork (the child has one thread: the registry is read without it)."""
     global _lock, _live
+    listeners, _live = list(_live), weakref.WeakSet()
     _lock = threading.RLock()
-    _live = weakref.WeakSet()
+    for listener in listeners:
+        with contextlib.suppress(Exception):
+            listener.after_fork_in_child()
 
 
 if hasattr(os, "register_at_fork"):  # POSIX

@@ -462,8 +462,9 @@ class ETSHook:
             estimator = resolve_trace_estimator(trace_estimator, self._device.type)
         self._closed = False
         # A process forked from the job (a worker that runs the model, a user's fork) inherits
-        # this hook: there it does nothing, and closes nothing of the parent's (_guarded, _close).
-        self._pid = os.getpid()
+        # this hook: there it does nothing, and closes nothing of the parent's (_guarded, _close;
+        # set by exits at the fork: after_fork_in_child).
+        self._forked = False
         self._close_lock = threading.RLock()  # a SIGTERM handler may close inside close()
         # A close() from another thread while the profiler path captures: the training thread
         # (the only one that can end that session) finishes closing at its next hook call.
@@ -928,8 +929,13 @@ class ETSHook:
         if thread_ident == self._clock.training_thread and not self._closed:
             self._close_ended(exits.FAILED, error, f"the training thread died of {error}")
 
+    def after_fork_in_child(self) -> None:
+        """This process is a fork of the job's (``ets_hook.exits``): the hook does nothing here
+        from now on — no step, no close, no file of the parent's written. Never raises."""
+        self._forked = True
+
     def _close(self, timeout_s: float, outcome: str, error: str | None) -> None:
-        if os.getpid() != self._pid:
+        if self._forked:
             return  # a forked process: the parent's hook, its files and its status
         with self._close_lock:
             if self._closed:
@@ -1033,7 +1039,7 @@ class ETSHook:
 
     def _guarded(self, function: Callable[..., None]) -> Callable[..., None]:
         def call(*args: Any) -> None:
-            if os.getpid() != self._pid:
+            if self._forked:
                 return  # a forked process: the parent's hook
             pending = self._close_pending
             if pending is not None:  # close() came from another thread: finish it here
