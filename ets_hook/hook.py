@@ -1095,12 +1095,11 @@ class ETSHook:
             return
         try:
             now_ns, now_s = time.perf_counter_ns(), time.monotonic()
-            since_creation_s = (now_ns - self._created_ns) / 1e9
-            waits = [clock.first_batch_wait_s(now_s) for clock in self._batch_clocks]
+            created_s = now_s - (now_ns - self._created_ns) / 1e9  # on time.monotonic()'s clock
+            waits = [clock.first_batch_wait_s(now_s, created_s) for clock in self._batch_clocks]
             known = [w for w in waits if w is not None]
             if known:
-                wait_s = min(max(known), since_creation_s)
-                self._first_epoch_wait = (wait_s, now_ns / 1e9)
+                self._first_epoch_wait = (max(known), now_ns / 1e9)
         except Exception as exc:  # only the seed's source changes
             logger.debug("the first epoch's start-up was not read: %r", exc)
 

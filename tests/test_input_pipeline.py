@@ -221,6 +221,21 @@ def busy_worker_start(worker_id: int) -> None:
         pass
 
 
+def _one_worker_job(worker_init_fn, samples: int):
+    """A small classifier, its optimizer and a one-worker loader of ``samples`` samples (16 a
+    batch) whose worker runs ``worker_init_fn`` first."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(
+        torch.utils.data.Subset(AugmentedVectors(), range(samples)),
+        batch_size=16,
+        num_workers=1,
+        worker_init_fn=worker_init_fn,
+    )
+    return model, opt, loader
+
+
 def test_the_first_epochs_worker_start_up_seeds_the_phase() -> None:
     """``for x, y in loader`` starts the workers and waits for the first batch before the first
     training forward, where step 0's clock starts: that wait is in no step. The workers' own
@@ -228,15 +243,7 @@ def test_the_first_epochs_worker_start_up_seeds_the_phase() -> None:
     also waited for a core began earlier than its CPU time says) until epoch 2 measures one."""
     from ets_hook.forecast.epochs import EPOCH_START
 
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    loader = DataLoader(
-        torch.utils.data.Subset(AugmentedVectors(), range(160)),
-        batch_size=16,
-        num_workers=1,
-        worker_init_fn=busy_worker_start,
-    )
+    model, opt, loader = _one_worker_job(busy_worker_start, samples=160)
     hook = ETSHook(
         model, optimizer=opt, dataloader=loader, epochs=3, capture_steps=0, log_every=None
     )
@@ -257,6 +264,71 @@ def test_the_first_epochs_worker_start_up_seeds_the_phase() -> None:
     # It is projected over the epochs to come.
     assert _phase(first_epoch, EPOCH_START).remaining == 2
     assert _phase(first_epoch, EPOCH_START).remaining_s >= 2 * 0.9 * WORKER_START_CPU_S
+
+
+WORKER_START_WAIT_S = 0.25
+
+
+def waiting_worker_start(worker_id: int) -> None:
+    """A worker's start-up spent waiting, not computing (files on network storage, a busy
+    core): its CPU time does not show it."""
+    import time
+
+    time.sleep(WORKER_START_WAIT_S)
+
+
+def _first_epoch_seed(hook: ETSHook, opt: torch.optim.Optimizer, batches):
+    """Train one epoch over ``batches`` under ``hook``, then close it; the epoch start-up
+    phase as first seeded (at the first step's end)."""
+    from ets_hook.forecast.epochs import EPOCH_START
+
+    seeded = None
+    for x, y in batches:
+        opt.zero_grad()
+        nn.functional.cross_entropy(hook.model(x), y).backward()
+        opt.step()
+        phase = _phase(hook.prediction, EPOCH_START)
+        if seeded is None and phase is not None and phase.occurrences:
+            seeded = phase
+    hook.close()
+    return seeded
+
+
+def test_a_workers_start_up_spent_waiting_counts_in_the_first_epochs_wait() -> None:
+    """The workers' start is when their processes started, not their CPU time's start: a
+    worker that slept before its first batch (waiting for files or a core) still kept the loop
+    waiting for that long."""
+    model, opt, loader = _one_worker_job(waiting_worker_start, samples=96)
+    hook = ETSHook(
+        model, optimizer=opt, dataloader=loader, epochs=3, capture_steps=0, log_every=None
+    )
+    seeded = _first_epoch_seed(hook, opt, loader)
+    assert seeded is not None and seeded.occurrences == 1
+    assert seeded.spent_s >= 0.9 * WORKER_START_WAIT_S, seeded
+
+
+def test_a_first_batch_held_before_the_hook_counts_only_its_making() -> None:
+    """A first batch made and held before the hook existed (a framework's prefetch, or the user
+    looking at one batch, as here): the epoch's start-up is its making, from the worker's start
+    to the batch's finish, not the time it was held until training began."""
+    import itertools
+    import time
+
+    from ets_hook.capture.batch_clock import BatchClock
+
+    model, opt, loader = _one_worker_job(waiting_worker_start, samples=96)
+    clock = BatchClock.attach(loader)  # as the Lightning callback does before the first iter()
+    assert clock is not None
+    batches = iter(loader)
+    first = next(batches)
+    held_s = 0.6
+    time.sleep(held_s)
+    hook = ETSHook(
+        model, optimizer=opt, dataloader=loader, epochs=3, capture_steps=0, log_every=None
+    )
+    seeded = _first_epoch_seed(hook, opt, itertools.chain([first], batches))
+    assert seeded is not None and seeded.occurrences == 1
+    assert 0.9 * WORKER_START_WAIT_S <= seeded.spent_s < held_s, seeded
 
 
 class SlowBatches(Dataset):

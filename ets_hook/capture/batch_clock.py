@@ -9,7 +9,8 @@ then; the workers' own clocks can.
 ``BatchClock.attach`` wraps the loader's ``collate_fn`` (public and settable; the iterator hands
 it to every worker it starts) with ``TimedCollate``: inside a worker, after each batch is
 collated, the worker writes ``time.monotonic()`` and its own CPU time (``time.process_time()``)
-into its own slots of shared memory (one writer per slot: no lock). Each worker's consecutive
+into its own slots of shared memory (one writer per slot: no lock), and at its first batch when
+its process started (``process_start_s``). Each worker's consecutive
 finish times are its batch production times while it is busy; the CPU times are what a batch
 costs it whatever else competes for the cores (the training process, ets-hook's own capture).
 The wrapper is picklable while a worker process is spawned (``spawn`` and
@@ -24,6 +25,7 @@ Interpretation (the rate, and what it bounds) lives in ``forecast.input_supply``
 from __future__ import annotations
 
 import logging
+import os
 import time
 from multiprocessing.context import get_spawning_popen
 from multiprocessing.sharedctypes import RawArray
@@ -39,6 +41,29 @@ SLOTS_PER_WORKER = 64
 MAX_WORKERS = 32
 
 
+def process_start_s() -> float:
+    """When this process started, on ``time.monotonic()``'s clock, seconds.
+
+    On Linux from ``/proc/self/stat`` (the start in clock ticks since boot, 10 ms apart, against
+    ``CLOCK_BOOTTIME``): a process that waited (for a core, for files) before it ran still
+    started then. Elsewhere now minus its CPU time (``time.process_time()``, which starts at 0
+    with the process): a later start than the true one wherever it waited.
+
+    Returns:
+        The start; never later than now. Never raises.
+    """
+    now_s = time.monotonic()
+    try:
+        with open("/proc/self/stat", "rb") as stat:
+            # Fields after the command name (which may hold spaces and parentheses): the 22nd
+            # field of the file, starttime, is the 20th of these.
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        age_s = time.clock_gettime(time.CLOCK_BOOTTIME) - int(fields[19]) / os.sysconf("SC_CLK_TCK")
+        return now_s - max(age_s, 0.0)
+    except Exception:  # not Linux, no /proc: the CPU time's later bound
+        return now_s - time.process_time()
+
+
 class TimedCollate:
     """A ``collate_fn`` that calls the user's and, inside a worker, records when it finished.
 
@@ -48,7 +73,13 @@ class TimedCollate:
     """
 
     def __init__(
-        self, collate_fn: Any, times: Any, cpu_times: Any, counts: Any, workers: int
+        self,
+        collate_fn: Any,
+        times: Any,
+        cpu_times: Any,
+        counts: Any,
+        workers: int,
+        process_starts: Any = None,
     ) -> None:
         """Wrap ``collate_fn``.
 
@@ -58,12 +89,16 @@ class TimedCollate:
             cpu_times: shared ``double`` array alike, the worker's CPU time at each finish.
             counts: shared ``int`` array of ``workers`` counts.
             workers: worker ids recorded: ``0 .. workers - 1``.
+            process_starts: shared ``double`` array of ``workers`` process starts
+                (``process_start_s``), written with each worker's first recorded batch;
+                None: not recorded.
         """
         self.collate_fn = collate_fn
         self._times = times
         self._cpu_times = cpu_times
         self._counts = counts
         self._workers = workers
+        self._process_starts = process_starts
         self.clock: BatchClock | None = None
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
@@ -73,7 +108,14 @@ class TimedCollate:
         if get_spawning_popen() is not None:
             return (
                 TimedCollate,
-                (self.collate_fn, self._times, self._cpu_times, self._counts, self._workers),
+                (
+                    self.collate_fn,
+                    self._times,
+                    self._cpu_times,
+                    self._counts,
+                    self._workers,
+                    self._process_starts,
+                ),
             )
         return (_untimed, (self.collate_fn,))
 
@@ -87,6 +129,8 @@ class TimedCollate:
                     slot = info.id * SLOTS_PER_WORKER + n
                     self._times[slot] = time.monotonic()
                     self._cpu_times[slot] = time.process_time()
+                    if n == 0 and self._process_starts is not None:
+                        self._process_starts[info.id] = process_start_s()
                     self._counts[info.id] = n + 1
         except Exception:  # never the user's batch's problem
             pass
@@ -120,11 +164,17 @@ class BatchClock:
         self._times = RawArray("d", self.workers * SLOTS_PER_WORKER)
         self._cpu_times = RawArray("d", self.workers * SLOTS_PER_WORKER)
         self._counts = RawArray("i", self.workers)
+        self._process_starts = RawArray("d", self.workers)
         self._reading: tuple[list[list[float]], list[list[float]]] = ([], [])
         self._reading_counts: list[int] | None = None  # the counts ``_reading`` was made at
         self._original = loader.collate_fn
         self._wrapper = TimedCollate(
-            self._original, self._times, self._cpu_times, self._counts, self.workers
+            self._original,
+            self._times,
+            self._cpu_times,
+            self._counts,
+            self.workers,
+            self._process_starts,
         )
         self._wrapper.clock = self
         self._loaders = [loader]  # every loader found carrying the wrapper
@@ -208,27 +258,37 @@ class BatchClock:
         self._reading_counts = counts
         return self._reading
 
-    def first_batch_wait_s(self, now_s: float) -> float | None:
-        """How long before ``now_s`` the loader's first iterator started its workers, seconds:
-        the first epoch's start-up as the training loop waited for it (workers started, first
-        batch made), read at the first training step.
+    def first_batch_wait_s(self, now_s: float, hook_created_s: float) -> float | None:
+        """The first epoch's start-up as the training loop waited for it, seconds: from the
+        first worker's start (``process_start_s``) to ``now_s`` (the first training forward),
+        read at the first training step.
 
-        A worker's CPU time starts at 0 with the process (``fork`` and ``spawn``), so it began
-        no later than its first batch's finish minus its CPU time then; the earliest such start
-        over the workers is taken. Where the worker also waited for a core, it began earlier:
-        the wait returned is a lower bound.
+        Where the first batch was ready before the hook existed, something held it before
+        training began (a framework's prefetch, the user looking at one batch): only its
+        making counts, up to the first batch's finish. Where a worker did not record its start
+        (``TimedCollate`` without starts), the start is taken from its CPU time: a lower bound
+        on the wait.
 
         Args:
             now_s: ``time.monotonic()`` now (the first training forward).
+            hook_created_s: when the hook was created, on the same clock.
 
         Returns:
             The wait (>= 0); None before any worker recorded a batch.
         """
         finish, cpu = self.read()
-        starts = [f[0] - c[0] for f, c in zip(finish, cpu, strict=False) if f and c]
-        if not starts:
+        firsts = []
+        for worker, (f, c) in enumerate(zip(finish, cpu, strict=False)):
+            if f and c:
+                recorded = self._process_starts[worker] if worker < self.workers else 0.0
+                start = recorded if 0.0 < recorded <= f[0] else f[0] - c[0]
+                firsts.append((start, f[0]))
+        if not firsts:
             return None
-        return max(0.0, now_s - min(starts))
+        start = min(s for s, _ in firsts)
+        ready = min(f for _, f in firsts)
+        end = now_s if ready >= hook_created_s else ready
+        return max(0.0, end - start)
 
     def detach(self) -> None:
         """Give the loader (and copies of it ``attach`` saw) its own ``collate_fn`` back

@@ -175,5 +175,13 @@ def test_spawned_workers_get_the_clock_too() -> None:
     )
     clock = BatchClock.attach(loader)
     assert clock is not None
+    before_s = time.monotonic()
     assert sum(len(b[0]) for b in loader) == 12
     assert [len(t) for t in clock.read()[0]] == [6]
+    # The worker's process start (10 ms ticks on Linux): after iter() began, before its first
+    # batch was done; the first batch's wait runs from there.
+    started_s = clock._process_starts[0]
+    first_finish_s = clock.read()[0][0][0]
+    assert before_s - 0.011 <= started_s <= first_finish_s
+    wait_s = clock.first_batch_wait_s(first_finish_s + 1.0, hook_created_s=before_s)
+    assert wait_s is not None and wait_s >= 1.0 + (first_finish_s - started_s) - 1e-9
