@@ -9,6 +9,7 @@ import socket
 import sys
 import threading
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +62,26 @@ def sample_prediction(**overrides: Any) -> Prediction:
     }
     fields.update(overrides)
     return Prediction(**fields)
+
+
+def status_prediction(step: int = 300, iteration_s: float = 0.412) -> Prediction:
+    """A converged, measured prediction of a 2000-step job at ``step`` (130 s elapsed), as a
+    status file shows it."""
+    eta = (2000 - step) * iteration_s
+    return Prediction(
+        step=step,
+        total_steps=2000,
+        remaining_steps=2000 - step,
+        iteration_s=iteration_s,
+        iteration_ci_s=iteration_s * 0.011,
+        total_s=130.0 + eta,
+        total_ci_s=20.0,
+        eta_s=eta,
+        elapsed_s=130.0,
+        finish_time=datetime.now(timezone.utc) + timedelta(seconds=eta),
+        converged=True,
+        source="measured",
+    )
 
 
 def sample_trace() -> Trace:

@@ -13,9 +13,11 @@ import argparse
 import contextlib
 import os
 import stat
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from ..reporters.ascii_text import ERRORS, needs_substitutes
 from ..trace.untrusted import describe_file_type
 
 #: Exit codes of ``ets-hook``.
@@ -40,6 +42,37 @@ class InputError(Exception):
 
     The message is one line naming the file (when there is one) and the problem.
     """
+
+
+@contextlib.contextmanager
+def ascii_substitutes() -> Iterator[None]:
+    """Let ``sys.stdout`` and ``sys.stderr`` write ASCII substitutes (``+/-`` for ``±``, ``|``
+    for ``·``: ``reporters.ascii_text``) for the characters their encoding lacks, while the
+    block runs.
+
+    Only a stream whose encoding lacks some of them (``LC_ALL=C``, ``PYTHONIOENCODING=ascii``)
+    is reconfigured; a UTF-8 one is left alone. Each is given back its own error handler
+    after the block.
+
+    Yields:
+        Nothing; the block runs inside.
+    """
+    changed = []
+    for stream in (sys.stdout, sys.stderr):
+        if stream is None or not needs_substitutes(stream):
+            continue
+        previous = getattr(stream, "errors", None)
+        try:
+            stream.reconfigure(errors=ERRORS)  # type: ignore[union-attr]
+        except (AttributeError, OSError, ValueError):
+            continue  # not a TextIOWrapper, or closed: left as it is
+        changed.append((stream, previous))
+    try:
+        yield
+    finally:
+        for stream, previous in changed:
+            with contextlib.suppress(Exception):  # flushes: a closed pipe may fail it
+                stream.reconfigure(errors=previous)  # type: ignore[union-attr]
 
 
 class HelpFormatter(argparse.HelpFormatter):

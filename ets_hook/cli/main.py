@@ -28,6 +28,7 @@ from .common import (
     EXIT_USAGE,
     HelpFormatter,
     InputError,
+    ascii_substitutes,
     describe,
     exit_codes_epilog,
     reading,
@@ -282,17 +283,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             or ``--version`` (code 0). Any other exception from a handler propagates: Python
             prints its traceback and exits 1.
     """
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra:  # said by the subcommand's parser, whose usage line is the relevant one
-        args.subparser.error(f"unrecognized arguments: {' '.join(extra)}")
-    try:
-        return int(args.handler(args) or EXIT_OK)
-    except (InputError, TraceFileError, ETSCSVError, ModelFileError) as exc:
-        print(f"ets-hook {args.command}: error: {describe(exc)}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+    with ascii_substitutes():  # an ASCII stdout gets "+/-" for "±", never an encoding error
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # said by the subcommand's parser, whose usage line is the relevant one
+            args.subparser.error(f"unrecognized arguments: {' '.join(extra)}")
+        try:
+            return int(args.handler(args) or EXIT_OK)
+        except (InputError, TraceFileError, ETSCSVError, ModelFileError) as exc:
+            print(f"ets-hook {args.command}: error: {describe(exc)}", file=sys.stderr)
+            return EXIT_USAGE
+        except KeyboardInterrupt:
+            return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -14,12 +14,14 @@ Scheduling: each reporter has a ``ReportSchedule``; ``ReportDispatcher`` offers 
 only when due, so the per-step cost of all reporters together is one comparison on the hot path
 (the forecaster's). Every reporter is offered the first prediction.
 
-Failure isolation: an exception in a reporter is logged once and disables that reporter only.
+Failure isolation: an exception in a reporter is logged once (where the log line can be
+written) and disables that reporter only.
 ``DeadlineExceededError`` is the one exception that propagates, on purpose.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import sys
@@ -302,9 +304,12 @@ class ReportDispatcher:
             raise
         except Exception as exc:
             slot.active = False
-            logger.warning(
-                "reporter %s failed and is disabled: %r",
-                type(slot.reporter).__name__,
-                exc,
-                exc_info=True,
-            )
+            # A handler that cannot write (a closed stderr: often the very reason this reporter
+            # failed) must not turn one reporter's failure into all of theirs.
+            with contextlib.suppress(Exception):
+                logger.warning(
+                    "reporter %s failed and is disabled: %r",
+                    type(slot.reporter).__name__,
+                    exc,
+                    exc_info=True,
+                )

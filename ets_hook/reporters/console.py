@@ -18,10 +18,13 @@ from every rank (they may be that rank's own).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import threading
 from typing import TextIO
+
+from .ascii_text import for_stream
 
 LOGGER_NAME = "ets_hook"
 _lock = threading.Lock()
@@ -29,7 +32,9 @@ _lock = threading.Lock()
 
 class ConsoleHandler(logging.Handler):
     """Writes ``ets-hook: <message>`` lines to stderr, tqdm-aware; silent once the
-    application has configured logging (the root logger has a handler)."""
+    application has configured logging (the root logger has a handler). ASCII substitutes
+    where the stream's encoding lacks a character; never raises (a closed stream drops the
+    line)."""
 
     def __init__(self, stream: TextIO | None = None) -> None:
         """Create the handler (level INFO).
@@ -41,22 +46,44 @@ class ConsoleHandler(logging.Handler):
         self._stream = stream
 
     def emit(self, record: logging.LogRecord) -> None:
-        """Write the record's line, unless the application now handles logging itself."""
+        """Write the record's line, unless the application now handles logging itself.
+
+        Characters the stream's encoding lacks (an ASCII stderr: ``LC_ALL=C``,
+        ``PYTHONIOENCODING=ascii``) are written as ASCII substitutes (``ascii_text``): ``±``
+        as ``+/-``, ``·`` as ``|``. A stream that cannot be written (closed, a broken pipe,
+        none at all) drops the line: logging never fails the training job.
+        """
         if logging.getLogger().handlers:
             return  # configured since we attached: the application's handlers show it
         try:
             line = record.getMessage()
-            if not line.startswith("ets-hook: "):
-                line = "ets-hook: " + line
-            stream = self._stream or sys.stderr
+        except Exception:
+            self.handleError(record)  # a bad message or arguments: Python's report of it
+            return
+        if not line.startswith("ets-hook: "):
+            line = "ets-hook: " + line
+        stream = self._stream or sys.stderr
+        if stream is None:
+            return  # no stderr at all (pythonw)
+        try:
+            line = for_stream(line, stream)
             tqdm = sys.modules.get("tqdm")
             if tqdm is not None and hasattr(tqdm, "tqdm"):
                 tqdm.tqdm.write(line, file=stream)
             else:
                 stream.write(line + "\n")
                 stream.flush()
+        except (OSError, ValueError):
+            return  # closed or broken: the line is dropped (its report would go there too)
         except Exception:
             self.handleError(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        """Python's report of a record that could not be written (on ``sys.stderr``, where
+        ``logging.raiseExceptions``), but never an exception: with ``sys.stderr`` closed the
+        report itself would raise, out of the training step that logged."""
+        with contextlib.suppress(Exception):
+            super().handleError(record)
 
 
 def logging_configured() -> bool:

@@ -5,9 +5,11 @@ tqdm is an optional extra, imported when this reporter is created.
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 from ..forecast.text import format_duration, format_relative, format_step_time
+from .ascii_text import for_stream
 from .base import EARLY_STEPS, Reporter, ReportSchedule
 
 if TYPE_CHECKING:
@@ -74,9 +76,14 @@ class TqdmReporter(Reporter):
             text += f" · ETA {format_duration(p.eta_s)}"
         return text
 
+    def _text_for_bar(self, prediction: Prediction) -> str:
+        """The postfix as the bar's stream can encode it (``ascii_text``: ``+/-`` for ``±``
+        on an ASCII stderr)."""
+        return for_stream(self.postfix(prediction), getattr(self._bar, "fp", None) or sys.stderr)
+
     def on_prediction(self, prediction: Prediction) -> None:
         """Set the postfix; our own bar is also created if needed and moved to the step."""
-        text = self.postfix(prediction)
+        text = self._text_for_bar(prediction)
         if not self._own:
             self._bar.set_postfix_str(text, refresh=False)
             return
@@ -89,7 +96,7 @@ class TqdmReporter(Reporter):
                 bar_format=self.BAR_FORMAT,
                 **self._kwargs,
             )
-        self._bar.set_postfix_str(text, refresh=False)
+        self._bar.set_postfix_str(self._text_for_bar(prediction), refresh=False)
         self._bar.update(prediction.step - self._bar.n)
 
     def on_close(self, prediction: Prediction | None) -> None:
@@ -98,7 +105,7 @@ class TqdmReporter(Reporter):
         if self._bar is None:
             return
         if prediction is not None:
-            self._bar.set_postfix_str(self.postfix(prediction), refresh=not self._own)
+            self._bar.set_postfix_str(self._text_for_bar(prediction), refresh=not self._own)
         if self._own:
             if prediction is not None:
                 if self._bar.total is None and prediction.total_steps is not None:

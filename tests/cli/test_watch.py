@@ -22,6 +22,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from support import status_prediction as prediction
 
 from ets_hook.forecast.prediction import Prediction, cut_at_time_limit
 from ets_hook.reporters.status_file import StatusFileReporter
@@ -47,24 +48,6 @@ def assert_clean_error(run: subprocess.CompletedProcess[str], *needles: str) -> 
     assert len(lines) == 1 and lines[0].startswith("ets-hook watch: error: "), run.stderr
     for needle in needles:
         assert needle in run.stderr, (needle, run.stderr)
-
-
-def prediction(step: int = 300, iteration_s: float = 0.412) -> Prediction:
-    eta = (2000 - step) * iteration_s
-    return Prediction(
-        step=step,
-        total_steps=2000,
-        remaining_steps=2000 - step,
-        iteration_s=iteration_s,
-        iteration_ci_s=iteration_s * 0.011,
-        total_s=130.0 + eta,
-        total_ci_s=20.0,
-        eta_s=eta,
-        elapsed_s=130.0,
-        finish_time=datetime.now(timezone.utc) + timedelta(seconds=eta),
-        converged=True,
-        source="measured",
-    )
 
 
 def write_aged(path: Path, reporter: StatusFileReporter, age_s: float, **fields: object) -> None:

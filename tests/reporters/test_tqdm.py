@@ -26,6 +26,23 @@ def test_tqdm_on_a_user_bar() -> None:
     bar.close()
 
 
+def test_tqdm_postfix_on_an_ascii_stream_uses_substitutes() -> None:
+    """A bar writing to an ASCII stream (``PYTHONIOENCODING=ascii``) gets ``+/-`` for ``±``
+    and ``|`` for ``·``, not Python's ``\\xb1`` escapes."""
+    import io
+
+    tqdm = pytest.importorskip("tqdm")
+    stream = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+    bar = tqdm.tqdm(total=100, file=stream)
+    f = Forecaster(
+        JobModel(total_steps=100), start_s=0.0, reports=ReportDispatcher([TqdmReporter(bar)])
+    )
+    run_job(f, 10, 0.2)
+    assert bar.postfix.isascii() and "+/-" in bar.postfix and "| ETA" in bar.postfix
+    f.close()
+    bar.close()
+
+
 def test_tqdm_bar_of_our_own(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("tqdm")
     reporter = TqdmReporter(file=sys.stderr, mininterval=0)
