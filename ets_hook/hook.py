@@ -578,6 +578,12 @@ class ETSHook:
                 on_first_optimizer_step=self._guarded(self._on_first_optimizer_step),
             )
         )
+        if not self._detector.sees_forwards and not disabled:
+            logger.info(
+                "the model is a scripted TorchScript module, which takes no forward hooks: "
+                "steps are its optimizers' steps (or hook.step() calls) and step 0 starts "
+                "now; autocast and changing batch shapes are not seen"
+            )
         if not disabled:
             _hook_of_model[model] = weakref.ref(self)
             exits.register(self)
@@ -585,6 +591,9 @@ class ETSHook:
             # on (capture.batch_clock); the forecaster reads it when it builds a prediction.
             # Last, so that a constructor that raised never leaves the loader wrapped.
             self._use_batch_clock(BatchClock.attach(dataloader))
+        # Step 0 starts now, not at _created_ns: the constructor's own work (tens of ms for the
+        # first hook of a process) is in no step (a training forward restarts it again).
+        self._clock.restart(time.perf_counter_ns())
         if self._window.state == WindowState.WAITING and skip_steps == 0:
             self._guarded(self._window.start)()
 
@@ -965,12 +974,21 @@ class ETSHook:
                     "whose forward marks steps when no optimizer steps: pass optimizer=, or "
                     "call hook.step() once per step"
                 )
+            elif self._optimizers and self._detector.absorbed_explicit_steps:
+                logger.warning(
+                    "closed without a single training step: hook.step() was called %d times "
+                    "but with optimizer= given a step is an optimizer step (hook.step() only "
+                    "counts one the optimizer skipped after a training forward); for an "
+                    "inference or evaluation loop create the hook without optimizer= and call "
+                    "hook.step() per batch",
+                    self._detector.absorbed_explicit_steps,
+                )
             else:
                 logger.warning(
                     "closed without a single training step: a step ends at an optimizer "
                     "step of a watched optimizer (optimizer=), or at hook.step(); an inference "
-                    "or evaluation loop (model.eval(), torch.no_grad()) calls hook.step() per "
-                    "batch"
+                    "or evaluation loop (model.eval(), torch.no_grad()) creates the hook "
+                    "without optimizer= and calls hook.step() per batch"
                 )
         for clock in self._batch_clocks:
             clock.detach()

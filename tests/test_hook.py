@@ -795,19 +795,13 @@ def test_dashboards_selected_by_hook_options(tmp_path):
         ETSHook(model, prometheus_port=80_000)
 
 
-def test_the_hooks_own_work_on_the_training_thread_is_not_step_time(monkeypatch) -> None:
-    """Reporters and callbacks run at a step boundary and prediction reads between boundaries
-    are ets-hook's time, not the step's: early on they cost a few 0.1 ms, later ~25 µs, so
-    left in they would make the first steps look slower than the steady state. A fake clock
-    makes it exact: the loop's own work is 10 ms a step; the callback "takes" 5 s, each read
-    3 s; a read inside a phase is the phase's time, taken out once. Neither counts as the
-    loop's per-step overhead (projected over the remaining steps)."""
-    import time
+def _fake_perf_counter(monkeypatch) -> list[int]:
+    """``time.perf_counter_ns`` in the hook and its step clock reads ``clock_ns[0]`` (returned):
+    the test moves time on."""
     import types
 
     import ets_hook.capture.step_clock as step_clock_module
     import ets_hook.hook as hook_module
-    from ets_hook.forecast.forecaster import Forecaster
 
     clock_ns = [0]
     fake_time = types.SimpleNamespace(
@@ -816,6 +810,19 @@ def test_the_hooks_own_work_on_the_training_thread_is_not_step_time(monkeypatch)
     fake_time.perf_counter_ns = lambda: clock_ns[0]
     monkeypatch.setattr(hook_module, "time", fake_time)
     monkeypatch.setattr(step_clock_module, "time", fake_time)
+    return clock_ns
+
+
+def test_the_hooks_own_work_on_the_training_thread_is_not_step_time(monkeypatch) -> None:
+    """Reporters and callbacks run at a step boundary and prediction reads between boundaries
+    are ets-hook's time, not the step's: early on they cost a few 0.1 ms, later ~25 µs, so
+    left in they would make the first steps look slower than the steady state. A fake clock
+    makes it exact: the loop's own work is 10 ms a step; the callback "takes" 5 s, each read
+    3 s; a read inside a phase is the phase's time, taken out once. Neither counts as the
+    loop's per-step overhead (projected over the remaining steps)."""
+    from ets_hook.forecast.forecaster import Forecaster
+
+    clock_ns = _fake_perf_counter(monkeypatch)
     real_prediction = Forecaster.prediction
 
     def costly_prediction(self):
@@ -1082,3 +1089,46 @@ def test_prediction_reads_inside_the_window_stay_out_of_the_traces_steps(monkeyp
         lead_in_s = (iteration.ops[0].start_ns - iteration.start_ns) / 1e9
         assert span_s < hook.step_times_s[iteration.step] + 0.5 * read_s
         assert lead_in_s < 0.5 * read_s
+
+
+def test_the_constructors_own_work_is_not_in_the_first_step(monkeypatch) -> None:
+    """Step 0 starts when the constructor returns: its own work (tens of ms for a process's
+    first hook: the trace model, the step detector, the window) is in no step. A fake clock:
+    building the step detector "takes" 2 s, each step of an inference loop (no training
+    forward: nothing restarts step 0) 10 ms."""
+    import ets_hook.hook as hook_module
+
+    clock_ns = _fake_perf_counter(monkeypatch)
+    real_detector = hook_module.StepDetector
+
+    def slow_detector(*args, **kwargs):
+        clock_ns[0] += 2_000_000_000
+        return real_detector(*args, **kwargs)
+
+    monkeypatch.setattr(hook_module, "StepDetector", slow_detector)
+    model = nn.Linear(4, 2)
+    hook = ETSHook(model, total_steps=5, capture_steps=0, log_every=None, deadline=False)
+    with torch.no_grad():
+        for _ in range(5):
+            model(torch.randn(2, 4))
+            clock_ns[0] += 10_000_000
+            hook.step()
+    hook.close()
+    assert hook.step_times_s == pytest.approx([0.01] * 5)
+
+
+def test_an_inference_loop_with_optimizer_given_is_told_to_drop_it(caplog) -> None:
+    """``hook.step()`` in a no-grad loop with ``optimizer=`` given ends no step (a step is an
+    optimizer step then): the closing warning says so and what to do instead."""
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(model, optimizer=opt, total_steps=5, capture_steps=0, log_every=None)
+    with caplog.at_level(logging.WARNING, logger="ets_hook"), torch.no_grad():
+        for _ in range(5):
+            model(torch.randn(2, 4))
+            hook.step()
+        hook.close()
+    assert hook.steps_completed == 0
+    [warning] = [r.getMessage() for r in caplog.records if "without a single" in r.getMessage()]
+    assert "hook.step() was called 5 times" in warning
+    assert "without optimizer=" in warning

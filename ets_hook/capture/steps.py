@@ -126,6 +126,16 @@ def _is_compiled_module(model: torch.nn.Module) -> bool:
     )
 
 
+def _forward_pre_hook_on(module: torch.nn.Module, hook: Callable[..., Any], **kwargs: Any) -> Any:
+    """``module.register_forward_pre_hook(hook, **kwargs)``'s handle; None where the module
+    takes no forward hooks (a ``torch.jit.script``ed module raises ``RuntimeError``; traced
+    ones take them)."""
+    try:
+        return module.register_forward_pre_hook(hook, **kwargs)
+    except RuntimeError:
+        return None
+
+
 def _call_eagerly(function: Callable[..., None], *args: Any) -> None:
     """``function(*args)``; called from code dynamo traces, it makes dynamo break the graph
     and run the call as plain Python (``_torchdynamo_disable``, as ``torch.compiler.disable``
@@ -290,6 +300,10 @@ class StepDetector:
         authority: the ``Authority`` deciding boundaries now (see the module docstring).
         in_phase: set by the caller while a marked non-training phase runs; boundaries,
             optimizer steps and forwards are ignored meanwhile.
+        sees_forwards: whether the model's forwards are watched; False for a scripted
+            (``torch.jit.script``) model, which takes no forward hooks: its steps are its
+            optimizers' steps (or ``hook.step()``), and ``on_first_activity``/``on_forward``
+            are never called.
     """
 
     def __init__(
@@ -398,17 +412,21 @@ class StepDetector:
             self.authority = Authority.FORWARD
             self._pre_handles.append(register_optimizer_step_pre_hook(self._optimizer_pre))
             self._handles.append(register_optimizer_step_post_hook(self._optimizer_post))
-        self._forward_handle = model.register_forward_pre_hook(self._forward_pre, with_kwargs=True)
+        # A TorchScript root takes no forward hooks: its steps are the optimizers' (or
+        # hook.step()'s), and step 0 starts at the hook's creation.
+        self._forward_handle = _forward_pre_hook_on(model, self._forward_pre, with_kwargs=True)
+        self.sees_forwards = self._forward_handle is not None
         # The root's forward may never run: a LightningModule's training_step calling
         # self.net(x), a loop calling model.backbone(x). Then a direct child's first training
         # forward starts step 0. These hooks go at the first training forward of either. (Not on
-        # a compiled root: its own hook always runs, and hooks inside its graph must stay.)
+        # a compiled root: its own hook always runs, and hooks inside its graph must stay; nor
+        # on TorchScript children.)
         self._child_handles: list[Any] = []
-        if on_first_activity is not None and not _is_compiled_module(model):
-            self._child_handles = [
-                child.register_forward_pre_hook(self._child_forward_pre)
-                for child in model.children()
-            ]
+        if on_first_activity is not None and self.sees_forwards and not _is_compiled_module(model):
+            handles = (
+                _forward_pre_hook_on(child, self._child_forward_pre) for child in model.children()
+            )
+            self._child_handles = [handle for handle in handles if handle is not None]
 
     def __deepcopy__(self, memo: dict[int, Any]) -> StepDetector:
         """A deep copy of the model (an EMA / mean-teacher copy, ``AveragedModel``) or of an
@@ -670,6 +688,12 @@ class StepDetector:
         return self._forward_started and not self._root_forward_seen
 
     @property
+    def absorbed_explicit_steps(self) -> int:
+        """``hook.step()`` calls that ended no step (the optimizers' authority: twins of their
+        steps, repeated calls, calls before any training forward)."""
+        return self._explicit_absorbed
+
+    @property
     def needs_forward_hook(self) -> bool:
         """Whether forwards still matter after the window: they mark the steps (authority
         ``FORWARD``), or tell a skipped optimizer step from a repeated ``hook.step()``."""
@@ -679,7 +703,7 @@ class StepDetector:
 
     def _watch_forwards(self) -> None:
         """(Re)install the module hook and the optimizer pre-hooks if the window removed them."""
-        if self._forward_handle is not None or not self._active:
+        if self._forward_handle is not None or not self._active or not self.sees_forwards:
             return
         self._forward_handle = self._model.register_forward_pre_hook(
             self._forward_pre, with_kwargs=True
@@ -750,6 +774,8 @@ def _inert_detector() -> StepDetector:
     detector._child_handles = []
     detector._root_forward_seen = True
     detector.in_phase = False
+    detector.sees_forwards = False
+    detector._explicit_absorbed = 0
     return detector
 
 
@@ -768,6 +794,8 @@ class NoSteps:
 
     in_phase = False
     only_parts_called = False
+    sees_forwards = False
+    absorbed_explicit_steps = 0
 
     def explicit_step(self) -> None:
         """Ignored."""

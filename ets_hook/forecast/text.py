@@ -15,14 +15,15 @@ if TYPE_CHECKING:
 
 
 def format_duration(seconds: float | None) -> str:
-    """Format a duration compactly: ``4.2s``, ``42s``, ``13m32s``, ``2h05m``, ``3d04h``.
+    """Format a duration compactly: ``0.04s``, ``4.2s``, ``42s``, ``13m32s``, ``2h05m``, ``3d04h``.
 
     Args:
         seconds: the duration in seconds; None or NaN for unknown.
 
     Returns:
-        The text, rounded to the precision shown (tenths of a second below 9.95 s); ``?`` if
-        unknown, ``∞`` if infinite, a leading ``-`` for negatives.
+        The text, rounded to the precision shown (hundredths of a second below 0.995 s, a
+        trailing zero dropped; tenths below 9.95 s; ``0s`` for 0); ``?`` if unknown, ``∞``
+        if infinite, a leading ``-`` for negatives.
     """
     if seconds is None or math.isnan(seconds):
         return "?"
@@ -30,6 +31,11 @@ def format_duration(seconds: float | None) -> str:
         return "-" + format_duration(-seconds)
     if math.isinf(seconds):
         return "∞"
+    if seconds == 0:
+        return "0s"
+    if seconds < 0.995:  # a whole job this short (Lightning's fast_dev_run) is not "0.0s"
+        text = f"{seconds:.2f}"
+        return (text[:-1] if text.endswith("0") else text) + "s"
     if seconds < 9.95:
         return f"{seconds:.1f}s"
     whole = round(seconds)

@@ -445,8 +445,10 @@ class BaseETSCallback:
     # -- internals -----------------------------------------------------------------------------
 
     def _watch_train_loader(self, trainer: Any) -> None:
-        """Until training starts, attach a ``BatchClock`` to the train loader the fit loop
-        builds, before its first ``iter()`` starts the workers. Never raises."""
+        """Until training starts, attach a ``BatchClock`` to each train loader the fit loop
+        builds, before its first ``iter()`` starts the workers: every one, since a finder
+        callback (``LearningRateFinder``, ``BatchSizeFinder``) runs a fit of its own first and
+        the real loop then builds its loaders again. Never raises."""
         self._release_train_loader()
         source = getattr(getattr(trainer, "fit_loop", None), "_data_source", None)
         build = getattr(source, "dataloader", None)
@@ -456,15 +458,14 @@ class BaseETSCallback:
 
         def dataloader(*args: Any, **kwargs: Any) -> Any:
             loaders = build(*args, **kwargs)
-            if callback._early_clocks is None:  # the first loaders the fit loop builds
-                callback._early_clocks = []
-                try:
-                    for loader in train_loaders(loaders):
-                        clock = BatchClock.attach(loader)
-                        if clock is not None:
-                            callback._early_clocks.append(clock)
-                except Exception as exc:  # a collection whose attributes raise: untimed
-                    logger.debug("train loaders not timed: %r", exc)
+            early = callback._early_clocks = callback._early_clocks or []
+            try:
+                for loader in train_loaders(loaders):
+                    clock = BatchClock.attach(loader)
+                    if clock is not None and all(clock is not known for known in early):
+                        early.append(clock)
+            except Exception as exc:  # a collection whose attributes raise: untimed
+                logger.debug("train loaders not timed: %r", exc)
             return loaders
 
         try:

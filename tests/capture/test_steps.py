@@ -900,3 +900,48 @@ def test_a_closures_first_forward_starts_step_zero(make) -> None:
     for _ in range(3):
         opt.step(closure)
     assert events.log == [("first",), *[("boundary", "optimizer")] * 3]
+
+
+# ---------------------------------------------------------------------------------------------
+# TorchScript models: no forward hooks
+
+
+def _scripted(kind: str) -> nn.Module:
+    mlp = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    if kind == "scripted root":
+        return torch.jit.script(mlp)
+    if kind == "traced root":
+        return torch.jit.trace(mlp, torch.randn(2, 16))
+    return nn.Sequential(torch.jit.script(mlp), nn.Identity())  # an eager wrapper
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit.script / trace
+@pytest.mark.parametrize("kind", ["scripted root", "traced root", "scripted child"])
+def test_torchscript_models_are_timed_by_their_optimizer(kind: str, caplog) -> None:
+    """``register_forward_pre_hook`` raises on a ScriptModule: a scripted (or traced) root or
+    child must not make ``ETSHook(...)`` raise; the optimizer's steps are counted, the window
+    captures the scripted ops, and a scripted root is named once in the log (a traced one
+    takes forward hooks: nothing to say)."""
+    model = _scripted(kind)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with caplog.at_level(logging.INFO, logger="ets_hook"):
+        hook = ETSHook(
+            model,
+            optimizer=opt,
+            total_steps=8,
+            skip_steps=1,
+            capture_steps=2,
+            log_every=None,
+            decode_in_background=False,
+        )
+        for _ in range(8):
+            opt.zero_grad()
+            model(torch.randn(8, 16)).sum().backward()
+            opt.step()
+        hook.close()
+    assert hook.steps_completed == 8
+    trace = hook.trace
+    assert trace is not None and len(trace.iterations) == 2
+    assert any("addmm" in op.name or "linear" in op.name for op in trace.iterations[0].ops)
+    notes = [r for r in caplog.records if "TorchScript" in r.getMessage()]
+    assert len(notes) == (1 if kind == "scripted root" else 0)

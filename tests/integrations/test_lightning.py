@@ -627,20 +627,34 @@ class _SlowData(L.LightningDataModule):
         return DataLoader(_SlowSamples(), batch_size=4, num_workers=2)
 
 
-@pytest.mark.parametrize("source", ["loader", "datamodule"])
+class _TunableModule(TinyModule):
+    """A ``TinyModule`` whose learning rate ``LearningRateFinder`` can set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lr = 0.01
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+@pytest.mark.parametrize("source", ["loader", "datamodule", "datamodule after a finder"])
 def test_the_train_loaders_workers_are_timed_from_their_first_batch(source: str) -> None:
     # Lightning starts the first epoch's iterator (the workers) before on_train_start: the
     # clock must be on the loader before that, whether fit() got the loader or a datamodule
-    # builds it.
+    # builds it, and also when a finder callback's own fit built a loader first.
+    from lightning.pytorch.callbacks import LearningRateFinder
+
     callback = ETSCallback(capture_steps=0)
-    trainer = quiet_trainer(max_steps=6, num_sanity_val_steps=0, callbacks=[callback])
+    finder = [LearningRateFinder(num_training_steps=3)] if "finder" in source else []
+    trainer = quiet_trainer(max_steps=6, num_sanity_val_steps=0, callbacks=[*finder, callback])
     loader = DataLoader(_SlowSamples(), batch_size=4, num_workers=2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if source == "loader":
             trainer.fit(TinyModule(), train_dataloaders=loader)
         else:
-            trainer.fit(TinyModule(), datamodule=_SlowData())
+            trainer.fit(_TunableModule() if finder else TinyModule(), datamodule=_SlowData())
             loader = trainer.train_dataloader
     prediction = callback.prediction
     assert prediction is not None and prediction.step == 6
