@@ -117,6 +117,17 @@ def test_decode_cost_times_every_stage_of_a_real_window() -> None:
         assert f" {stage} " in line
 
 
+def test_allocator_faults_reports_each_epoch_of_each_variant() -> None:
+    result = run("allocator_faults.py", "--runs", "1", "--batches", "2", "--epochs", "2")
+    assert result.returncode == 0, result.stderr
+    runs = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert [r["hook"] for r in runs] == [False, True]
+    for r in runs:
+        assert len(r["faults_per_step"]) == len(r["cpu_ms_per_step"]) == 2
+        assert all(f >= 0 for f in r["faults_per_step"])
+        assert all(ms > 0 for ms in r["cpu_ms_per_step"])
+
+
 def test_framework_accuracy_quick_run_reports_both_frameworks(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     pytest.importorskip("lightning")

@@ -1,0 +1,137 @@
+"""Minor page faults per training step, per epoch, in a Lightning fit with and without ets-hook.
+
+Why: the frameworks benchmark's Lightning CNN changes pace between epochs (7-20% slower or
+faster steps) in runs with and without the hook. Page faults per step (``getrusage``'s
+``ru_minflt``: a count, unaffected by other processes' load) show the cause: glibc trimming the
+top of its heap after a step (and faulting it in again in the next) or not, a mode a process
+settles into depending on where long-lived allocations happened to land.
+
+Each run is a fresh process (the heap's history is what is measured): the same CNN as
+``accuracy_frameworks.py``'s ``pl-cnn+val+ckpt`` on random data, ``--batches`` batches of 128 an
+epoch, validation of 8 batches and a ``ModelCheckpoint`` each epoch, the TQDM bar; with
+``--hook`` alternating runs add ``ETSCallback``. Prints one line per run: the median faults and
+CPU ms per step in each epoch.
+
+    OMP_NUM_THREADS=1 python benchmarks/allocator_faults.py --runs 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+
+def fit(with_hook: bool, batches: int, epochs: int) -> dict[str, Any]:
+    """One Lightning fit in this process; per-epoch medians of faults and CPU ms per step."""
+    import lightning.pytorch as L
+    import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    width = 48
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, width, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(width, 2 * width, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(2 * width, 4 * width, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(4 * width, 10),
+    )  # fmt: skip
+
+    class Module(L.LightningModule):
+        """The CNN as a classifier, validated each epoch."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = net
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            loss = torch.nn.functional.cross_entropy(self.net(x), y)
+            self.log("train_loss", loss)
+            return loss
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            x, y = batch
+            self.log("val_loss", torch.nn.functional.cross_entropy(self.net(x), y))
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    faults: list[int] = []
+    cpu_s: list[float] = []
+
+    class Counter(L.Callback):
+        """Faults and CPU time of each training batch."""
+
+        def on_train_batch_start(self, *args: Any) -> None:
+            self.faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            self.cpu = time.process_time()
+
+        def on_train_batch_end(self, *args: Any) -> None:
+            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - self.faults)
+            cpu_s.append(time.process_time() - self.cpu)
+
+    g = torch.Generator().manual_seed(0)
+    n = 128 * batches
+    train = TensorDataset(torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,)))
+    val = TensorDataset(torch.randn(1024, 3, 32, 32, generator=g), torch.randint(0, 10, (1024,)))
+    with tempfile.TemporaryDirectory() as checkpoints:
+        callbacks: list[Any] = [Counter(), ModelCheckpoint(dirpath=checkpoints, save_last=True)]
+        if with_hook:
+            from ets_hook.integrations.lightning import ETSCallback
+
+            callbacks.append(ETSCallback(verbose=False))
+        trainer = L.Trainer(
+            max_epochs=epochs,
+            callbacks=callbacks,
+            logger=False,
+            enable_model_summary=False,
+            accelerator="cpu",
+            devices=1,
+            num_sanity_val_steps=0,
+        )
+        trainer.fit(Module(), DataLoader(train, batch_size=128, shuffle=True),
+                    DataLoader(val, batch_size=128))  # fmt: skip
+    per_epoch = [slice(i, i + batches) for i in range(0, epochs * batches, batches)]
+    return {
+        "hook": with_hook,
+        "faults_per_step": [round(statistics.median(faults[e])) for e in per_epoch],
+        "cpu_ms_per_step": [round(1e3 * statistics.median(cpu_s[e])) for e in per_epoch],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``--runs`` fresh processes per variant, alternating; print one JSON line each."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=4, help="runs per variant")
+    parser.add_argument("--batches", type=int, default=12, help="training batches per epoch")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--one", choices=("bare", "hook"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.one is not None:  # a child: one fit
+        print(json.dumps(fit(args.one == "hook", args.batches, args.epochs)))
+        return 0
+    if args.runs < 1 or args.batches < 1 or args.epochs < 1:
+        parser.error("--runs, --batches and --epochs must be >= 1")
+    print(f"load average {os.getloadavg()}", flush=True)
+    for _ in range(args.runs):
+        for variant in ("bare", "hook"):
+            child = subprocess.run(
+                [sys.executable, __file__, "--one", variant, "--batches", str(args.batches),
+                 "--epochs", str(args.epochs)],
+                capture_output=True, text=True, check=True,
+            )  # fmt: skip
+            print(child.stdout.strip().splitlines()[-1], flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
