@@ -317,32 +317,22 @@ def run_trainer_job(job: TrainerJob, repeat: int, workdir: Path) -> Record:
 # Lightning jobs
 
 
-def run_lightning_job(job: LightningJob, repeat: int, workdir: Path) -> Record:
-    """Fit ``job`` with ``ETSCallback``, a ModelCheckpoint and the TQDM bar; record it."""
+def small_cnn(width: int) -> torch.nn.Module:
+    """The Lightning CNN job's network: three 3x3 convolutions (``width``, 2x, 4x channels) on
+    3x32x32 images, 10 classes."""
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, width, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(width, 2 * width, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2), torch.nn.Conv2d(2 * width, 4 * width, 3, padding=1),
+        torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+        torch.nn.Linear(4 * width, 10),
+    )  # fmt: skip
+
+
+def lightning_classifier(net: torch.nn.Module) -> Any:
+    """A ``LightningModule`` training ``net`` as a classifier on ``(x, y)`` batches (AdamW,
+    lr 1e-3), logging its training and validation losses."""
     import lightning.pytorch as L
-    from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
-    from torch.utils.data import DataLoader, TensorDataset
-
-    from ets_hook.integrations.lightning import ETSCallback
-
-    torch.manual_seed(repeat)
-    width = job.width
-    if job.model == "cnn":
-        shape: tuple[int, ...] = (3, 32, 32)
-        net = torch.nn.Sequential(
-            torch.nn.Conv2d(3, width, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-            torch.nn.Conv2d(width, 2 * width, 3, padding=1), torch.nn.ReLU(),
-            torch.nn.MaxPool2d(2), torch.nn.Conv2d(2 * width, 4 * width, 3, padding=1),
-            torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
-            torch.nn.Linear(4 * width, 10),
-        )  # fmt: skip
-    else:
-        shape = (256,)
-        net = torch.nn.Sequential(
-            torch.nn.Linear(256, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
-            torch.nn.ReLU(), torch.nn.Linear(width, width), torch.nn.ReLU(),
-            torch.nn.Linear(width, 10),
-        )  # fmt: skip
 
     class Module(L.LightningModule):
         """A classifier on random data (validation each epoch)."""
@@ -364,6 +354,28 @@ def run_lightning_job(job: LightningJob, repeat: int, workdir: Path) -> Record:
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
+    return Module()
+
+
+def run_lightning_job(job: LightningJob, repeat: int, workdir: Path) -> Record:
+    """Fit ``job`` with ``ETSCallback``, a ModelCheckpoint and the TQDM bar; record it."""
+    import lightning.pytorch as L
+    from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from ets_hook.integrations.lightning import ETSCallback
+
+    torch.manual_seed(repeat)
+    if job.model == "cnn":
+        shape: tuple[int, ...] = (3, 32, 32)
+        net = small_cnn(job.width)
+    else:
+        shape = (256,)
+        net = torch.nn.Sequential(
+            torch.nn.Linear(256, job.width), torch.nn.ReLU(), torch.nn.Linear(job.width, job.width),
+            torch.nn.ReLU(), torch.nn.Linear(job.width, job.width), torch.nn.ReLU(),
+            torch.nn.Linear(job.width, 10),
+        )  # fmt: skip
     g = torch.Generator().manual_seed(repeat)
     n_train, n_val = job.batch * job.batches_per_epoch, job.batch * job.val_batches
     train: torch.utils.data.Dataset = (
@@ -414,9 +426,8 @@ def run_lightning_job(job: LightningJob, repeat: int, workdir: Path) -> Record:
             accelerator="cpu",
             devices=1,
         )  # fmt: skip
-        trainer.fit(Module(), DataLoader(train, batch_size=job.batch, shuffle=True,
-                                         num_workers=job.workers),
-                    DataLoader(val, batch_size=job.batch))  # fmt: skip
+        loader = DataLoader(train, batch_size=job.batch, shuffle=True, num_workers=job.workers)
+        trainer.fit(lightning_classifier(net), loader, DataLoader(val, batch_size=job.batch))
     returned_ns = time.perf_counter_ns()
     assert ets.hook is not None
     if trainer.global_step != total_steps:

@@ -33,37 +33,12 @@ def fit(with_hook: bool, batches: int, epochs: int) -> dict[str, Any]:
     """One Lightning fit in this process; per-epoch medians of faults and CPU ms per step."""
     import lightning.pytorch as L
     import torch
+    from accuracy_frameworks import lightning_classifier, small_cnn
     from lightning.pytorch.callbacks import ModelCheckpoint
     from torch.utils.data import DataLoader, TensorDataset
 
     torch.manual_seed(0)
-    width = 48
-    net = torch.nn.Sequential(
-        torch.nn.Conv2d(3, width, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-        torch.nn.Conv2d(width, 2 * width, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-        torch.nn.Conv2d(2 * width, 4 * width, 3, padding=1), torch.nn.ReLU(),
-        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(4 * width, 10),
-    )  # fmt: skip
-
-    class Module(L.LightningModule):
-        """The CNN as a classifier, validated each epoch."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = net
-
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            x, y = batch
-            loss = torch.nn.functional.cross_entropy(self.net(x), y)
-            self.log("train_loss", loss)
-            return loss
-
-        def validation_step(self, batch: Any, batch_idx: int) -> None:
-            x, y = batch
-            self.log("val_loss", torch.nn.functional.cross_entropy(self.net(x), y))
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+    net = small_cnn(48)
 
     faults: list[int] = []
     cpu_s: list[float] = []
@@ -98,7 +73,7 @@ def fit(with_hook: bool, batches: int, epochs: int) -> dict[str, Any]:
             devices=1,
             num_sanity_val_steps=0,
         )
-        trainer.fit(Module(), DataLoader(train, batch_size=128, shuffle=True),
+        trainer.fit(lightning_classifier(net), DataLoader(train, batch_size=128, shuffle=True),
                     DataLoader(val, batch_size=128))  # fmt: skip
     per_epoch = [slice(i, i + batches) for i in range(0, epochs * batches, batches)]
     return {
