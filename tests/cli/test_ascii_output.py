@@ -60,8 +60,8 @@ def test_watch_snapshot_on_an_ascii_stdout(tmp_path: Path) -> None:
 def test_demo_on_ascii_streams() -> None:
     """The demo's own table (stdout) and the hook's log lines (stderr, ``ConsoleHandler``)."""
     out, err = assert_ascii_success(ascii_cli("demo", "--model", "mlp", "--steps", "40"))
-    assert "  after step    1: " in out and " ms/step +/-" in out
+    assert "  after step    1: " in out and "s/step +/-" in out
     assert "actual: total " in out
     steps = [line for line in err.splitlines() if line.startswith("ets-hook: step ")]
-    assert steps and all(" | " in line and "ms/step +/-" in line for line in steps), err
+    assert steps and all(" | " in line and "s/step +/-" in line for line in steps), err
     assert "ets-hook: finished at step 40" in err
