@@ -3,8 +3,9 @@
 A subcommand's handler returns an exit code or raises. ``InputError`` (an unreadable or invalid
 input file, an output path that cannot be written, an option value only the run can check) is
 printed by ``cli.main`` as one line, ``ets-hook CMD: error: FILE: PROBLEM``, and exits 2, like an
-argparse usage error; anything else a handler raises is a failure while running (exit 1, with
-Python's traceback). Nothing here imports torch.
+argparse usage error; a reader that closes stdout early (``| head``) ends the command quietly
+with 141, as SIGPIPE ends a Unix tool; anything else a handler raises is a failure while running
+(exit 1, with Python's traceback). Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -25,16 +26,22 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+#: 128 + SIGPIPE, what a shell reports for a tool that SIGPIPE stopped: stdout's reader left.
+EXIT_BROKEN_PIPE = 141
+
+#: What 141 means, in every ``exit codes`` section.
+_BROKEN_PIPE_HELP = "stdout's reader stopped early (| head): output cut short, quietly"
 
 #: The ``exit codes`` section of ``ets-hook --help``.
-EXIT_CODES_HELP = """exit codes:
+EXIT_CODES_HELP = f"""exit codes:
   0    success
   1    a failure while running: one line when the cause is known (build-ops: no
        compiler), else Python's traceback (a bug: please report it)
   2    a usage error or an invalid option value (usage and one error line), or an
        unreadable or invalid input file (one line naming the file and the problem,
        no traceback)
-  130  interrupted (Ctrl-C)"""
+  130  interrupted (Ctrl-C)
+  141  {_BROKEN_PIPE_HELP}"""
 
 
 class InputError(Exception):
@@ -97,7 +104,8 @@ def exit_codes_epilog(ok: str, usage: str, failure: str) -> str:
         failure: when it exits 1.
 
     Returns:
-        The section, as ``HelpFormatter`` keeps it.
+        The section, as ``HelpFormatter`` keeps it; 130 (interrupted) and 141 (stdout's
+        reader gone) end it.
     """
     import textwrap
 
@@ -107,6 +115,7 @@ def exit_codes_epilog(ok: str, usage: str, failure: str) -> str:
         rows.append(f"  {code}    {lines[0]}")
         rows.extend(f"       {line}" for line in lines[1:])
     rows.append(f"  {EXIT_INTERRUPTED}  interrupted (Ctrl-C)")
+    rows.append(f"  {EXIT_BROKEN_PIPE}  {_BROKEN_PIPE_HELP}")
     return "exit codes:\n" + "\n".join(rows)
 
 

@@ -3,13 +3,14 @@
 Subcommands import what they need lazily, so ``ets-hook info`` on a trace does not import torch.
 Exit codes (``cli.common``): 0 success; 2 a usage error, an invalid option value, or an
 unreadable or invalid input (one line naming the file and the problem); 1 a failure while
-running; 130 interrupted.
+running; 130 interrupted; 141 stdout's reader went away early (``| head``), quietly.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -21,6 +22,7 @@ from ..trace.breakdown import find_straggler, format_rank_table, rank_breakdown
 from ..trace.events import Trace
 from ..trace.summary import format_info, info_document, printable
 from .common import (
+    EXIT_BROKEN_PIPE,
     EXIT_CODES_HELP,
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
@@ -138,14 +140,21 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from ..trace.chrome import export_chrome
+    from ..trace.chrome import chrome_document, write_chrome
 
     require_output(args.chrome)
     trace = _load(args.trace)
+    document = chrome_document(trace)
     with reading(args.chrome, errors=(OSError,)):
-        target = export_chrome(trace, args.chrome)
-    events = sum(len(it.ops) + len(it.kernels) for it in trace.iterations)
-    print(f"wrote {target} ({events} events); open it in https://ui.perfetto.dev")
+        target = write_chrome(document, args.chrome)
+    # The events the file holds; beyond ops and kernels: steps, launch arrows and track names.
+    events = len(document["traceEvents"])
+    ops = sum(len(it.ops) for it in trace.iterations)
+    kernels = sum(len(it.kernels) for it in trace.iterations)
+    print(
+        f"wrote {target} ({events} trace events: {ops} ops, {kernels} kernels); "
+        "open it in https://ui.perfetto.dev"
+    )
     return EXIT_OK
 
 
@@ -276,25 +285,71 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit code: the handler's (None counts as 0); 2 after printing one line to stderr,
         ``ets-hook CMD: error: FILE: PROBLEM``, for an unreadable or invalid input (an
         ``InputError``, or a trace, CSV or model file error that escaped one); 130 on
-        ``KeyboardInterrupt``.
+        ``KeyboardInterrupt``; 141, with nothing on stderr, when stdout's reader went away
+        (``ets-hook info T.ets | head -1``), as a Unix tool that SIGPIPE stops.
 
     Raises:
         SystemExit: from argparse on bad usage or an invalid option value (code 2), ``--help``
             or ``--version`` (code 0). Any other exception from a handler propagates: Python
             prints its traceback and exits 1.
     """
-    with ascii_substitutes():  # an ASCII stdout gets "+/-" for "±", never an encoding error
-        parser = build_parser()
-        args, extra = parser.parse_known_args(argv)
-        if extra:  # said by the subcommand's parser, whose usage line is the relevant one
-            args.subparser.error(f"unrecognized arguments: {' '.join(extra)}")
-        try:
-            return int(args.handler(args) or EXIT_OK)
-        except (InputError, TraceFileError, ETSCSVError, ModelFileError) as exc:
-            print(f"ets-hook {args.command}: error: {describe(exc)}", file=sys.stderr)
-            return EXIT_USAGE
-        except KeyboardInterrupt:
-            return EXIT_INTERRUPTED
+    try:
+        with ascii_substitutes():  # an ASCII stdout gets "+/-" for "±", never an encoding error
+            try:
+                code = _run(argv)
+            except SystemExit:
+                sys.stdout.flush()  # what argparse printed (--help), while a closed pipe is caught
+                raise
+            sys.stdout.flush()  # here, not at the interpreter's exit, where it cannot be caught
+            return code
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    """``main`` without the closed-pipe handling: parse ``argv``, run the handler."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # said by the subcommand's parser, whose usage line is the relevant one
+        args.subparser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        return int(args.handler(args) or EXIT_OK)
+    except (InputError, TraceFileError, ETSCSVError, ModelFileError) as exc:
+        print(f"ets-hook {args.command}: error: {describe(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+def _reader_gone() -> int:
+    """Exit quietly after a ``BrokenPipeError``: the reader of stdout (or stderr) went away.
+
+    Python's recipe (the ``signal`` module's note on SIGPIPE): point the closed stream at
+    ``os.devnull``, so that the interpreter's final flush of what is still buffered does not
+    raise again ("Exception ignored ... BrokenPipeError", exit 120).
+
+    Returns:
+        141 (128 + SIGPIPE), what a shell reports for a tool that SIGPIPE stopped.
+    """
+    _to_devnull(sys.stdout)
+    try:
+        sys.stderr.flush()  # the same pipe (2>&1 | head) may hold the rest of a line
+    except (AttributeError, OSError, ValueError):
+        _to_devnull(sys.stderr)
+    return EXIT_BROKEN_PIPE
+
+
+def _to_devnull(stream: object) -> None:
+    """Point ``stream``'s file descriptor at ``os.devnull`` (not a real file: left alone)."""
+    try:
+        fd = stream.fileno()  # type: ignore[attr-defined]
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except (AttributeError, OSError, ValueError):
+        return  # None, or captured in a test, or closed: nothing for the final flush to fail
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 if __name__ == "__main__":  # pragma: no cover

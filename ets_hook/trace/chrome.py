@@ -3,6 +3,8 @@
 Layout: one process for the host (ops on their profiler threads, plus a "steps" track), one
 process per GPU (kernels on their streams), and one flow arrow op → kernel per correlated kernel.
 Timestamps are microseconds from the first iteration's start; events are sorted by timestamp.
+Steps are counted from 1, as ``ets-hook info`` and the log count them: the trace's 0-based
+``IterationTrace.step`` 3 is the slice "step 4" (and its ops' ``step`` argument 4).
 """
 
 from __future__ import annotations
@@ -49,9 +51,10 @@ def chrome_events(trace: Trace) -> list[dict[str, Any]]:
     devices: dict[int, set[int]] = {}
     flow_id = 0
     for iteration in trace.iterations:
+        shown_step = iteration.step + 1  # counted from 1, as info and the log count steps
         timed.append(
             {
-                "name": f"step {iteration.step}",
+                "name": f"step {shown_step}",
                 "ph": "X",
                 "cat": "step",
                 "ts": us(iteration.start_ns),
@@ -62,7 +65,7 @@ def chrome_events(trace: Trace) -> list[dict[str, Any]]:
         )
         for op in iteration.ops:
             threads.add(op.thread)
-            args: dict[str, Any] = {"phase": op.phase.value, "step": iteration.step}
+            args: dict[str, Any] = {"phase": op.phase.value, "step": shown_step}
             if op.input_shapes:
                 args["input_shapes"] = [list(shape) for shape in op.input_shapes]
                 args["input_dtypes"] = list(op.input_dtypes)
@@ -132,6 +135,46 @@ def chrome_events(trace: Trace) -> list[dict[str, Any]]:
     return meta + timed
 
 
+def chrome_document(trace: Trace) -> dict[str, Any]:
+    """The Chrome trace JSON document for ``trace``: ``chrome_events`` and what it came from.
+
+    Args:
+        trace: the trace to export.
+
+    Returns:
+        A JSON-serialisable dict: ``traceEvents`` (every event the file holds),
+        ``displayTimeUnit`` and ``otherData`` (device, versions, rank).
+    """
+    return {
+        "traceEvents": chrome_events(trace),
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "device": trace.device.name or trace.device.kind,
+            "torch_version": trace.torch_version,
+            "ets_hook_version": trace.ets_hook_version,
+            "rank": trace.rank,
+        },
+    }
+
+
+def write_chrome(document: dict[str, Any], path: str | os.PathLike[str]) -> Path:
+    """Write a ``chrome_document`` to ``path`` (atomically).
+
+    Args:
+        document: what ``chrome_document`` returned.
+        path: the target ``.json`` file; its folder must exist.
+
+    Returns:
+        ``path`` as a ``Path``.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    target = Path(path)
+    atomic_write_bytes(target, json.dumps(document).encode("utf-8"))
+    return target
+
+
 def export_chrome(trace: Trace, path: str | os.PathLike[str]) -> Path:
     """Write ``trace`` as Chrome trace JSON to ``path`` (atomically).
 
@@ -145,16 +188,4 @@ def export_chrome(trace: Trace, path: str | os.PathLike[str]) -> Path:
     Raises:
         OSError: the file cannot be written.
     """
-    document = {
-        "traceEvents": chrome_events(trace),
-        "displayTimeUnit": "ms",
-        "otherData": {
-            "device": trace.device.name or trace.device.kind,
-            "torch_version": trace.torch_version,
-            "ets_hook_version": trace.ets_hook_version,
-            "rank": trace.rank,
-        },
-    }
-    target = Path(path)
-    atomic_write_bytes(target, json.dumps(document).encode("utf-8"))
-    return target
+    return write_chrome(chrome_document(trace), path)

@@ -208,15 +208,21 @@ def info_document(trace: Trace, source: str) -> dict[str, Any]:
 
     Returns:
         A dict that ``json.dumps(..., allow_nan=False)`` accepts: keys ``trace``, ``device``,
-        ``capture``, ``torch_version``, ``metadata`` (its entries that are finite scalars: an
-        imported trace's model, precision, ...), ``step_times_s`` (a step time that is not
-        finite becomes None) and ``iterations`` (``IterationSummary`` fields).
+        ``host`` (``HostInfo`` fields), ``capture``, ``torch_version``, ``ets_hook_version``
+        (None where the trace has none: imported traces), ``rank``, ``world_size`` (what the
+        text view's header shows, under the trace's names), ``metadata`` (its entries that are
+        finite scalars: an imported trace's model, precision, ...), ``step_times_s`` (a step
+        time that is not finite becomes None) and ``iterations`` (``IterationSummary`` fields).
     """
     return {
         "trace": source,
         "device": asdict(trace.device),
+        "host": asdict(trace.host),
         "capture": asdict(trace.capture),
         "torch_version": trace.torch_version,
+        "ets_hook_version": trace.ets_hook_version or None,
+        "rank": trace.rank,
+        "world_size": trace.world_size,
         "metadata": _scalar_metadata(trace.metadata),
         "step_times_s": [t if math.isfinite(t) else None for t in trace.step_times_s],
         "iterations": [asdict(summarize_iteration(it)) for it in trace.iterations],

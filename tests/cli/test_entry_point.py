@@ -266,6 +266,9 @@ def test_info_and_export_read_a_paper_csv(tmp_path: Path) -> None:
     doc = json.loads(ets_hook("info", "--json", csv_path).stdout)
     assert doc["metadata"]["unrecorded_params_rows"] == 1
     assert doc["metadata"]["source"] == "ets-csv"
+    # An imported trace says no ets-hook version; rank 0 of 1 (the trace's defaults).
+    assert (doc["ets_hook_version"], doc["rank"], doc["world_size"]) == (None, 0, 1)
+    assert doc["host"]["hostname"] == ""
     (step,) = doc["iterations"]
     assert (step["kernels"], step["correlated_kernels"]) == (6, 6)
     assert step["gpu_ms"] == pytest.approx(0.009)  # the rows' kernel time: 3 + 5 + 1 us
@@ -282,8 +285,10 @@ def test_export_a_real_trace(real_traces: list[Path], tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     trace = load_trace(real_traces[2])
     ops = [op.name for it in trace.iterations for op in it.ops]
-    assert run.stdout.startswith(f"wrote {out} ({len(ops)} events)")
     events = json.loads(out.read_text())["traceEvents"]
+    assert run.stdout.startswith(f"wrote {out} ({len(events)} trace events: {len(ops)} ops, 0 ")
+    steps = [e["name"] for e in events if e["ph"] == "X" and e["cat"] == "step"]
+    assert steps == [f"step {n}" for n in range(2, 2 + CAPTURED)]  # as info and the log count
     assert sorted(e["name"] for e in events if e["ph"] == "X" and e["cat"] == "op") == sorted(ops)
 
 

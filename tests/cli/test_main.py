@@ -11,7 +11,7 @@ import json
 import re
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -21,6 +21,7 @@ from support import ETS_MODELS, sample_trace, write_ets_tree
 import ets_hook
 from ets_hook.cli.demo import REPORT_STEPS
 from ets_hook.ets.regressors import Predictor
+from ets_hook.trace.events import HostInfo
 from ets_hook.trace.io import load_trace
 from ets_hook.trace.summary import format_info, summarize_iteration
 
@@ -129,6 +130,25 @@ def test_info_json(trace_file: Path) -> None:
         )
 
 
+def test_info_json_has_what_the_header_shows(tmp_path: Path) -> None:
+    trace = sample_trace()
+    trace.host = HostInfo(hostname="node-7", cpu_model="Xeon", physical_cores=8, logical_cores=16)
+    path = ets_hook.save_trace(trace, tmp_path / "t.ets")
+    header = ets_hook_cli("info", path).stdout
+    assert "host node-7" in header and "ets-hook 0.1.0" in header and "rank     1/2" in header
+    run = ets_hook_cli("info", "--json", path)
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(run.stdout)
+    # Under the trace's own names; host as device is: all of its fields.
+    assert doc["ets_hook_version"] == trace.ets_hook_version == "0.1.0"
+    assert doc["host"] == asdict(trace.host)
+    assert doc["host"]["hostname"] == "node-7"
+    assert (doc["rank"], doc["world_size"]) == (trace.rank, trace.world_size) == (1, 2)
+    several = json.loads(ets_hook_cli("info", "--json", path, path).stdout)
+    assert [t["host"]["hostname"] for t in several["traces"]] == ["node-7", "node-7"]
+    assert [t["rank"] for t in several["traces"]] == [1, 1]
+
+
 def test_export_chrome(trace_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "trace.json"
     run = ets_hook_cli("export", trace_file, "--chrome", out)
@@ -136,15 +156,21 @@ def test_export_chrome(trace_file: Path, tmp_path: Path) -> None:
     trace = load_trace(trace_file)
     ops = [op for it in trace.iterations for op in it.ops]
     kernels = [k for it in trace.iterations for k in it.kernels]
-    assert run.stdout.startswith(f"wrote {out} ({len(ops) + len(kernels)} events)")
     events = json.loads(out.read_text())["traceEvents"]
+    # The count is what the file holds: ops, kernels, steps, launch arrows and track names.
+    assert len(events) > len(ops) + len(kernels)
+    assert run.stdout.startswith(
+        f"wrote {out} ({len(events)} trace events: {len(ops)} ops, {len(kernels)} kernels)"
+    )
     complete = [e for e in events if e["ph"] == "X"]
     assert sorted(e["name"] for e in complete if e["cat"] == "op") == sorted(o.name for o in ops)
     assert sorted(e["name"] for e in complete if e["cat"] in ("kernel", "memcpy")) == sorted(
         k.name for k in kernels
     )
     steps = [e["name"] for e in complete if e["cat"] == "step"]
-    assert steps == [f"step {it.step}" for it in trace.iterations]
+    # Counted from 1, as ``info`` and the log count steps: the trace's step 1 is "step 2".
+    assert steps == [f"step {it.step + 1}" for it in trace.iterations] == ["step 2", "step 3"]
+    assert {e["args"]["step"] for e in complete if e["cat"] == "op"} == {2}
 
 
 # ---------------------------------------------------------------------------------------------

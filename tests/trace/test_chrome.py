@@ -71,3 +71,9 @@ def test_unreadable_trace_is_a_clean_error(tmp_path, capsys):
     assert main(["info", str(bad)]) == 2
     assert "not an ets-hook trace" in capsys.readouterr().err
     assert main(["info", str(tmp_path / "missing.ets")]) == 2
+
+
+def test_step_slices_are_counted_from_1_as_info_counts_them():
+    events = chrome_events(sample_trace())  # iterations of steps 1 and 2 (0-based)
+    assert [e["name"] for e in events if e.get("cat") == "step"] == ["step 2", "step 3"]
+    assert {e["args"]["step"] for e in events if e.get("cat") == "op"} == {2}
