@@ -576,6 +576,7 @@ class ETSHook:
                 forwards_per_step=job.grad_accum_steps,
                 on_new_optimizer=self._guarded(self._on_new_optimizer),
                 on_first_optimizer_step=self._guarded(self._on_first_optimizer_step),
+                on_repeated_optimizer=self._guarded(self._on_repeated_optimizer),
             )
         )
         if not self._detector.sees_forwards and not disabled:
@@ -1213,6 +1214,26 @@ class ETSHook:
             "count optimizer steps",
             forward_steps + 1,
             forward_steps,
+        )
+        self._clock.count_own(started_ns)
+
+    def _on_repeated_optimizer(self, index: int) -> None:
+        """A given optimizer stepped again before every given one had stepped
+        (``capture.steps``): said once, with what to pass where another of them skips steps;
+        the line is the hook's own time, not the step's."""
+        started_ns = time.perf_counter_ns()
+        optimizer = self._optimizers[index]
+        logger.info(
+            "optimizer #%d of optimizer= (%s) stepped again before every given optimizer had "
+            "stepped: a step ends once all %d have stepped, so step %d holds several of its "
+            "steps. Fine where it steps several times an iteration (a WGAN critic); where "
+            "another of them skips iterations (a sparse embedding's optimizer, a GradScaler's "
+            "skipped step), pass only the one that steps every iteration as optimizer=, or call "
+            "hook.step() once per iteration",
+            index,
+            type(optimizer).__name__,
+            len(self._optimizers),
+            self.steps_completed + 1,
         )
         self._clock.count_own(started_ns)
 

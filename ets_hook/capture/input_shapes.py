@@ -5,7 +5,9 @@ bucketing, variable image sizes) makes steps whose lengths differ by design, not
 mean is the steady state, and a step far above the others is not a burst to leave out. The step
 detector shows the model's training forward inputs to an ``InputShapeWatch`` for the first steps;
 the watch says once whether a tensor's shape changed in any dimension but the first (the batch
-dimension, which a last partial batch of an epoch changes without the steps varying).
+dimension, which a last partial batch of an epoch changes without the steps varying), or whether
+the first dimensions took three or more sizes (rows that are tokens, nodes or packed sequences:
+a mixture-of-experts' routed tokens, a graph batch, a ``PackedSequence``).
 """
 
 from __future__ import annotations
@@ -20,31 +22,33 @@ WATCHED_FORWARDS = 64
 #: Tensors a signature reads at most (a forward given a list of thousands stays cheap).
 MAX_SIGNATURE_TENSORS = 32
 
+#: Different sets of first-dimension sizes among the watched forwards that make the inputs
+#: vary (a batch dimension alone takes two: the full batch and an epoch's last partial one).
+LEADING_SIZES_THAT_VARY = 3
+
 Signature = tuple[tuple[int, ...], ...]
 
 
-def input_signature(args: tuple[Any, ...], kwargs: Mapping[str, Any] | None) -> Signature:
-    """The shapes of a forward's tensor inputs, without their first (batch) dimension.
-
-    Tensors directly among ``args`` and ``kwargs`` values count, and those one level down in a
-    mapping, list or tuple argument (a batch dict passed as one argument); keyword inputs in
-    name order; the first ``MAX_SIGNATURE_TENSORS`` found. A 0-dimensional tensor counts as
-    ``()``.
+def input_tensors(args: tuple[Any, ...], kwargs: Mapping[str, Any] | None) -> list[torch.Tensor]:
+    """A forward's tensor inputs: those directly among ``args`` and ``kwargs`` values, and
+    those one level down in a mapping, list or tuple argument (a batch dict passed as one
+    argument, a ``PackedSequence``); keyword inputs in name order; the first
+    ``MAX_SIGNATURE_TENSORS`` found.
 
     Args:
         args: the forward's positional arguments.
         kwargs: its keyword arguments, or None.
 
     Returns:
-        One tuple of sizes per tensor found, in a deterministic order.
+        The tensors, in a deterministic order.
     """
-    shapes: list[tuple[int, ...]] = []
+    tensors: list[torch.Tensor] = []
 
     def add(value: Any, depth: int) -> None:
-        if len(shapes) >= MAX_SIGNATURE_TENSORS:
+        if len(tensors) >= MAX_SIGNATURE_TENSORS:
             return
         if isinstance(value, torch.Tensor):
-            shapes.append(tuple(value.shape[1:]))
+            tensors.append(value)
         elif depth == 0 and isinstance(value, Mapping):
             for key in sorted(value, key=str):
                 add(value[key], 1)
@@ -57,16 +61,34 @@ def input_signature(args: tuple[Any, ...], kwargs: Mapping[str, Any] | None) -> 
     if kwargs:
         for key in sorted(kwargs):
             add(kwargs[key], 0)
-    return tuple(shapes)
+    return tensors
+
+
+def input_signature(args: tuple[Any, ...], kwargs: Mapping[str, Any] | None) -> Signature:
+    """The shapes of a forward's tensor inputs (``input_tensors``), without their first (batch)
+    dimension; a 0-dimensional tensor counts as ``()``.
+
+    Args:
+        args: the forward's positional arguments.
+        kwargs: its keyword arguments, or None.
+
+    Returns:
+        One tuple of sizes per tensor found, in a deterministic order.
+    """
+    return tuple(tuple(t.shape[1:]) for t in input_tensors(args, kwargs))
 
 
 class InputShapeWatch:
     """Looks at the first ``WATCHED_FORWARDS`` training forwards' inputs; ``varies`` turns True
-    (and stays) once an input's shape beyond the batch dimension differs from the first one's.
+    (and stays) once an input's shape beyond the first dimension differs from the first one's,
+    or once the first dimensions have taken ``LEADING_SIZES_THAT_VARY`` different sets of
+    sizes: inputs whose rows are tokens, nodes or packed sequences (a mixture-of-experts'
+    routed tokens, a graph batch, a ``PackedSequence``) change only there, while a batch
+    dimension takes at most two sizes (the full batch and an epoch's last partial one).
     Training thread only.
 
     Attributes:
-        varies: the inputs changed shape beyond the batch dimension.
+        varies: the inputs changed shape from forward to forward.
         active: still looking (neither decided nor past ``WATCHED_FORWARDS``).
     """
 
@@ -81,6 +103,7 @@ class InputShapeWatch:
             raise ValueError(f"forwards must be an int >= 1, got {forwards!r}")
         self._left = forwards
         self._first: Signature | None = None
+        self._leading: set[tuple[int, ...]] = set()
         self.varies = False
         self.active = True
 
@@ -90,14 +113,16 @@ class InputShapeWatch:
         Returns:
             True exactly once: at the forward whose inputs first differ in shape.
         """
-        signature = input_signature(args, kwargs)
+        tensors = input_tensors(args, kwargs)
+        signature = tuple(tuple(t.shape[1:]) for t in tensors)
+        self._leading.add(tuple(t.shape[0] if t.dim() else -1 for t in tensors))
         self._left -= 1
         if self._left <= 0:
             self.active = False
         if self._first is None:
             self._first = signature
             return False
-        if signature != self._first:
+        if signature != self._first or len(self._leading) >= LEADING_SIZES_THAT_VARY:
             self.varies = True
             self.active = False
             return True

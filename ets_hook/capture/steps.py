@@ -319,6 +319,7 @@ class StepDetector:
         forwards_per_step: int = 1,
         on_new_optimizer: Callable[[int], None] | None = None,
         on_first_optimizer_step: Callable[[int], None] | None = None,
+        on_repeated_optimizer: Callable[[int], None] | None = None,
     ) -> None:
         """Install the hooks for the authority the arguments select.
 
@@ -345,6 +346,9 @@ class StepDetector:
                 step with the steps training forwards had ended before it, when there were
                 any (several forwards per optimizer step: each was counted as a step until
                 then). None: not told. Both notes come after that step's boundary.
+            on_repeated_optimizer: with several optimizers given, called once, the first time
+                one of them steps again before every given one has stepped (the step then
+                holds several of its steps), with its index in ``optimizers``. None: not told.
 
         Raises:
             ValueError: ``forwards_per_step`` is not an int >= 1.
@@ -366,6 +370,7 @@ class StepDetector:
         self._on_inputs_vary = on_inputs_vary
         self._on_new_optimizer = on_new_optimizer
         self._on_first_optimizer_step = on_first_optimizer_step
+        self._on_repeated_optimizer = on_repeated_optimizer
         self._optimizer_boundaries = 0  # ANY_OPTIMIZER boundaries so far
         self._forward_boundaries = 0  # FORWARD boundaries so far
         self._shape_watch = InputShapeWatch() if on_inputs_vary is not None else None
@@ -538,6 +543,9 @@ class StepDetector:
                 }
         elif self.authority is Authority.OPTIMIZER:
             expected = self._given_ids
+            if key in self._stepped_since_boundary and self._on_repeated_optimizer is not None:
+                told, self._on_repeated_optimizer = self._on_repeated_optimizer, None
+                told(next(i for i, o in enumerate(self._optimizers) if id(o) == key))
         else:
             return
         self._stepped_since_boundary.add(key)

@@ -139,7 +139,10 @@ class EarlyStoppingRule:
         if value is None or isinstance(value, cls):
             return value
         if isinstance(value, tuple) and 1 <= len(value) <= 3:
-            return cls(*value)
+            try:
+                return cls(*value)
+            except ValueError as exc:  # named as the caller wrote it
+                raise ValueError(f"early_stopping={value!r}: {exc}") from None
         raise ValueError(
             f"early_stopping must be (patience, min_delta, mode) or an EarlyStoppingRule, "
             f"got {value!r}"

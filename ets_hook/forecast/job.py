@@ -236,6 +236,8 @@ class JobModel:
                 f"phase_every must be a mapping of phase name to period in steps, e.g. "
                 f"{{'eval': 100}}, got {phase_every!r}"
             )
+        for name, every in (phase_every or {}).items():
+            _positive_int(f"phase_every[{name!r}]", every, minimum=0)
         periods: dict[str, int] = dict(phase_every or {})
         if steps_per_epoch is not None:
             periods.setdefault(EPOCH_START, steps_per_epoch)

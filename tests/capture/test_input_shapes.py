@@ -46,6 +46,26 @@ def test_the_watch_says_once_when_a_shape_beyond_the_batch_dimension_changes() -
         InputShapeWatch(forwards=0)
 
 
+def test_rows_that_vary_in_number_make_the_inputs_vary_a_partial_batch_does_not() -> None:
+    """Inputs whose first dimension is tokens, nodes or packed sequences change only there:
+    three different sets of first-dimension sizes mean steps of different lengths; the full
+    batch and an epoch's last partial one (two sizes, however often) do not."""
+    tokens = InputShapeWatch(forwards=10)
+    assert not tokens.observe((torch.zeros(40, 16),), None)
+    assert not tokens.observe((torch.zeros(57, 16),), None)
+    assert tokens.observe((torch.zeros(33, 16),), None)  # a third token count
+    assert tokens.varies
+    epochs = InputShapeWatch(forwards=20)
+    for size in [8, 8, 8, 3] * 5:  # epochs of three full batches and a partial one
+        assert not epochs.observe((torch.zeros(size, 16), torch.zeros(size)), None)
+    assert not epochs.varies
+    packed_watch = InputShapeWatch(forwards=10)
+    for lengths in [(5, 3), (7, 2), (4, 4)]:
+        packed = torch.nn.utils.rnn.pack_sequence([torch.zeros(n, 4) for n in lengths])
+        packed_watch.observe((packed,), None)  # a PackedSequence: data (tokens, 4), batch sizes
+    assert packed_watch.varies
+
+
 class TokenModel(nn.Module):
     """Takes token ids of any length as a keyword argument, as Hugging Face models do."""
 

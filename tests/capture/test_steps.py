@@ -945,3 +945,31 @@ def test_torchscript_models_are_timed_by_their_optimizer(kind: str, caplog) -> N
     assert any("addmm" in op.name or "linear" in op.name for op in trace.iterations[0].ops)
     notes = [r for r in caplog.records if "TorchScript" in r.getMessage()]
     assert len(notes) == (1 if kind == "scripted root" else 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Several optimizers given, one of them skipping iterations
+
+
+@pytest.mark.parametrize("skip_every", [0, 5])
+def test_a_given_optimizer_stepping_twice_in_one_step_is_said_once(skip_every: int, caplog) -> None:
+    """A step ends once every given optimizer has stepped: where one of them skips an
+    iteration (a sparse embedding's optimizer with no features in the batch), the other's two
+    steps make one step. That rule stays; one note says so, naming the optimizer."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    dense = torch.optim.Adam(model[0].parameters())
+    other = torch.optim.SGD(model[1].parameters(), lr=0.1)
+    with caplog.at_level(logging.INFO, logger="ets_hook"):
+        hook = ETSHook(model, optimizer=[dense, other], capture_steps=0, log_every=None)
+        for i in range(20):
+            model(torch.randn(2, 4)).sum().backward()
+            dense.step()
+            if not skip_every or i % skip_every != skip_every - 1:
+                other.step()
+        hook.close()
+    notes = [r.getMessage() for r in caplog.records if "stepped again" in r.getMessage()]
+    if skip_every:
+        assert hook.steps_completed == 16  # the documented rule: four steps hold two each
+        assert len(notes) == 1 and "#0 of optimizer= (Adam)" in notes[0]
+    else:
+        assert hook.steps_completed == 20 and not notes

@@ -76,6 +76,17 @@ def test_rule_rejects_bad_arguments_naming_them(kwargs, name):
         EarlyStoppingRule(**kwargs)
 
 
+@pytest.mark.parametrize(
+    ("value", "name"),
+    [((0, 0.0, "min"), "patience"), ((3, -1.0, "min"), "min_delta"), ((3, 0.0, "up"), "mode")],
+)
+def test_the_hooks_tuple_is_named_as_the_argument_it_came_in(value, name):
+    """``ETSHook(early_stopping=(patience, min_delta, mode))``: a bad value's error names the
+    argument the user wrote, then the value inside it."""
+    with pytest.raises(ValueError, match=rf"^early_stopping=\(.*\): {name} must"):
+        EarlyStoppingRule.coerce(value)
+
+
 def test_patience_counts_consecutive_evaluations_without_improvement():
     tracker = EarlyStopTracker(EarlyStoppingRule(3), max_steps=100)
     # improvement at index 3 resets the count; then 3 misses fire at index 6

@@ -769,7 +769,7 @@ BAD_OPTIONS: list[tuple[dict[str, Any], str]] = [
     ({"log_every": -1}, "log_every must be an int >= 1"),
     ({"early_stopping": 3}, "early_stopping must be (patience, min_delta, mode)"),
     ({"epochs": 0, "steps_per_epoch": 4}, "epochs must be a number > 0, got 0"),
-    ({"phase_every": {"eval": -2}}, "period of phase 'eval' must be an int >= 0, got -2"),
+    ({"phase_every": {"eval": -2}}, "phase_every['eval'] must be an int >= 0, got -2"),
     ({"total_steps": 5, "initial_step": 6}, "initial_step (6) is past the job's end"),
     ({"prometheus_port": 70000}, "prometheus_port must be an int in 1-65535, got 70000"),
     ({"checkpoint_files": 0}, "checkpoint_files must be an int >= 1, got 0"),
