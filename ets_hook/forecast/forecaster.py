@@ -1048,7 +1048,10 @@ class Forecaster:
                 self._first_step_end_s = now_s
             if not self._failed:
                 step = self._job.initial_step + step_index + 1
-                self._dispatch.dispatch(step_index + 1, step, now_s, lambda: self.prediction)
+                last = step == self._job.total_steps
+                self._dispatch.dispatch(
+                    step_index + 1, step, now_s, lambda: self.prediction, last_step=last
+                )
             if len(self._series.pending) >= FLUSH_EVERY_STEPS:
                 with self._lock:
                     self._series.flush()
@@ -1063,6 +1066,10 @@ class Forecaster:
             if not self._failed:
                 self._next_index = min(self._next_index, self._dispatch.next_count - 1)
                 self._next_s = self._dispatch.next_s
+                total = self._job.total_steps
+                if total is not None and step_index + 1 < total - self._job.initial_step:
+                    # The job's last step: reporters that show "done" are offered it.
+                    self._next_index = min(self._next_index, total - self._job.initial_step - 1)
 
     def close(self, outcome: str = "closed", error: str | None = None) -> Prediction | None:
         """Final prediction to every reporter, with how the job ended. Idempotent.

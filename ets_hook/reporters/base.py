@@ -65,13 +65,16 @@ class ReportSchedule:
     A reporter is due after each of its ``first_steps`` first steps, after each local step count
     in ``early_steps``, at global steps that are multiples of ``every_n_steps``, and at the first
     step end at least ``interval_s`` seconds (the forecaster's clock) after it was last offered
-    one. Independently of all this, every reporter is offered the first prediction.
+    one; with ``at_last_step``, also after the job's last step (a progress bar then shows
+    ``done`` before its loop closes it). Independently of all this, every reporter is offered
+    the first prediction.
 
     Attributes:
         first_steps: number of leading steps (local count) after each of which it is due; >= 0.
         every_n_steps: period in global steps (``initial_step`` included), >= 1; None: off.
         interval_s: seconds between offers, > 0; None: off.
         early_steps: extra local step counts (ints >= 1) after which it is due.
+        at_last_step: also due after the job's last step (``total_steps``, when known).
 
     Raises:
         ValueError: ``first_steps`` < 0 or a bool, an ``early_steps`` item not an int >= 1,
@@ -82,6 +85,7 @@ class ReportSchedule:
     every_n_steps: int | None = None
     interval_s: float | None = None
     early_steps: tuple[int, ...] = ()
+    at_last_step: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.first_steps, bool) or self.first_steps < 0:
@@ -232,7 +236,12 @@ class ReportDispatcher:
         return [s.reporter for s in self._slots if s.active]
 
     def dispatch(
-        self, count: int, step: int, now_s: float, get: Callable[[], Prediction | None]
+        self,
+        count: int,
+        step: int,
+        now_s: float,
+        get: Callable[[], Prediction | None],
+        last_step: bool = False,
     ) -> None:
         """Offer the prediction to every reporter that is due, then reschedule.
 
@@ -242,6 +251,8 @@ class ReportDispatcher:
             now_s: the forecaster's clock at this step end, in seconds.
             get: builds the prediction; called at most once, only if a reporter is due. If it
                 returns None, due reporters are rescheduled but not called.
+            last_step: this is the job's last step: reporters whose schedule asks for it
+                (``at_last_step``) are due too.
 
         Raises:
             DeadlineExceededError: from a reporter (the reporters after it are skipped this
@@ -252,7 +263,10 @@ class ReportDispatcher:
         fetched = False
         try:
             for slot in self._slots:
-                if not slot.active or (count < slot.next_count and now_s < slot.next_s):
+                due = count >= slot.next_count or now_s >= slot.next_s
+                if not slot.active or not (
+                    due or (last_step and slot.reporter.schedule.at_last_step)
+                ):
                     continue
                 slot.reschedule(count, step, now_s)
                 if not fetched:

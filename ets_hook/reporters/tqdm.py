@@ -45,7 +45,7 @@ class TqdmReporter(Reporter):
             ValueError: ``bar`` has no callable ``set_postfix_str``, or ``interval_s`` <= 0.
         """
         self.schedule = ReportSchedule(
-            first_steps=0, interval_s=interval_s, early_steps=EARLY_STEPS
+            first_steps=0, interval_s=interval_s, early_steps=EARLY_STEPS, at_last_step=True
         )
         self._own = bar is None
         self._bar = bar

@@ -43,6 +43,20 @@ def test_tqdm_postfix_on_an_ascii_stream_uses_substitutes() -> None:
     bar.close()
 
 
+def test_a_users_bar_says_done_at_the_last_step_before_close() -> None:
+    """A user's bar closes itself when its loop ends, before ``hook.close()``: the postfix it
+    shows then is the last step's (``done``), not a stale ETA from an earlier offer."""
+    tqdm = pytest.importorskip("tqdm")
+    bar = tqdm.tqdm(total=100, disable=True)
+    f = Forecaster(
+        JobModel(total_steps=100), start_s=0.0, reports=ReportDispatcher([TqdmReporter(bar)])
+    )
+    run_job(f, 100, 0.2)
+    assert bar.postfix.endswith("done")
+    f.close()
+    bar.close()
+
+
 def test_tqdm_bar_of_our_own(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("tqdm")
     reporter = TqdmReporter(file=sys.stderr, mininterval=0)
