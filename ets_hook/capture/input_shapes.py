@@ -75,7 +75,12 @@ def input_signature(args: tuple[Any, ...], kwargs: Mapping[str, Any] | None) -> 
     Returns:
         One tuple of sizes per tensor found, in a deterministic order.
     """
-    return tuple(tuple(t.shape[1:]) for t in input_tensors(args, kwargs))
+    return _past_first_dimension(input_tensors(args, kwargs))
+
+
+def _past_first_dimension(tensors: list[torch.Tensor]) -> Signature:
+    """Each tensor's shape without its first dimension (``()`` for a 0-dimensional one)."""
+    return tuple(tuple(t.shape[1:]) for t in tensors)
 
 
 class InputShapeWatch:
@@ -114,7 +119,7 @@ class InputShapeWatch:
             True exactly once: at the forward whose inputs first differ in shape.
         """
         tensors = input_tensors(args, kwargs)
-        signature = tuple(tuple(t.shape[1:]) for t in tensors)
+        signature = _past_first_dimension(tensors)
         self._leading.add(tuple(t.shape[0] if t.dim() else -1 for t in tensors))
         self._left -= 1
         if self._left <= 0:

@@ -1067,9 +1067,10 @@ class Forecaster:
                 self._next_index = min(self._next_index, self._dispatch.next_count - 1)
                 self._next_s = self._dispatch.next_s
                 total = self._job.total_steps
-                if total is not None and step_index + 1 < total - self._job.initial_step:
+                last_index = None if total is None else total - self._job.initial_step - 1
+                if last_index is not None and step_index < last_index:
                     # The job's last step: reporters that show "done" are offered it.
-                    self._next_index = min(self._next_index, total - self._job.initial_step - 1)
+                    self._next_index = min(self._next_index, last_index)
 
     def close(self, outcome: str = "closed", error: str | None = None) -> Prediction | None:
         """Final prediction to every reporter, with how the job ended. Idempotent.

@@ -83,9 +83,8 @@ class TqdmReporter(Reporter):
 
     def on_prediction(self, prediction: Prediction) -> None:
         """Set the postfix; our own bar is also created if needed and moved to the step."""
-        text = self._text_for_bar(prediction)
         if not self._own:
-            self._bar.set_postfix_str(text, refresh=False)
+            self._bar.set_postfix_str(self._text_for_bar(prediction), refresh=False)
             return
         if self._bar is None:
             self._bar = self._factory(
