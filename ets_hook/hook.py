@@ -83,6 +83,7 @@ from .forecast.job import (
 from .forecast.prediction import Prediction
 from .forecast.ranks import JobView
 from .forecast.stats import StepTimePrior, TraceEstimate
+from .forecast.text import format_duration
 from .hook_arguments import (
     check_checkpoint_options,
     check_epochs_length,
@@ -114,6 +115,14 @@ COMPILE_REGISTER_STEPS = 64
 NEW_OPTIMIZER_NOTE_STEPS = 16
 #: Seconds ``close`` waits for a running decode when the interpreter is exiting.
 EXIT_DECODE_WAIT_S = 10.0
+#: Steps during which the hook looks for autograd's anomaly detection (its steps run 2-4x
+#: slower: the early prediction rests on them).
+ANOMALY_CHECK_STEPS = 32
+#: A hook closed before the job's known end this long after its last step or phase, in the
+#: median step's time (and at least ``UNSEEN_STEPS_MIN_S``), may have missed steps: the loop
+#: went on with an optimizer it does not watch (one warning).
+UNSEEN_STEPS_FACTOR = 20
+UNSEEN_STEPS_MIN_S = 1.0
 
 # The live hook of each model: a new hook on the same model replaces it (notebook cell re-runs).
 _hook_of_model: weakref.WeakKeyDictionary[torch.nn.Module, weakref.ref[ETSHook]] = (
@@ -411,7 +420,9 @@ class ETSHook:
             "dashboard_ranks": dashboard_ranks,
             "log_ranks": log_ranks,
         }
-        reporters = build_reporters(**reporter_args, rank=rank, world_size=world_size)
+        reporters = build_reporters(
+            **reporter_args, rank=rank, world_size=world_size, warn_shared_dashboards=not disabled
+        )
         exchange_timeout_s = check_exchange_timeout(rank_exchange_timeout_s)
         if disabled:
             reporters, capture_steps = [], 0
@@ -526,6 +537,9 @@ class ETSHook:
         )
         self._hooks_removal_deferred = False
         self._new_optimizer_noted = False
+        self._anomaly_noted = False
+        # perf_counter ns of the last step or phase end (close looks for steps it missed).
+        self._last_activity_ns = time.perf_counter_ns()
         self._window = WindowRunner(
             self._forecaster,
             capture_steps=capture_steps,
@@ -991,6 +1005,16 @@ class ETSHook:
                     "or evaluation loop (model.eval(), torch.no_grad()) creates the hook "
                     "without optimizer= and calls hook.step() per batch"
                 )
+        if (
+            outcome == exits.CLOSED
+            and self._optimizers
+            and self._forecaster.job.total_steps is not None
+            and not self._reached_last_step()
+        ):
+            try:
+                self._check_unseen_steps()
+            except Exception as exc:  # a warning less, never a failed close
+                logger.debug("could not check for steps after the last one: %r", exc)
         for clock in self._batch_clocks:
             clock.detach()
         if self._ranks is not None:
@@ -1141,7 +1165,10 @@ class ETSHook:
         if step_index < MAX_KEPT_STEP_TIMES:
             self._step_times_s.append(duration_ns / 1e9)
         self.steps_completed = step_index + 1
+        self._last_activity_ns = now_ns
         try:
+            if step_index < ANOMALY_CHECK_STEPS and not self._anomaly_noted:
+                self._check_anomaly_mode()
             if step_index < self._rank_recheck_until:
                 self._recheck_rank()
             if compile_ns:
@@ -1301,7 +1328,12 @@ class ETSHook:
         trace is not decoded, no exchange was due), so its reporters, trace path, predictions
         and rank exchange become what they would have been with the rank known at creation."""
         trace_path = checked_trace_path(self._trace_path_given, rank, world_size)
-        reporters = build_reporters(**self._reporter_args, rank=rank, world_size=world_size)
+        reporters = build_reporters(
+            **self._reporter_args,
+            rank=rank,
+            world_size=world_size,
+            warn_shared_dashboards=not self._disabled,
+        )
         self.trace_path = trace_path
         self._ranks = self._rank_coordinator(rank, world_size)
         self._forecaster.set_rank(rank, world_size, ReportDispatcher(reporters))
@@ -1379,8 +1411,44 @@ class ETSHook:
             self._compile_warmup_end = step_index + 2
             self._forecaster.set_warmup_steps(self._compile_warmup_end)
 
+    def _check_anomaly_mode(self) -> None:
+        """Say once when autograd's anomaly detection is on in an early step: its steps run
+        2-4x slower, and the early prediction rests on them."""
+        if torch.is_anomaly_enabled():
+            self._anomaly_noted = True
+            logger.warning(
+                "autograd anomaly detection is on (torch.autograd.set_detect_anomaly): steps "
+                "run several times slower while it is, and the prediction rests on them; once "
+                "it is off, about 20 steps pass before the faster steps count"
+            )
+
+    def _check_unseen_steps(self) -> None:
+        """At close before the job's known end: when the last step or phase ended long before
+        (``UNSEEN_STEPS_FACTOR`` median steps), the loop may have gone on with an optimizer
+        made after the hook (a new one per stage), whose steps are not counted. One warning."""
+        times = self._step_times_s
+        if not times or self._explicit_close:
+            return
+        recent = sorted(times[-64:])
+        median_s = recent[len(recent) // 2]
+        quiet_s = (time.perf_counter_ns() - self._last_activity_ns) / 1e9
+        if quiet_s < max(UNSEEN_STEPS_FACTOR * median_s, UNSEEN_STEPS_MIN_S):
+            return
+        job = self._forecaster.job
+        logger.warning(
+            "closed at step %d of %d, %s after the last step it counted (~%d steps' time): if "
+            "the loop went on training with an optimizer made after the hook (a new one per "
+            "stage), those steps were not counted; create the hook without optimizer= so that "
+            "any optimizer's steps count",
+            job.initial_step + self.steps_completed,
+            job.total_steps,
+            format_duration(quiet_s),
+            round(quiet_s / median_s) if median_s > 0 else 0,
+        )
+
     def _on_phase_end(self, name: str, duration_ns: int, compile_ns: int = 0) -> None:
         now_s = time.perf_counter_ns() / 1e9
+        self._last_activity_ns = time.perf_counter_ns()
         if compile_ns:  # e.g. the first eval() forward recompiles
             self._forecaster.on_phase_end(COMPILE_PHASE, compile_ns / 1e9, now_s)
         self._forecaster.on_phase_end(name, duration_ns / 1e9, now_s)

@@ -359,3 +359,20 @@ def check_forecasts_until_the_stop(
             assert low_s < high_s, s
         else:
             assert low_s == high_s, s
+
+
+def quiet_lightning_trainer(**kwargs: Any) -> Any:
+    """A Lightning ``Trainer`` on one CPU device with no model summary, progress bar,
+    checkpointing or logger unless ``kwargs`` say otherwise (imports Lightning: call it only
+    from tests that need it)."""
+    import lightning.pytorch as L
+
+    defaults: dict[str, Any] = {
+        "accelerator": "cpu",
+        "devices": 1,
+        "enable_model_summary": False,
+        "enable_progress_bar": False,
+        "enable_checkpointing": False,
+        "logger": False,
+    }
+    return L.Trainer(**{**defaults, **kwargs})

@@ -536,3 +536,10 @@ def test_ets_paper_rejects_a_curve_size_below_one() -> None:
     result = run("ets_paper.py", "--curve-sizes", "2,0")
     assert result.returncode == 2
     assert "--curve-sizes" in result.stderr and "'2,0'" in result.stderr
+
+
+def test_generation_cost_measures_one_model() -> None:
+    result = run("generation_cost.py", "--rounds", "1", "--models", "t5-d64-l2", "--shapes", "4x16")
+    assert result.returncode == 0, result.stderr
+    assert "t5-d64-l2 batch 4x16" in result.stdout
+    assert result.stdout.count("of the forward") == 3  # three generations

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from test_hook import assert_detached, batch, tiny_mlp, train
 from torch import nn
 
 from ets_hook import ETSHook
+from ets_hook import hook as hook_module
 from ets_hook.capture import native_ops
 
 # One script, every way it can end: raise at window step N, sys.exit, Ctrl-C, SIGTERM, the end
@@ -741,3 +743,50 @@ def test_closing_without_a_step_when_only_a_part_of_the_model_trained_says_so(ca
     ]
     assert len(said) == 1 and "never the model itself" in said[0]
     assert "pass optimizer=" in said[0]
+
+
+def _warnings_of(caplog: pytest.LogCaptureFixture, needle: str) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "ets_hook" and r.levelno >= logging.WARNING and needle in r.getMessage()
+    ]
+
+
+@pytest.mark.parametrize("new_stage", [False, True])
+def test_steps_of_an_optimizer_made_after_the_hook_are_named_at_close(
+    new_stage: bool, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A fine-tuning recipe: a new optimizer when the backbone is unfrozen. Its steps are not
+    # counted (Limitations); at close the hook says so instead of a silent "finished".
+    monkeypatch.setattr(hook_module, "UNSEEN_STEPS_MIN_S", 0.05)
+    model = tiny_mlp()
+    first = torch.optim.SGD(model.parameters(), lr=0.01)
+    caplog.set_level(logging.WARNING, logger="ets_hook")
+    hook = ETSHook(model, optimizer=first, total_steps=60, capture_steps=0, log_every=None)
+    train(model, first, hook, 10, call_step=False)
+    second = torch.optim.SGD(model.parameters(), lr=0.001) if new_stage else first
+    deadline = time.perf_counter() + 0.2
+    while time.perf_counter() < deadline:
+        train(model, second, hook, 1, call_step=False)
+    hook.close()
+    said = _warnings_of(caplog, "optimizer made after the hook")
+    if new_stage:
+        assert hook.steps_completed == 10
+        assert len(said) == 1 and "closed at step 10 of 60" in said[0], said
+    else:
+        assert hook.steps_completed > 10 and said == []
+
+
+def test_anomaly_detection_in_the_early_steps_is_named(caplog: pytest.LogCaptureFixture) -> None:
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    caplog.set_level(logging.WARNING, logger="ets_hook")
+    hook = ETSHook(model, optimizer=opt, total_steps=20, capture_steps=0, log_every=None)
+    train(model, opt, hook, 2, call_step=False)
+    assert _warnings_of(caplog, "anomaly detection") == []
+    with torch.autograd.set_detect_anomaly(True):
+        train(model, opt, hook, 3, call_step=False)
+    train(model, opt, hook, 3, call_step=False)
+    hook.close()
+    assert len(_warnings_of(caplog, "anomaly detection is on")) == 1

@@ -23,8 +23,13 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..forecast.text import format_duration, format_relative, format_step_time
-from ..reporters.status_file import STATUS_FORMAT, STATUS_STATES, STATUS_VERSION
+from ..forecast.text import (
+    format_duration,
+    format_relative,
+    format_step_time,
+    format_straggler_host,
+)
+from ..reporters.status_file import STATUS_FORMAT, STATUS_SCOPES, STATUS_STATES, STATUS_VERSION
 from ..trace.untrusted import read_regular_file
 from .common import (
     EXIT_FAILURE,
@@ -97,7 +102,15 @@ def parse_status(data: bytes, path: str | os.PathLike[str]) -> dict[str, Any]:
         state = doc.get("state")
         raise InputError(f"{name}: field 'state': {state!r} is not one of {STATUS_STATES}")
     _check(doc, name, "", {"pid": (int,), "host": (str,), "updated_at": (str,)}, required=True)
-    _check(doc, name, "", {"error": (str, type(None))}, required=False)
+    _check(
+        doc,
+        name,
+        "",
+        {"error": (str, type(None)), "scope": (str,), "rank": (int,), "world_size": (int,)},
+        required=False,
+    )
+    if "scope" in doc and doc["scope"] not in STATUS_SCOPES:
+        raise InputError(f"{name}: field 'scope': {doc['scope']!r} is not one of {STATUS_SCOPES}")
     _timestamp(doc["updated_at"], name, "updated_at")
     prediction = doc.get("prediction")
     if prediction is not None:
@@ -120,6 +133,9 @@ def parse_status(data: bytes, path: str | os.PathLike[str]) -> dict[str, Any]:
             "start_time": (str, type(None)),
             "converged": (bool,),
             "source": (str,),
+            "slowest_rank": (int, type(None)),
+            "straggler_rank": (int, type(None)),
+            "straggler_host_foreign_cpu": optional,
         }
         _check(prediction, name, "prediction.", fields, required=False)
         for key in ("finish_time", "start_time"):
@@ -221,10 +237,12 @@ def render_status(
             reported stale.
 
     Returns:
-        The lines: title, job, progress, step time, ETA, finish, total, age, then notes (stale,
-        process gone, job ended). Where the job's length is unknown, ETA, finish and total say
-        so, with the time limit's bound when the job has one (``time_limit_s``); a total cut to
-        the time limit says ``capped by the time limit``.
+        The lines: title, job, in a multi-process job which file this is (``scope``: ``job of
+        2 ranks · waits for rank 1`` for the job's file, ``rank 1 of 2 · this rank ends last``
+        for a rank's, ``_scope_text``), progress, step time, ETA, finish, total, age, then
+        notes (stale, process gone, job ended). Where the job's length is unknown, ETA,
+        finish and total say so, with the time limit's bound when the job has one
+        (``time_limit_s``); a total cut to the time limit says ``capped by the time limit``.
     """
     state = doc["state"]
     job = f"{doc['host']}  pid {doc['pid']}  {state}"
@@ -232,6 +250,9 @@ def render_status(
         job += f" ({doc.get('error') or 'unknown error'})"
     lines = [f"ets-hook watch  {os.fspath(path)}", f"job       {job}"]
     p = doc.get("prediction")
+    scope = _scope_text(doc, p, running=state == "running")
+    if scope is not None:
+        lines.append(f"scope     {scope}")
     if p is None:
         lines.append("progress  no prediction yet")
         step_s = None
@@ -260,6 +281,45 @@ def render_status(
             ending += f": {doc.get('error') or 'unknown error'}"
         lines.append(f"{ending}; the figures above are its last prediction")
     return lines
+
+
+def _scope_text(doc: dict[str, Any], p: dict[str, Any] | None, *, running: bool) -> str | None:
+    """Which file of a multi-process job this is, and whom the job's end waits for.
+
+    Args:
+        doc: the checked document (``scope``, ``rank``, ``world_size``: version 4 on).
+        p: its prediction, or None.
+        running: the job is still running (else the end is told in the past).
+
+    Returns:
+        ``job of 2 ranks`` (the job's file, ``scope`` job) or ``rank 1 of 2`` (a rank's own),
+        then `` · waits for rank 1`` (``slowest_rank``; `` · this rank ends last`` in that
+        rank's own file), `` (a straggler)`` where that rank is ``straggler_rank`` (else
+        `` · straggler: rank 0``), with ``format_straggler_host``'s short note where its host
+        was busy during its capture; None for a single process or a file without these
+        fields.
+    """
+    world = doc.get("world_size")
+    if not isinstance(world, int) or world < 2:
+        return None
+    rank = doc.get("rank")
+    own = doc.get("scope") == "rank" and isinstance(rank, int)
+    text = f"rank {rank} of {world}" if own else f"job of {world} ranks"
+    if p is None:
+        return text
+    slowest, straggler = p.get("slowest_rank"), p.get("straggler_rank")
+    busy = _finite(p.get("straggler_host_foreign_cpu"))
+    note = f"; {format_straggler_host(busy, short=True)}" if busy is not None else ""
+    if slowest is not None:
+        if own and slowest == rank:
+            text += " · this rank ends last" if running else " · this rank ended last"
+        else:
+            text += f" · {'waits' if running else 'waited'} for rank {slowest}"
+        if straggler == slowest:
+            text += f" (a straggler{note})"
+    if straggler is not None and straggler != slowest:
+        text += f" · straggler: rank {straggler}{f' ({note[2:]})' if note else ''}"
+    return text
 
 
 def _prediction_lines(p: dict[str, Any], step_s: float | None, *, running: bool) -> list[str]:
@@ -451,11 +511,13 @@ def add_watch_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "watch",
         help="show a job's status file live: progress, step time, ETA, finish time",
-        description="Render a status file written by ETSHook(status_path=...): the job, a "
-        "progress bar, the step time and its interval, the ETA, the predicted finish (local "
-        "time), the total and its interval, and how old the file is. On a terminal it is "
-        "redrawn every --interval seconds until the job's state leaves running; otherwise, or "
-        "with --once, one snapshot is printed. A missing file is waited for.",
+        description="Render a status file written by ETSHook(status_path=...): the job (in a "
+        "multi-process job, whether the file is the job's or one rank's, and the rank its end "
+        "waits for), a progress bar, the step time and its interval, the ETA, the predicted "
+        "finish (local time), the total and its interval, and how old the file is. On a "
+        "terminal it is redrawn every --interval seconds until the job's state leaves "
+        "running; otherwise, or with --once, one snapshot is printed. A missing file is "
+        "waited for.",
         epilog=exit_codes_epilog(
             "the snapshot was printed, or the job ended (closed, interrupted, failed) and its "
             "final state was drawn",

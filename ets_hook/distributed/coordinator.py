@@ -6,17 +6,25 @@ job complete the same steps): the second step after the capture window (its deco
 done by then: the first straggler report), then at doubling step counts (2x, 4x, ...): about
 ``log2(total steps)`` exchanges in a job, never one per step. The training thread only builds a
 small ``RankForecast`` and queues it (``RankExchange.publish``).
+
+Rank 0 (``log_here``) warns once of a straggler the views name, with the straggler's host load
+around its capture window where that host was busy with other processes (the rank may then be
+slow through no fault of its own); a warning whose host load is not known yet waits for a view
+that has it, at most ``HOST_LOAD_WAIT_S`` from the hook's creation or until ``close``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable
 
 from ..forecast.prediction import Prediction
 from ..forecast.ranks import JobView, RankForecast
+from ..forecast.text import format_straggler_host
 from ..trace.breakdown import RankBreakdown
 from .exchange import RankExchange, StoreFactory
 
@@ -24,6 +32,11 @@ logger = logging.getLogger("ets_hook")
 
 #: Default seconds rank 0 waits for every rank's forecast at an exchange.
 DEFAULT_EXCHANGE_TIMEOUT_S = 30.0
+#: Seconds from the hook's creation during which the straggler warning waits for the
+#: straggler's host load around its capture window: the first host-load sample comes a second
+#: or more after creation, so a job of millisecond steps names its straggler before one exists.
+#: Past this, or at close, the warning goes out without it.
+HOST_LOAD_WAIT_S = 10.0
 
 # Hooks created in this process: every rank creates its hooks in the same order, so the count
 # tells the ranks' hooks apart in the job's store.
@@ -116,6 +129,8 @@ class RankCoordinator:
         self._breakdown: RankBreakdown | None = None
         self._host = socket.gethostname()
         self._warned_straggler: int | None = None
+        self._held: JobView | None = None  # a straggler warning waiting for its host load
+        self._warn_lock = threading.Lock()
         self._logged_skip = False
         self._exchange = RankExchange(
             rank,
@@ -165,12 +180,21 @@ class RankCoordinator:
             busy_s=breakdown.busy_s if breakdown is not None else None,
             busy_se_s=breakdown.busy_se_s if breakdown is not None else None,
             host=self._host[:256],
+            host_foreign_cpu=prediction.capture_host_foreign_cpu,
         )
         self._exchange.publish(number, forecast)
 
     def close(self) -> None:
-        """Stop exchanging (an exchange in progress is abandoned). Never raises."""
+        """Stop exchanging (an exchange in progress is abandoned); a straggler warning still
+        waiting for its host load goes out now, without it. Never raises."""
         self._exchange.close()
+        with self._warn_lock:
+            held, self._held = self._held, None
+            if held is not None:
+                self._warned_straggler = held.straggler_rank
+        if held is not None:
+            with contextlib.suppress(Exception):
+                self._warn_straggler(held)
 
     # ------------------------------------------------------------------------------------------
     # Exchange thread
@@ -178,22 +202,40 @@ class RankCoordinator:
     def _on_view(self, view: JobView) -> None:
         self.view = view
         self._apply(view)
+        if not self._log_here:
+            return
         straggler = view.straggler_rank
-        if self._log_here and straggler is not None and straggler != self._warned_straggler:
-            self._warned_straggler = straggler
-            fastest = min(
-                (f.busy_s for f in view.ranks if f.busy_s is not None), default=float("nan")
-            )
+        with self._warn_lock:
+            if straggler is None or straggler == self._warned_straggler:
+                self._held = None
+                return
             slow = view.forecast_of(straggler)
-            slow_ms = slow.busy_s * 1e3 if slow is not None and slow.busy_s is not None else 0.0
-            logger.warning(
-                "rank %d is a straggler: compute + data wait %.2f ms per step, %.2fx "
-                "the fastest rank's (%.2f ms); the other ranks wait for it in collectives",
-                straggler,
-                slow_ms,
-                view.straggler_ratio or float("nan"),
-                fastest * 1e3,
-            )
+            unknown = slow is None or slow.host_foreign_cpu is None
+            if unknown and time.time() - self._start_wall_s < HOST_LOAD_WAIT_S:
+                self._held = view  # warned once a view has its host load, or at close
+                return
+            self._held = None
+            self._warned_straggler = straggler
+        self._warn_straggler(view)
+
+    @staticmethod
+    def _warn_straggler(view: JobView) -> None:
+        """The straggler warning for ``view``'s straggler, with its host's load where that
+        was busy during its capture (``JobView.straggler_host_foreign_cpu``)."""
+        straggler = view.straggler_rank
+        fastest = min((f.busy_s for f in view.ranks if f.busy_s is not None), default=float("nan"))
+        slow = view.forecast_of(straggler) if straggler is not None else None
+        slow_ms = slow.busy_s * 1e3 if slow is not None and slow.busy_s is not None else 0.0
+        busy = view.straggler_host_foreign_cpu
+        logger.warning(
+            "rank %d is a straggler: compute + data wait %.2f ms per step, %.2fx "
+            "the fastest rank's (%.2f ms); the other ranks wait for it in collectives%s",
+            straggler,
+            slow_ms,
+            view.straggler_ratio or float("nan"),
+            fastest * 1e3,
+            f" ({format_straggler_host(busy)})" if busy is not None else "",
+        )
 
     def _on_skip(self, exchange: int, reason: str) -> None:
         self.view = None

@@ -94,6 +94,8 @@ class EarlyStoppingRule:
             Lightning).
         stop_on_non_finite: a NaN/inf value fires the rule at once (Lightning ``check_finite``);
             False: it counts as no improvement (Keras, HF).
+        min_stop_step: the loop goes on after the rule fired until this global step (>= 0;
+            Lightning's ``min_epochs`` / ``min_steps``): it stops at the later of the two.
     """
 
     patience: int
@@ -101,6 +103,7 @@ class EarlyStoppingRule:
     mode: Mode = "min"
     best_on_any_improvement: bool = False
     stop_on_non_finite: bool = False
+    min_stop_step: int = 0
 
     def __post_init__(self) -> None:
         """Validate the arguments.
@@ -122,6 +125,9 @@ class EarlyStoppingRule:
             raise ValueError(f"min_delta must be a finite number >= 0, got {self.min_delta!r}")
         if self.mode not in ("min", "max"):
             raise ValueError(f"mode must be 'min' or 'max', got {self.mode!r}")
+        step = self.min_stop_step
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"min_stop_step must be an int >= 0, got {step!r}")
 
     @classmethod
     def coerce(cls, value: Any) -> EarlyStoppingRule | None:
@@ -393,9 +399,9 @@ class EarlyStopTracker:
 
     def _forecast(self) -> EarlyStopForecast | None:
         if self._stopped_step is not None:
-            if self._steps[-1] > self._stopped_step:
+            s = min(max(self._stopped_step, self.rule.min_stop_step), self.max_steps)
+            if self._steps[-1] > s:
                 return None
-            s = self._stopped_step
             return EarlyStopForecast(s, s, s, 1.0, self.max_steps, self._finite_count(), "stopped")
         steps = np.asarray(self._steps, dtype=np.float64)
         z = np.asarray(self._values, dtype=np.float64)
@@ -414,6 +420,8 @@ class EarlyStopTracker:
         rng = np.random.default_rng(_SEED)
         curves = _simulate(families, x, y, future, rng)  # (SIMULATIONS, horizon)
         stops = self._first_fire(curves, future)
+        if self.rule.min_stop_step:  # a fired rule stops the loop only from that step on
+            stops = np.minimum(np.maximum(stops, self.rule.min_stop_step), self.max_steps)
         q = np.quantile(stops, [0.5, LOW_QUANTILE, HIGH_QUANTILE], method="inverted_cdf")
         top = max(families, key=lambda f: f.weight).name
         return EarlyStopForecast(

@@ -291,6 +291,11 @@ class Forecaster:
         self.time_limit_s = check_time_limit_s(time_limit_s)
         self._job_view: JobView | None = None
         self._host_load: tuple[float, float] | None = None  # (foreign CPU, steal) shares
+        # Other processes' CPU share around the capture window: the latest sample before it,
+        # then the highest sampled from its start to the first sample after its end.
+        self._capture_load_before: float | None = None
+        self._capture_load: float | None = None
+        self._capture_load_open = False
         self._input_wait: tuple[float, float] | None = None  # (median s, share of a step)
         self._warmup_end = 0  # steps [0, _warmup_end) are known warm-up (compiles)
         self._low_precision = False
@@ -558,10 +563,16 @@ class Forecaster:
 
     def set_host_load(self, foreign_cpu: float, steal: float) -> None:
         """The machine's latest load from other work (``capture.host_load``), shares of its
-        CPU in 0..1; shown in predictions (``host_foreign_cpu``, ``host_steal``). Any thread.
+        CPU in 0..1; shown in predictions (``host_foreign_cpu``, ``host_steal``). Samples from
+        the capture window's start (``set_capture_window``) up to the first one given once the
+        window's last step was reported (which covers the window's end) also make
+        ``capture_host_foreign_cpu``, their highest share. Any thread.
         """
         with self._lock:
             self._host_load = (float(foreign_cpu), float(steal))
+            if self._capture is not None and self._capture_load_open:
+                self._capture_load = max(self._capture_load or 0.0, float(foreign_cpu))
+                self._capture_load_open = self._steps_done < self._capture[1]
             self._version += 1
 
     def set_capture_window(
@@ -579,7 +590,9 @@ class Forecaster:
         ``capture_ratio``. Steps from ``end_step`` up to ``set_perturbed_steps`` are left out of
         the measured estimate while they are not yet warm-up (profiler disable, decoding).
 
-        Also raises the perturbed-step end to at least ``end_step``.
+        Also raises the perturbed-step end to at least ``end_step``, and starts following the
+        host's load around the window (``set_host_load``); called again with the same
+        ``start_step`` (an adaptive window's end), it only moves the end.
 
         Args:
             start_step: first local step index inside the window.
@@ -607,6 +620,11 @@ class Forecaster:
             self._set_capture_costs(
                 capture_ratio, capture_spike_steps, measured, window_step_s, capture_spike_excess_s
             )
+            if self._capture is None or self._capture[0] != start_step:  # a new window
+                self._capture_load_before = (
+                    self._host_load[0] if self._host_load is not None else None
+                )
+                self._capture_load, self._capture_load_open = None, True
             self._capture = (start_step, end_step)
             self._perturbed_end = max(self._perturbed_end, end_step)
             self._version += 1
@@ -1022,6 +1040,12 @@ class Forecaster:
             job_view_step=view.step if view is not None else None,
             straggler_rank=view.straggler_rank if view is not None else None,
             host_foreign_cpu=self._host_load[0] if self._host_load is not None else None,
+            capture_host_foreign_cpu=(
+                self._capture_load if self._capture_load is not None else self._capture_load_before
+            ),
+            straggler_host_foreign_cpu=(
+                view.straggler_host_foreign_cpu if view is not None else None
+            ),
             host_steal=self._host_load[1] if self._host_load is not None else None,
             input_period_s=(job.grad_accum_steps * supply.period_s if supply is not None else None),
             time_limit_s=self.time_limit_s,
@@ -1076,10 +1100,10 @@ class Forecaster:
         """Final prediction to every reporter, with how the job ended. Idempotent.
 
         Closed as ``"closed"``, the job is over: the final prediction is the job as it ran
-        (``ended_prediction``: total = elapsed, no ETA, ``total_steps`` the steps run) and
-        ``prediction`` returns it from then on; in a multi-process job, this rank's end plus
-        the lag behind it of the slowest rank at the last exchange (``ended_prediction``).
-        Interrupted or failed jobs keep the projection of the whole run (they may be resumed).
+        (``ended_prediction``: total = elapsed, ETA 0, ``total_steps`` the steps run) and
+        ``prediction`` returns it from then on; in a multi-process job too (the job view's
+        predicted lag behind the slowest rank is dropped). Interrupted or failed jobs keep the
+        projection of the whole run (they may be resumed).
 
         Never raises (a ``DeadlineExceededError`` from the reporters is logged too).
 

@@ -49,6 +49,18 @@ FORWARD_SHARE = 1 / 3
 #: The relative 95% half-width of an evaluation's cost priced from the forward share: evaluation
 #: loops also gather outputs and compute metrics, and a no-grad forward is somewhat cheaper.
 EVAL_PRIOR_REL_CI = 0.6
+#: One token generated per sequence of an evaluation batch (greedy, with the key/value cache),
+#: as a share of that batch's forward pass: a decoding step runs the decoder's ops once for
+#: one position, so it costs far more than its share of the forward's tokens. Measured
+#: 0.06-0.37 (geometric mean 0.16) on CPU for T5 and BART encoder-decoders of 2-4 layers,
+#: width 64-256, batches 8x32 and 16x64 tokens, 32-64 tokens generated.
+GENERATED_TOKEN_FORWARD_SHARE = 0.15
+#: Beam search over ``k`` beams: each decoding step costs about ``sqrt(k)`` times a greedy
+#: one (measured 1.9-2.4x at 4 beams on the same models).
+BEAM_COST_EXPONENT = 0.5
+#: The relative 95% half-width of an evaluation that generates: the share above varies 2.5x
+#: either way between models, and generation may stop early at end-of-sequence tokens.
+GENERATE_PRIOR_REL_CI = 1.0
 #: A checkpoint priced before it is measured: a fixed cost (files opened, metadata, the
 #: framework's own bookkeeping), plus the model's and optimizers' state written at this rate
 #: (``torch.save`` into the page cache; measured 0.6-2 GB/s on this project's CPU jobs, a slow
@@ -299,30 +311,48 @@ class PhaseCostPrior:
 
 
 def eval_cost_prior(
-    batches: int, batch_ratio: float = 1.0, grad_accum_steps: int = 1
+    batches: int,
+    batch_ratio: float = 1.0,
+    grad_accum_steps: int = 1,
+    *,
+    generated_tokens: int = 0,
+    num_beams: int = 1,
 ) -> PhaseCostPrior:
     """The prior cost of one evaluation: its batches, each a forward pass of a training
-    micro-batch scaled by the batch-size ratio (``FORWARD_SHARE`` of a micro-batch's time).
+    micro-batch scaled by the batch-size ratio (``FORWARD_SHARE`` of a micro-batch's time),
+    plus, for an evaluation that generates (a ``Seq2SeqTrainer`` with
+    ``predict_with_generate``), ``generated_tokens`` decoding steps per batch at
+    ``GENERATED_TOKEN_FORWARD_SHARE`` of that forward each (times ``num_beams **
+    BEAM_COST_EXPONENT``).
 
     Args:
         batches: evaluation batches per evaluation, >= 1.
         batch_ratio: evaluation batch size / training micro-batch size, > 0.
         grad_accum_steps: micro-batches per optimizer step, >= 1.
+        generated_tokens: tokens generated per sequence of a batch, >= 0 (0: no generation).
+        num_beams: beams of the generation's search, >= 1.
 
     Returns:
-        The prior, in steady training steps, with ``EVAL_PRIOR_REL_CI``.
+        The prior, in steady training steps, with ``EVAL_PRIOR_REL_CI`` (no generation) or
+        ``GENERATE_PRIOR_REL_CI``.
 
     Raises:
         ValueError: an argument out of range.
     """
     _positive_int("batches", batches)
     _positive_int("grad_accum_steps", grad_accum_steps)
+    _positive_int("generated_tokens", generated_tokens, minimum=0)
+    _positive_int("num_beams", num_beams)
     if not (isinstance(batch_ratio, (int, float)) and math.isfinite(batch_ratio)) or (
         batch_ratio <= 0
     ):
         raise ValueError(f"batch_ratio must be a finite number > 0, got {batch_ratio!r}")
-    steps = batches * batch_ratio * FORWARD_SHARE / grad_accum_steps
-    return PhaseCostPrior(train_steps=steps, rel_ci=EVAL_PRIOR_REL_CI)
+    forwards = 1.0 + generated_tokens * GENERATED_TOKEN_FORWARD_SHARE * (
+        num_beams**BEAM_COST_EXPONENT
+    )
+    steps = batches * batch_ratio * FORWARD_SHARE * forwards / grad_accum_steps
+    rel_ci = GENERATE_PRIOR_REL_CI if generated_tokens else EVAL_PRIOR_REL_CI
+    return PhaseCostPrior(train_steps=steps, rel_ci=rel_ci)
 
 
 def checkpoint_cost_prior(

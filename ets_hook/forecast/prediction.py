@@ -114,6 +114,16 @@ class Prediction:
             ``iteration_s``, not added to it. None before the window's trace.
         data_wait_share: ``data_wait_s`` over the captured steps' median wall time, 0..1:
             the share of a step spent waiting for input. None before the window's trace.
+        capture_host_foreign_cpu: share of the machine's CPU (0..1) other processes used
+            around the capture window: the highest share sampled from its start to the first
+            sample after its end (until that one, the latest sample before the window). What
+            this rank sends at a rank exchange: a straggler named on a busy host may be the
+            host's doing, not the rank's. None before the window or where not sampled.
+        straggler_host_foreign_cpu: for ``straggler_rank``, its ``capture_host_foreign_cpu``
+            (from that exchange) where it is ``BUSY_FOREIGN_CPU`` or more: the straggler's
+            host was busy with other processes while its steps were captured, so its slower
+            compute may be the host's; None otherwise (no straggler, a host not that busy, or
+            unknown).
     """
 
     step: int
@@ -157,6 +167,8 @@ class Prediction:
     time_limit_s: float | None = None
     data_wait_s: float | None = None
     data_wait_share: float | None = None
+    capture_host_foreign_cpu: float | None = None
+    straggler_host_foreign_cpu: float | None = None
 
     def __str__(self) -> str:
         """The one line the log prints (``forecast.text.format_prediction``), e.g.
@@ -238,8 +250,10 @@ def ended_prediction(prediction: Prediction) -> Prediction:
     ``total_steps`` becomes the steps run (fewer than planned after early stopping or a
     ``break``; the first known count where the length was unknown); the step-time estimate
     and its sources are kept. An early-stopping forecast collapses to the step it stopped at.
-    In a multi-process job whose last rank exchange put the job's end after this rank's
-    (``total_s`` above ``local_total_s``), that lag remains: the job ends when that rank does.
+    In a multi-process job the job view's lag (the gap between the job's predicted end and
+    this rank's at the last exchange) is dropped as well: it was a prediction, and the ranks
+    of a data-parallel job end within a step of each other; ``slowest_rank`` and
+    ``straggler_rank`` stay as they were.
 
     Args:
         prediction: the last prediction of the job, as of its last step or phase end.
@@ -247,32 +261,25 @@ def ended_prediction(prediction: Prediction) -> Prediction:
     Returns:
         A new ``Prediction``; ``prediction`` is not changed.
     """
-    lag_s = 0.0
-    if prediction.total_s is not None and prediction.local_total_s is not None:
-        lag_s = max(prediction.total_s - prediction.local_total_s, 0.0)
     elapsed_s = prediction.elapsed_s
-    job_end_s = elapsed_s + lag_s
     phases = tuple(
         replace(phase, remaining=0, remaining_s=0.0, remaining_ci_s=0.0)
         for phase in prediction.phases
     )
     stopped = prediction.expected_stop_step is not None
-    finish_time = prediction.as_of
-    if finish_time is not None and lag_s:
-        finish_time += timedelta(seconds=lag_s)
     return replace(
         prediction,
         total_steps=prediction.step,
         remaining_steps=0,
-        total_s=job_end_s,
+        total_s=elapsed_s,
         total_ci_s=0.0,
-        eta_s=lag_s,
-        finish_time=finish_time,
+        eta_s=0.0,
+        finish_time=prediction.as_of,
         remaining_phase_s=0.0,
         remaining_capture_s=0.0,
         phases=phases,
         expected_stop_step=prediction.step if stopped else None,
-        total_range_s=(job_end_s, job_end_s) if stopped else None,
+        total_range_s=(elapsed_s, elapsed_s) if stopped else None,
         local_total_s=elapsed_s,
     )
 

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..trace.breakdown import STRAGGLER_EXCESS, find_straggler
+from .prediction import BUSY_FOREIGN_CPU
 
 #: Largest encoded ``RankForecast`` / ``JobView`` accepted, bytes (per rank: ~300).
 MAX_FORECAST_BYTES = 4096
@@ -44,6 +45,8 @@ class RankForecast:
         busy_se_s: the standard error of ``busy_s``; None alike, and for one captured step
             (unknown: then no straggler is named).
         host: its host name.
+        host_foreign_cpu: share of its host's CPU (0..1) other processes used around its
+            capture window (``Prediction.capture_host_foreign_cpu``); None when unknown.
     """
 
     rank: int
@@ -57,6 +60,7 @@ class RankForecast:
     busy_s: float | None = None
     busy_se_s: float | None = None
     host: str = ""
+    host_foreign_cpu: float | None = None
 
     def to_json(self) -> bytes:
         """The forecast as compact JSON bytes (what goes into the store)."""
@@ -83,6 +87,7 @@ class RankForecast:
             busy_s=_float(data, "busy_s", optional=True),
             busy_se_s=_float(data, "busy_se_s", optional=True),
             host=_str(data, "host"),
+            host_foreign_cpu=_float(data, "host_foreign_cpu", optional=True),
         )
 
     @classmethod
@@ -135,6 +140,18 @@ class JobView:
         if self.finish_wall_s is None:
             return None
         return self.finish_wall_s - self.start_wall_s
+
+    @property
+    def straggler_host_foreign_cpu(self) -> float | None:
+        """Other processes' share of the straggler's host CPU around its capture window (its
+        forecast's ``host_foreign_cpu``), where it is ``BUSY_FOREIGN_CPU`` or more: the host
+        was busy enough that the straggler's slower compute may be the host's, not the
+        rank's. None without a straggler, with a host less busy, or unknown."""
+        if self.straggler_rank is None:
+            return None
+        straggler = self.forecast_of(self.straggler_rank)
+        share = straggler.host_foreign_cpu if straggler is not None else None
+        return share if share is not None and share >= BUSY_FOREIGN_CPU else None
 
     def forecast_of(self, rank: int) -> RankForecast | None:
         """The forecast rank ``rank`` sent, or None."""

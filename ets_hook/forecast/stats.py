@@ -548,7 +548,13 @@ def _mean_interval(x: np.ndarray, level: float, prior: StepTimePrior, stride: in
         df = 1.0 / (share / df_tau + (1.0 - share) / dof_raw)
     var_mean = sigma2 * tau / m
     q = student_t_quantile(0.5 + level / 2, df)
-    return _Interval(mean, q * math.sqrt(var_mean), math.sqrt(sigma2 * tau * stride))
+    ci = q * math.sqrt(var_mean)
+    if m >= _AR_MIN_SAMPLES:
+        # A level shift inside x drives rho to its cap and the df to ~1 (t ~ 12.7): the
+        # interval would reach far past any step seen. The mean of the steps to come lies
+        # within the levels the steps have run at: no wider than the farther extreme.
+        ci = min(ci, max(float(x.max()) - mean, mean - float(x.min())))
+    return _Interval(mean, ci, math.sqrt(sigma2 * tau * stride))
 
 
 def _one_step_estimate(

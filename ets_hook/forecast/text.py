@@ -22,20 +22,19 @@ def format_duration(seconds: float | None) -> str:
 
     Returns:
         The text, rounded to the precision shown (hundredths of a second below 0.995 s, a
-        trailing zero dropped; tenths below 9.95 s; ``0s`` for 0); ``?`` if unknown, ``∞``
-        if infinite, a leading ``-`` for negatives.
+        trailing zero dropped; tenths below 9.95 s); ``0s`` for 0 and for anything that
+        rounds to it (below 0.005 s: never ``0.0s``); ``?`` if unknown, ``∞`` if infinite, a
+        leading ``-`` for negatives.
     """
     if seconds is None or math.isnan(seconds):
         return "?"
     if seconds < 0:
-        return "-" + format_duration(-seconds)
+        text = format_duration(-seconds)
+        return text if text == "0s" else "-" + text
     if math.isinf(seconds):
         return "∞"
-    if seconds == 0:
-        return "0s"
     if seconds < 0.995:  # a whole job this short (Lightning's fast_dev_run) is not "0.0s"
-        text = f"{seconds:.2f}"
-        return (text[:-1] if text.endswith("0") else text) + "s"
+        return f"{seconds:.2f}".rstrip("0").rstrip(".") + "s"  # 0.00 -> 0s, 0.40 -> 0.4s
     if seconds < 9.95:
         return f"{seconds:.1f}s"
     whole = round(seconds)
@@ -95,6 +94,25 @@ def format_relative(rel: float) -> str:
     return f"±{pct:.1f}%" if pct < 9.95 else f"±{pct:.0f}%"
 
 
+def format_straggler_host(foreign_cpu: float, *, short: bool = False) -> str:
+    """What a straggler's busy host means, for the texts that name the straggler.
+
+    Args:
+        foreign_cpu: other processes' share of the straggler's host CPU around its capture
+            window, 0..1 (``Prediction.straggler_host_foreign_cpu``).
+        short: the short form, for one-line summaries.
+
+    Returns:
+        ``the host was busy: other processes 70% of its CPU during the capture; this may be
+        the host, not the rank``; short: ``its host was busy: other processes 70% of its CPU
+        during the capture``.
+    """
+    busy = f"other processes {100 * foreign_cpu:.0f}% of its CPU during the capture"
+    if short:
+        return f"its host was busy: {busy}"
+    return f"the host was busy: {busy}; this may be the host, not the rank"
+
+
 def format_prediction(p: Prediction) -> str:
     """Format a prediction as one line.
 
@@ -111,7 +129,9 @@ def format_prediction(p: Prediction) -> str:
         1200`` once the range has closed: the job stopped there); in a multi-process job
         once a rank exchange has given the job's end,
         `` · job of 8 ranks, waits for rank 3`` (``this rank ends last`` on that rank; ETA and
-        total are then the job's); while other
+        total are then the job's; where that rank is the straggler and its host was busy
+        during its capture, `` (its host was busy: other processes 70% of its CPU during the
+        capture)``, ``format_straggler_host``); while other
         work loads the machine (``Prediction.host_busy``),
         `` · host busy: other processes 40% CPU, steal 6%``; when the step time is the
         DataLoader workers' pace (source ``"input"``), `` · input-bound: DataLoader workers``;
@@ -150,6 +170,8 @@ def format_prediction(p: Prediction) -> str:
             else f"waits for rank {p.slowest_rank}"
         )
         text += f" · job of {p.world_size} ranks, {last}"
+        if p.straggler_host_foreign_cpu is not None and p.straggler_rank == p.slowest_rank:
+            text += f" ({format_straggler_host(p.straggler_host_foreign_cpu, short=True)})"
     foreign, steal = p.host_busy_shares
     if foreign is not None or steal is not None:
         parts = [f"other processes {100 * foreign:.0f}% CPU"] if foreign is not None else []

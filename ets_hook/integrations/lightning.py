@@ -5,7 +5,8 @@
 Trainer's optimizers with what the Trainer knows:
 
 - ``total_steps``: ``trainer.max_steps`` when > 0, and ``trainer.estimated_stepping_batches``
-  (``max_epochs`` x optimizer steps per epoch), the smaller of the two; unknown (no ETA, step
+  (``max_epochs`` x optimizer steps per epoch; with a ``GradientAccumulationScheduler``, each
+  epoch's steps at its scheduled accumulation), the smaller of the two; unknown (no ETA, step
   time only, no made-up total) for an ``IterableDataset`` without ``len()`` and
   ``max_steps=-1``, or ``max_epochs=-1``.
 - ``time_limit_s``: what ``max_time`` still allows (``trainer_time_limit_s``: its ``Timer``'s
@@ -17,9 +18,15 @@ Trainer's optimizers with what the Trainer knows:
   abs(min_delta), mode, check_finite)``); its ``monitor`` value in ``trainer.callback_metrics``
   goes to ``hook.report_metric`` wherever that callback checks it (validation end, or train
   epoch end with ``check_on_train_epoch_end``), so predictions carry ``expected_stop_step`` and
-  ``total_range_s``. An ``early_stopping=`` option given explicitly wins (the callback's
-  ``monitor`` is still reported).
+  ``total_range_s``; a stop that ``min_epochs`` / ``min_steps`` hold back is predicted at their
+  end (``EarlyStoppingRule.min_stop_step``). An ``early_stopping=`` option given explicitly
+  wins (the callback's ``monitor`` is still reported).
 - ``initial_step``: ``trainer.global_step`` (restored by ``fit(ckpt_path=...)``).
+- several optimizers (manual optimization): a hook step ends once each has stepped, while
+  ``trainer.global_step`` counts every optimizer's step; ``max_steps``, ``min_steps``, the
+  restored step and ``every_n_train_steps`` are converted (``global_steps_per_step``). Under
+  manual optimization Lightning's length assumes one optimizer step per batch; after the first
+  epoch the callback warns when the optimizers stepped less often.
 - ``grad_accum_steps``: ``accumulate_grad_batches``. The hook counts optimizer steps, as
   ``trainer.global_step`` does: Lightning steps the optimizer once per accumulation (and on an
   epoch's last batch); under fp16 mixed precision the precision plugin's ``GradScaler``
@@ -69,15 +76,17 @@ random stream of a seeded run. The sanity check therefore runs before the hook e
 callback times it (``sanity_check_s``), and ``hook.prediction``'s clock starts at training.
 
 The latest prediction is logged with ``pl_module.log`` from ``on_train_batch_end`` (``LOG_KEYS``:
-``ets/iteration_s``, ``ets/eta_s``, ``ets/total_s``, as the Hugging Face integration), so it
-reaches ``trainer.loggers`` at Lightning's logging steps (``log_every_n_steps``). The values are
-logged as CPU tensors: reading them never synchronises a GPU. The progress bar shows the ETA as
-text, ``ETA: 13m32s`` (``? (0.412 s/step)`` while the job length is unknown): logged values
-must be numbers, so while training runs the callback wraps the bar's ``get_metrics`` on the
-instance (what Lightning's documentation says to override for what a bar shows) to add it;
-where the bar cannot be wrapped, the logged ETA (the step time while the length is unknown)
-goes into the bar as the number of seconds. The hook is closed at ``on_train_end`` and
-by ``on_exception`` (the status file then says ``failed`` or ``interrupted``).
+``ets/iteration_s``, ``ets/eta_s``, ``ets/total_s``, as the Hugging Face integration) at
+Lightning's logging steps (``log_every_n_steps``: ``self.log`` costs ~2 ms) and at the job's
+last step, so it reaches ``trainer.loggers`` and stays in ``trainer.callback_metrics``. The
+values are logged as CPU tensors: reading them never synchronises a GPU. The progress bar
+shows the ETA as text, ``ETA: 13m32s`` (``? (0.412 s/step)`` while the job length is
+unknown): logged values must be numbers, so while training runs the callback wraps the bar's
+``get_metrics`` on the instance (what Lightning's documentation says to override for what a
+bar shows) to add it; where the bar cannot be wrapped, the logged ETA (the step time while the
+length is unknown, from the first values on) goes into the bar as the number of seconds. The
+hook is closed at ``on_train_end`` and by ``on_exception`` (the status file then says
+``failed`` or ``interrupted``).
 
 Both import names of Lightning are served by the same code, ``BaseETSCallback``; a Trainer
 only takes callbacks subclassing its own package's ``Callback`` (``lightning.pytorch.Callback``
@@ -94,6 +103,7 @@ needs ``lightning`` or ``pytorch_lightning`` installed (else an ImportError nami
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import importlib.util
@@ -133,12 +143,14 @@ from .lightning_trainer import (
     checks_on_train_epoch_end,
     early_stopping_callback,
     early_stopping_rule,
+    global_steps_per_step,
     loaders_batch_size,
     train_loaders,
     trainer_checkpoint_every,
     trainer_checkpoint_files,
     trainer_eval_every,
     trainer_grad_scaler,
+    trainer_min_stop_step,
     trainer_optimizers,
     trainer_steps_per_epoch,
     trainer_time_limit_s,
@@ -180,6 +192,47 @@ def _short(value: Any) -> str:
     """``repr(value)`` when it is one short line, else ``<TypeName>`` (a model, an optimizer)."""
     text = repr(value)
     return text if len(text) <= 60 and "\n" not in text else f"<{type(value).__name__}>"
+
+
+def _check_manual_steps(trainer: Any, pl_module: Any, hook: ETSHook, initial_step: Any) -> None:
+    """Under manual optimization Lightning counts one optimizer step per batch
+    (``estimated_stepping_batches``); after a first epoch run whole in this process, warn once
+    when the steps the hook counted differ (the optimizer stepped every k-th batch). Never
+    raises."""
+    try:
+        if getattr(pl_module, "automatic_optimization", True) is not False:
+            return
+        if hook.total_steps is None or whole_number(getattr(trainer, "current_epoch", None)):
+            return  # no length to correct, or not the fit's first epoch (resumed)
+        expected = trainer_steps_per_epoch(trainer)
+        done = hook.steps_completed
+        if expected is None or done in (0, expected) or initial_step:
+            return
+        logger.warning(
+            "manual optimization: the optimizers stepped %d times in the first epoch, where "
+            "the job's length assumes one step per batch (%d): the predicted total is off by "
+            "about %.2gx; pass ETSCallback(total_steps=...) with the optimizer steps of the "
+            "whole fit",
+            done,
+            expected,
+            expected / done,
+        )
+    except Exception as exc:  # a note less, never a failed fit
+        logger.debug("could not check the first epoch's steps: %r", exc)
+
+
+def _initial(callback: ETSCallback) -> int:
+    """The steps done before this fit (resumed), as the callback resolved them."""
+    initial = (callback.resolved_options or {}).get("initial_step", 0)
+    return initial if isinstance(initial, int) else 0
+
+
+def _logging_step(trainer: Any) -> bool:
+    """Whether Lightning writes to its loggers after this batch (its logger connector's
+    ``should_update_logs``, as its own ``LearningRateMonitor`` asks); True where that is
+    unreadable (another Lightning version)."""
+    should = getattr(getattr(trainer, "_logger_connector", None), "should_update_logs", None)
+    return should if isinstance(should, bool) else True
 
 
 def _note_disagreement(notes: list[str], key: str, given: Any, derived: Any) -> None:
@@ -287,6 +340,8 @@ class BaseETSCallback:
         self._open = False
         self._in_eval = False
         self._logged_steps = -1
+        self._bar_key: str | None = None  # the key logged with prog_bar=True in this fit
+        self._first_epoch_checked = False
         self._logging_failed = False
         self._sanity_started_ns: int | None = None
         self._trainer_patch: tuple[Any, Callable[..., Any], Any] | None = None
@@ -360,6 +415,7 @@ class BaseETSCallback:
         if "eval_dataloader" not in options and options.get("eval_every"):
             self._price_validation(trainer, options.get("grad_accum_steps", 1))
         self._open, self._in_eval, self._logged_steps = True, False, -1
+        self._bar_key, self._first_epoch_checked = None, False
         self._logging_failed = False
         self._patch_save_checkpoint(trainer)
         if self.prog_bar:
@@ -383,29 +439,45 @@ class BaseETSCallback:
             self._report_metric(trainer)
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-        """Report the ``EarlyStopping`` monitor when that callback checks at train epoch end."""
+        """Report the ``EarlyStopping`` monitor when that callback checks at train epoch end;
+        after a fit's first epoch under manual optimization, say when its optimizer steps
+        were not the one per batch the job's length assumed."""
         if checks_on_train_epoch_end(self._early_stopping):
             self._report_metric(trainer)
+        if self._hook is not None and self._open and not self._first_epoch_checked:
+            self._first_epoch_checked = True
+            _check_manual_steps(trainer, pl_module, self._hook, _initial(self))
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        """Log the prediction after each optimizer step (Lightning writes it to the loggers at
-        its logging steps). The progress bar shows the ETA as text (``bar_items``) where its
-        ``get_metrics`` could be wrapped, else the logged number."""
+        """Log the prediction at Lightning's logging steps (``log_every_n_steps``, where it
+        writes to the loggers: ``pl_module.log`` costs ~2 ms, too much for every step) and at
+        the job's last step (its values then stay in ``trainer.callback_metrics``). The
+        progress bar shows the ETA as text (``bar_items``) where its ``get_metrics`` could be
+        wrapped, else the logged number: the key on the bar is chosen once per fit
+        (Lightning refuses a key logged with ``prog_bar`` changed), NaN once unknown."""
         hook = self._hook
         if not self._open or hook is None or self._logging_failed:
             return
         steps = hook.steps_completed
         if steps == self._logged_steps:
             return  # no new step since the last values (gradient accumulation)
+        last = hook.total_steps is not None and steps >= hook.total_steps - _initial(self)
+        if not (last or _logging_step(trainer)):
+            return  # between logging steps; the last step's values stay in callback_metrics
         prediction = hook.prediction
         if prediction is None:
             return
         self._logged_steps = steps
         try:
             metrics = prediction_metrics(prediction)
-            bar_key = "ets/eta_s" if "ets/eta_s" in metrics else "ets/iteration_s"
+            if self._bar_key is None:
+                self._bar_key = "ets/eta_s" if "ets/eta_s" in metrics else "ets/iteration_s"
+            bar_key = self._bar_key
+            on_bar = self.prog_bar and self._bar_patch is None
+            if on_bar and bar_key not in metrics:
+                metrics[bar_key] = math.nan  # unknown from here on: not the last value
             # Trainer(logger=False): the values still reach callback_metrics (and the bar),
             # without Lightning's "no logger configured" warning for each key.
             to_loggers = bool(trainer.loggers)
@@ -415,7 +487,7 @@ class BaseETSCallback:
                     torch.tensor(value, dtype=torch.float64),
                     on_step=True,
                     on_epoch=False,
-                    prog_bar=self.prog_bar and key == bar_key and self._bar_patch is None,
+                    prog_bar=on_bar and key == bar_key,
                     logger=to_loggers,
                 )
         except Exception as exc:  # never into the training loop: log once, stop logging
@@ -551,8 +623,10 @@ class BaseETSCallback:
         accumulate = whole_number(getattr(trainer, "accumulate_grad_batches", 1))
         if accumulate is not None and accumulate >= 1:
             derived["grad_accum_steps"] = accumulate
-        derived["initial_step"] = max(0, whole_number(trainer.global_step) or 0)
-        total = trainer_total_steps(trainer)
+        # Several optimizers (manual optimization): trainer.global_step counts each one's step.
+        per_step = global_steps_per_step(optimizer)
+        derived["initial_step"] = max(0, whole_number(trainer.global_step) or 0) // per_step
+        total = trainer_total_steps(trainer, per_step)
         if total is not None:  # below the restored step: Lightning stops at once
             derived["total_steps"] = max(total, derived["initial_step"])
         time_limit_s = trainer_time_limit_s(trainer)
@@ -562,12 +636,13 @@ class BaseETSCallback:
         if any(is_a(cb, "GradientAccumulationScheduler") for cb in callbacks):
             eval_every = checkpoint_every = None  # steps per epoch change with the accumulation
             notes.append(
-                "GradientAccumulationScheduler: the accumulation changes between epochs, so the "
-                "Trainer's step counts are estimates"
+                "GradientAccumulationScheduler: the accumulation changes between epochs; the "
+                "job's steps are counted epoch by epoch from its schedule, validations and "
+                "checkpoints are priced as they come"
             )
         else:
             eval_every = trainer_eval_every(trainer)
-            checkpoint_every = trainer_checkpoint_every(trainer, eval_every)
+            checkpoint_every = trainer_checkpoint_every(trainer, eval_every, per_step)
             per_epoch = trainer_steps_per_epoch(trainer)
             if per_epoch is not None and not any(k in given for k in _EPOCH_OPTIONS):
                 # Each epoch's start-up (a fresh iterator: workers started again when not
@@ -581,7 +656,11 @@ class BaseETSCallback:
             derived["checkpoint_in_memory"] = True  # _atomic_save: torch.save into a BytesIO
         rule = early_stopping_rule(self._early_stopping)
         if rule is not None:
-            derived["early_stopping"] = rule
+            # The fit goes on past the rule until min_epochs / min_steps are done.
+            min_stop = trainer_min_stop_step(trainer, per_step)
+            derived["early_stopping"] = (
+                dataclasses.replace(rule, min_stop_step=min_stop) if min_stop else rule
+            )
 
         options = dict(derived)
         trainer_total = None

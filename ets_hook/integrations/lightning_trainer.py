@@ -25,16 +25,20 @@ from .lightning_packages import is_a
 logger = logging.getLogger("ets_hook")
 
 
-def trainer_total_steps(trainer: Any) -> int | None:
+def trainer_total_steps(trainer: Any, global_per_step: int = 1) -> int | None:
     """Optimizer steps in the whole fit, as the Trainer bounds it (global, resumed steps included).
 
-    ``trainer.max_steps`` when > 0 and ``trainer.estimated_stepping_batches``, the smaller;
-    None when neither bounds it (``max_epochs=-1`` with ``max_steps=-1``, or an iterable
-    dataset without ``len()``). ``max_time`` is not a step count (``trainer_time_limit_s``
-    reads it).
+    ``trainer.max_steps`` (in ``trainer.global_step`` units: divided by ``global_per_step``,
+    rounded up) when > 0, and the steps of the epochs: ``trainer.estimated_stepping_batches``,
+    or, with a ``GradientAccumulationScheduler``, its accumulation per epoch over
+    ``max_epochs`` epochs (``scheduled_total_steps``); the smaller. None when neither bounds
+    it (``max_epochs=-1`` with ``max_steps=-1``, or an iterable dataset without ``len()``).
+    ``max_time`` is not a step count (``trainer_time_limit_s`` reads it).
 
     Args:
         trainer: a Lightning ``Trainer`` whose train data is set up (``on_train_start``).
+        global_per_step: ``trainer.global_step`` increments per hook step
+            (``global_steps_per_step``).
 
     Returns:
         The step count (>= 1), or None.
@@ -42,15 +46,70 @@ def trainer_total_steps(trainer: Any) -> int | None:
     candidates = []
     max_steps = whole_number(getattr(trainer, "max_steps", None))
     if max_steps is not None and max_steps > 0:
-        candidates.append(max_steps)
-    try:
-        estimated = whole_number(trainer.estimated_stepping_batches)
-    except Exception as exc:  # e.g. accumulation scheduled to vary per epoch
-        logger.debug("estimated_stepping_batches unavailable: %r", exc)
-        estimated = None
+        candidates.append(math.ceil(max_steps / max(global_per_step, 1)))
+    scheduler = next(
+        (
+            cb
+            for cb in getattr(trainer, "callbacks", None) or []
+            if is_a(cb, "GradientAccumulationScheduler")
+        ),
+        None,
+    )
+    if scheduler is not None:
+        estimated = scheduled_total_steps(trainer, scheduler)
+    else:
+        try:
+            estimated = whole_number(trainer.estimated_stepping_batches)
+        except Exception as exc:  # e.g. accumulation scheduled to vary per epoch
+            logger.debug("estimated_stepping_batches unavailable: %r", exc)
+            estimated = None
     if estimated is not None and estimated > 0:
         candidates.append(estimated)
     return min(candidates) if candidates else None
+
+
+def scheduled_total_steps(trainer: Any, scheduler: Any) -> int | None:
+    """Optimizer steps of ``max_epochs`` epochs under a ``GradientAccumulationScheduler``: per
+    epoch ``ceil(num_training_batches / accumulation)``, the accumulation that epoch's from
+    ``scheduler.get_accumulate_grad_batches(epoch)``.
+
+    Args:
+        trainer: a Lightning ``Trainer`` whose train data is set up.
+        scheduler: its ``GradientAccumulationScheduler``.
+
+    Returns:
+        The count (>= 1), or None: no epoch bound (``max_epochs`` -1 or unset), an unknown
+        number of batches, or a scheduler that cannot say.
+    """
+    epochs = whole_number(getattr(trainer, "max_epochs", None))
+    batches = whole_number(getattr(trainer, "num_training_batches", None))
+    if epochs is None or epochs <= 0 or batches is None or batches <= 0:
+        return None
+    total = 0
+    try:
+        for epoch in range(epochs):
+            accumulate = whole_number(scheduler.get_accumulate_grad_batches(epoch))
+            if accumulate is None or accumulate < 1:
+                return None
+            total += math.ceil(batches / accumulate)
+    except Exception as exc:  # another Lightning version's scheduler
+        logger.debug("GradientAccumulationScheduler unreadable: %r", exc)
+        return None
+    return total
+
+
+def global_steps_per_step(optimizers: Any) -> int:
+    """``trainer.global_step`` increments per hook step: with several optimizers (manual
+    optimization) each one's step counts in ``global_step``, and a hook step ends once each
+    has stepped; else 1.
+
+    Args:
+        optimizers: what the hook watches: one optimizer, a list of them, or None.
+
+    Returns:
+        The count (>= 1).
+    """
+    return len(optimizers) if isinstance(optimizers, list) and optimizers else 1
 
 
 def trainer_time_limit_s(trainer: Any) -> float | None:
@@ -135,18 +194,24 @@ def trainer_eval_every(trainer: Any) -> int | None:
     return None
 
 
-def trainer_checkpoint_every(trainer: Any, eval_every: int | None) -> int | None:
+def trainer_checkpoint_every(
+    trainer: Any, eval_every: int | None, global_per_step: int = 1
+) -> int | None:
     """The period in optimizer steps of the Trainer's ``ModelCheckpoint`` saves, where it is one.
 
-    Computable cases, per ``ModelCheckpoint``: ``every_n_train_steps`` (a global-step period);
-    ``every_n_epochs`` = n saving after validations that end whole epochs (``eval_every`` a
-    multiple k of the steps per epoch: every lcm(k, n) epochs), after every validation (n = 1),
-    or at the end of every n-th epoch without validation. Several callbacks: the shortest
-    period (their saves are one phase when they fall on the same step).
+    Computable cases, per ``ModelCheckpoint``: ``every_n_train_steps`` = n (a period in
+    ``trainer.global_step``, which moves by ``global_per_step`` a hook step: a save every
+    ``lcm(n, global_per_step) / global_per_step`` steps); ``every_n_epochs`` = n saving after
+    validations that end whole epochs (``eval_every`` a multiple k of the steps per epoch:
+    every lcm(k, n) epochs), after every validation (n = 1), or at the end of every n-th epoch
+    without validation. Several callbacks: the shortest period (their saves are one phase when
+    they fall on the same step).
 
     Args:
         trainer: a Lightning ``Trainer`` whose train data is set up.
         eval_every: the validation period in optimizer steps (``trainer_eval_every``), or None.
+        global_per_step: ``trainer.global_step`` increments per hook step
+            (``global_steps_per_step``).
 
     Returns:
         The period (>= 1), or None: no ``ModelCheckpoint``, time-based saving, or a schedule
@@ -163,7 +228,8 @@ def trainer_checkpoint_every(trainer: Any, eval_every: int | None) -> int | None
         steps = whole_number(getattr(callback, "_every_n_train_steps", 0), 0) or 0
         epochs = whole_number(getattr(callback, "_every_n_epochs", 0), 0) or 0
         if steps > 0:
-            periods.append(steps)
+            k = max(global_per_step, 1)
+            periods.append(math.lcm(steps, k) // k)
         elif epochs > 0:
             if validates and eval_every is None:
                 return None  # saves follow validations whose period is unknown
@@ -285,6 +351,32 @@ def early_stopping_callback(trainer: Any) -> Any:
         single = getattr(trainer, "early_stopping_callback", None)
         found = [single] if single is not None else []
     return next(iter(found), None)
+
+
+def trainer_min_stop_step(trainer: Any, global_per_step: int = 1) -> int:
+    """The first step at which the fit may stop early: Lightning goes on past a fired
+    ``EarlyStopping`` until ``min_steps`` (in ``trainer.global_step`` units: divided by
+    ``global_per_step``, rounded up) and ``min_epochs`` epochs are done.
+
+    Args:
+        trainer: a Lightning ``Trainer`` whose train data is set up.
+        global_per_step: ``trainer.global_step`` increments per hook step.
+
+    Returns:
+        The global step (0: no minimum, or ``min_epochs`` with an unknown or varying number of
+        steps per epoch).
+    """
+    bounds = [0]
+    min_steps = whole_number(getattr(trainer, "min_steps", None))
+    if min_steps is not None and min_steps > 0:
+        bounds.append(math.ceil(min_steps / max(global_per_step, 1)))
+    min_epochs = whole_number(getattr(trainer, "min_epochs", None))
+    callbacks = getattr(trainer, "callbacks", None) or []
+    varying = any(is_a(cb, "GradientAccumulationScheduler") for cb in callbacks)
+    per_epoch = None if varying else trainer_steps_per_epoch(trainer)
+    if min_epochs is not None and min_epochs > 0 and per_epoch is not None:
+        bounds.append(min_epochs * per_epoch)
+    return max(bounds)
 
 
 def early_stopping_rule(callback: Any) -> EarlyStoppingRule | None:

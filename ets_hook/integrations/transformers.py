@@ -11,14 +11,17 @@ callback creates an ``ETSHook`` on the Trainer's model and optimizer with what t
 - ``eval_every`` / ``checkpoint_every`` from ``eval_strategy`` / ``save_strategy`` (``steps``: the
   Trainer's ``eval_steps`` / ``save_steps``; ``epoch``: optimizer steps per epoch from the train
   dataloader and the accumulation; ``best``: saves can only follow evaluations; ``no``: none);
-  ``final_phases``: the Trainer's runs after the last step (an evaluation under ``epoch``, a
-  save under ``steps`` or ``epoch``, on their periods or not), part of the job's time;
+  ``final_phases``: the Trainer's runs after the last step (an evaluation under ``epoch``, and
+  under ``steps`` where the installed ``DefaultFlowCallback`` evaluates at a last step off its
+  period, as 5.x does; a save under ``steps`` or ``epoch``, on their periods or not), part of
+  the job's time;
 - ``dataloader`` (the train dataloader): epoch start-up as a phase (a sized one) and, with
   ``dataloader_num_workers > 0``, the workers' batch pace as a floor under the step time (an
   ``IterableDataset``'s loader too; the Trainer starts iterating after ``on_train_begin``, so
   their first batches are timed).
   With a period and a sized ``eval_dataset``, evaluations are priced before the first is
-  measured: its batches at ``eval_batch_size`` x a forward of a training micro-batch
+  measured: its batches at ``eval_batch_size`` x a forward of a training micro-batch, plus
+  the tokens each batch generates when the evaluation generates (``predict_with_generate``)
   (``forecast.job.eval_cost_prior``; ``ETSHook.expect_phase_cost``); with ``checkpoint_every``
   the hook prices each save from the model's and optimizer's state until the first is measured.
 
@@ -54,18 +57,25 @@ Importing this module needs transformers (``pip install 'ets-hook[transformers]'
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import sys
 import weakref
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 try:
     from transformers import EarlyStoppingCallback, TrainerCallback
-    from transformers.trainer_callback import CallbackHandler, ProgressCallback
+    from transformers.trainer_callback import (
+        CallbackHandler,
+        DefaultFlowCallback,
+        ProgressCallback,
+    )
+    from transformers.trainer_callback import TrainerControl as _TrainerControl
 except ImportError as exc:
     raise ImportError(
         "ets_hook.integrations.transformers needs Hugging Face transformers: "
@@ -263,7 +273,7 @@ class ETSTrainerCallback(TrainerCallback):
                 invalid (each option alone was checked when the callback was created).
         """
         self._adopt_handler()
-        self._close_hook(finished=False)
+        self._close_hook(finished=False, retry=bool(getattr(args, "auto_find_batch_size", False)))
         options, disagree = self._hook_options(args, state, optimizer, train_dataloader)
         self._save_best = _strategy(args, "save_strategy") == "best"
         self._phase, self._in_loop, self._flagged_eval, self._shown = None, False, False, None
@@ -467,7 +477,8 @@ class ETSTrainerCallback(TrainerCallback):
     def _price_evaluation(self, args: TrainingArguments, grad_accum_steps: int) -> None:
         """Price the evaluations before the first is measured (``ETSHook.expect_phase_cost``):
         the Trainer's evaluation batches (``eval_dataset`` at ``args.eval_batch_size``), each a
-        forward of a training micro-batch scaled by the batch sizes. Never raises: without a
+        forward of a training micro-batch scaled by the batch sizes, and the tokens each batch
+        generates when the evaluation generates (``_generation``). Never raises: without a
         sized evaluation set, evaluations count as 0 until the first is measured."""
         trainer = _running_trainer(self._handler() if self._handler is not None else None)
         batches = _eval_batches(trainer, args) if trainer is not None else None
@@ -475,7 +486,10 @@ class ETSTrainerCallback(TrainerCallback):
             return
         try:
             ratio = float(args.eval_batch_size) / float(args.train_batch_size)
-            prior = eval_cost_prior(batches, ratio, grad_accum_steps)
+            tokens, beams = _generation(trainer, args)
+            prior = eval_cost_prior(
+                batches, ratio, grad_accum_steps, generated_tokens=tokens, num_beams=beams
+            )
         except (AttributeError, TypeError, ValueError, ZeroDivisionError):
             return
         self.hook.expect_phase_cost(EVAL_PHASE, train_steps=prior.train_steps, rel_ci=prior.rel_ci)
@@ -528,9 +542,10 @@ class ETSTrainerCallback(TrainerCallback):
             self._phase = None
             self.hook.end_phase()
 
-    def _close_hook(self, *, finished: bool = True) -> None:
+    def _close_hook(self, *, finished: bool = True, retry: bool = False) -> None:
         """Close the hook: the run ``finished`` (``on_train_end``), or it is the previous
-        ``train()``'s, still open because that call raised (closed as interrupted)."""
+        ``train()``'s, still open because that call raised (closed as interrupted; ``retry``:
+        the Trainer may have started its loop again itself, ``auto_find_batch_size``)."""
         if self.hook is None:
             return
         self._end_phase()
@@ -540,9 +555,12 @@ class ETSTrainerCallback(TrainerCallback):
             self.hook.close()
         elif not self.hook.closed:
             logger.warning(
-                "the previous Trainer.train() stopped at step %d without ending "
-                "(an exception): closed as interrupted",
+                "the previous training loop stopped at step %d without ending (%s): closed as "
+                "interrupted; this loop gets a new hook",
                 self.hook.steps_completed,
+                "an exception, or auto_find_batch_size retrying at a smaller batch size"
+                if retry
+                else "an exception",
             )
             self.hook.close_at_exit("interrupted", None)
         self._show_progress()
@@ -555,7 +573,7 @@ class ETSTrainerCallback(TrainerCallback):
         if not self._training or self._in_loop or not isinstance(logs, dict):
             return
         try:
-            if "train_runtime" in logs and self.hook is not None:
+            if _closing_summary(logs) and self.hook is not None:
                 # The Trainer's closing summary: training is over (an early stop ends it
                 # before max_steps), so it gets the final values, not an ETA.
                 self.hook.close()
@@ -662,9 +680,13 @@ def _trainer_options(
     found["eval_every"] = eval_every
     found["checkpoint_every"] = checkpoint_every
     # After its last step the Trainer evaluates once more under the "epoch" strategy (its epoch
-    # ends there), and saves once more under "steps" or "epoch", on their periods or not.
+    # ends there) and, in the transformers versions that do it, under "steps" off its period;
+    # it saves once more under "steps" or "epoch", on their periods or not.
+    eval_strategy = _strategy(args, "eval_strategy", "evaluation_strategy")
     final = (
-        [EVAL_PHASE] if _strategy(args, "eval_strategy", "evaluation_strategy") == "epoch" else []
+        [EVAL_PHASE]
+        if eval_strategy == "epoch" or (eval_strategy == "steps" and _evaluates_at_the_end())
+        else []
     )
     if save_strategy in ("steps", "epoch"):
         final.append(CHECKPOINT_PHASE)
@@ -725,6 +747,68 @@ def _eval_batches(trainer: Any, args: Any) -> int | None:
     except (AttributeError, TypeError, ValueError, ZeroDivisionError):
         return None
     return sum(counts)
+
+
+@functools.cache
+def _evaluates_at_the_end() -> bool:
+    """Whether this transformers' ``DefaultFlowCallback`` evaluates at the last step when it is
+    off the ``eval_steps`` period (5.x does, 4.x did not): asked of the callback itself, on a
+    3-step job evaluating every 2 steps. Never raises (False when the probe fails)."""
+    try:
+        args = SimpleNamespace(
+            logging_first_step=False,
+            logging_strategy="no",
+            eval_strategy="steps",
+            evaluation_strategy="steps",
+            eval_delay=0,
+            save_strategy="no",
+        )
+        state = SimpleNamespace(
+            global_step=3, max_steps=3, eval_steps=2, save_steps=0, logging_steps=1, epoch=1.0
+        )
+        control = _TrainerControl()
+        DefaultFlowCallback().on_step_end(args, state, control)
+        return bool(control.should_evaluate)
+    except Exception as exc:  # an unknown flow: the 4.x rule
+        logger.debug("could not ask DefaultFlowCallback about its last evaluation: %r", exc)
+        return False
+
+
+def _closing_summary(logs: dict[str, Any]) -> bool:
+    """Whether ``logs`` is the Trainer's closing summary (``train_runtime`` with
+    ``train_loss`` and ``total_flos``): with ``include_num_input_tokens_seen`` every training
+    log carries ``train_runtime`` too."""
+    return "train_runtime" in logs and "train_loss" in logs and "total_flos" in logs
+
+
+def _generation(trainer: Any, args: Any) -> tuple[int, int]:
+    """``(tokens generated per sequence, beams)`` of each evaluation batch: ``(0, 1)`` unless
+    the evaluation generates, as a ``Seq2SeqTrainer``'s does with ``predict_with_generate``
+    when it has ``compute_metrics`` (without, the Trainer evaluates the loss only) and
+    ``prediction_loss_only`` is off. The length is ``generation_max_length``, else the model's
+    ``generation_config`` (``max_new_tokens``, else ``max_length``); the beams
+    ``generation_num_beams``, else the config's ``num_beams``. Never raises."""
+    if not getattr(args, "predict_with_generate", False) or getattr(
+        args, "prediction_loss_only", False
+    ):
+        return 0, 1
+    if getattr(trainer, "compute_metrics", None) is None:
+        return 0, 1
+    config = getattr(getattr(trainer, "model", None), "generation_config", None)
+    length = _count(getattr(args, "generation_max_length", None))
+    if length is None:
+        length = _count(getattr(config, "max_new_tokens", None))
+    if length is None:
+        length = _count(getattr(config, "max_length", None)) or 20  # transformers' default
+    beams = _count(getattr(args, "generation_num_beams", None))
+    if beams is None:
+        beams = _count(getattr(config, "num_beams", None)) or 1
+    return length, beams
+
+
+def _count(value: Any) -> int | None:
+    """``value`` when it is an int >= 1 (not a bool), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _monitored_metric(args: Any) -> str | None:

@@ -26,6 +26,7 @@ from .tqdm import TqdmReporter
 if TYPE_CHECKING:
     from ..forecast.prediction import Prediction
 
+logger = logging.getLogger("ets_hook")
 
 # --------------------------------------------------------------------------------------------
 # Factory
@@ -51,6 +52,79 @@ def check_log_every(every_n_steps: Any, name: str) -> None:
         )
 
 
+def _opening_ranks(dashboard_ranks: Collection[int] | None, world_size: int) -> list[int]:
+    """The ranks of a job of ``world_size`` processes whose dashboards open anything."""
+    if dashboard_ranks is None:
+        return list(range(world_size))
+    return sorted(r for r in set(dashboard_ranks) if r < world_size)
+
+
+def shared_dashboards_warning(
+    *,
+    tensorboard_dir: str | os.PathLike[str] | None,
+    prometheus_port: int | None,
+    prometheus_textfile: str | os.PathLike[str] | None,
+    dashboard_ranks: Collection[int] | None,
+    world_size: int,
+) -> str | None:
+    """The warning for dashboard options that make several ranks open one place.
+
+    With ``dashboard_ranks`` None (every rank) or several ranks of the job, a
+    ``tensorboard_dir`` or ``prometheus_textfile`` without ``{rank}`` is one path for all of
+    them (the TensorBoard ranks' event files mix in one run; each rank's textfile replaces the
+    others'), and one ``prometheus_port`` cannot be served by several ranks of one host (all
+    but the first are off).
+
+    Args:
+        tensorboard_dir: ``ETSHook``'s option of that name (None: none).
+        prometheus_port: likewise.
+        prometheus_textfile: likewise.
+        dashboard_ranks: ranks that open dashboards (None: every rank); checked already.
+        world_size: processes in the job (>= 1).
+
+    Returns:
+        One message naming each such option and its fix (``{rank}`` in the path, or
+        ``dashboard_ranks`` left at its default, rank 0); None when at most one rank opens
+        dashboards or no option is shared.
+    """
+    openers = len(_opening_ranks(dashboard_ranks, world_size))
+    if openers < 2:
+        return None
+    problems = []
+    if tensorboard_dir is not None and "{rank}" not in os.fspath(tensorboard_dir):
+        where = os.fspath(tensorboard_dir)
+        example = (where.rstrip("/\\") or where) + "/rank{rank}"
+        problems.append(
+            f"tensorboard_dir={where!r} has no {{rank}}: the ranks' scalars mix in one "
+            f"TensorBoard run (one event file per rank); put {{rank}} in it ({example!r})"
+        )
+    if prometheus_textfile is not None and "{rank}" not in os.fspath(prometheus_textfile):
+        name = os.fspath(prometheus_textfile)
+        example = name[: -len(".prom")] + ".rank{rank}.prom" if name.endswith(".prom") else name
+        problems.append(
+            f"prometheus_textfile={name!r} has no {{rank}}: each rank's write replaces the "
+            f"others' (node-exporter sees one rank at a time); put {{rank}} in it "
+            f"({example!r})"
+        )
+    if prometheus_port is not None:
+        problems.append(
+            f"prometheus_port={prometheus_port} is one port: ranks on one host cannot all "
+            "serve it (all but the first are off); use prometheus_textfile with {rank} in it "
+            "instead"
+        )
+    if not problems:
+        return None
+    given = (
+        "dashboard_ranks=None (every rank)"
+        if dashboard_ranks is None
+        else f"dashboard_ranks={sorted(set(dashboard_ranks))}"
+    )
+    return (
+        f"{given} makes {openers} ranks open the same dashboard: {'; '.join(problems)}; or "
+        "leave dashboard_ranks at its default (rank 0 only)"
+    )
+
+
 def build_reporters(
     *,
     log_every_n_steps: int | None = 100,
@@ -72,6 +146,7 @@ def build_reporters(
     rank: int | None = None,
     world_size: int = 1,
     configure_logging: bool = True,
+    warn_shared_dashboards: bool = True,
 ) -> list[Reporter]:
     """Build the reporters for the hook's keyword arguments, validating them now.
 
@@ -114,8 +189,14 @@ def build_reporters(
         world_size: processes in the job (>= 1): above 1, ``status_path`` names the job's file
             (rank 0) and every rank writes its own too (``status_file.status_paths``).
         configure_logging: quiet the ranks that do not log and give the log lines a stderr
-            handler (``reporters.console``); False: leave logging alone (to check options
-            before a hook exists: the reporters are built and dropped, none opens anything).
+            handler (``reporters.console``), and warn (once per job: on the lowest rank that
+            opens dashboards, unless ``warn_shared_dashboards`` is False) where the
+            dashboard options make several ranks open one path or port
+            (``shared_dashboards_warning``); False: leave logging alone and warn of
+            nothing (to check options before a hook exists: the reporters are built and
+            dropped, none opens anything).
+        warn_shared_dashboards: give that warning (False: a hook that is disabled, which
+            opens nothing and says nothing).
 
     Returns:
         The reporters, in dispatch order (possibly empty).
@@ -205,4 +286,16 @@ def build_reporters(
             policy_name="deadline_policy",
             margin_name="deadline_margin_s",
         )
+    if configure_logging:  # every option is valid by now
+        size = max(world_size, this_rank + 1)
+        shared = shared_dashboards_warning(
+            tensorboard_dir=tensorboard_dir,
+            prometheus_port=prometheus_port,
+            prometheus_textfile=prometheus_textfile,
+            dashboard_ranks=dashboard_ranks,
+            world_size=size,
+        )
+        first = shared is not None and this_rank == _opening_ranks(dashboard_ranks, size)[0]
+        if first and warn_shared_dashboards:
+            logger.warning(shared)  # once per job: from the first rank that opens them
     return reporters

@@ -150,7 +150,8 @@ class PrometheusReporter(Reporter):
     values would not be seen). With ``port``, the HTTP server starts on the first prediction
     (a daemon thread that keeps serving the final values after the job ends, until the process
     exits or a later reporter of this process takes the port over); a port already in use
-    logs one warning naming it and turns the reporter off, never raising into training. With
+    logs one warning naming it and this rank and turns the reporter off, never raising into
+    training. With
     ``textfile``, the file is rewritten atomically at each due prediction and at the end; a
     failed write is logged (once per run of failures) and retried at the next one.
     """
@@ -330,8 +331,9 @@ class PrometheusReporter(Reporter):
             except OSError as exc:
                 self._off = True
                 logger.warning(
-                    "cannot serve Prometheus metrics on port %d (%s); the Prometheus "
+                    "rank %d cannot serve Prometheus metrics on port %d (%s); its Prometheus "
                     "reporter is off",
+                    self.rank,
                     self.port,
                     exc,
                 )

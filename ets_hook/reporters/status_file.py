@@ -24,7 +24,7 @@ logger = logging.getLogger("ets_hook")
 
 STATUS_FORMAT = "ets-hook-status"
 #: Bumped on every change of the document (``ets_hook/data/status.schema.json``).
-STATUS_VERSION = 5
+STATUS_VERSION = 6
 #: Every ``state`` a status file can hold.
 STATUS_STATES = ("running", *JOB_OUTCOMES)
 #: Keys of the document that ``extra`` may not replace.
@@ -94,7 +94,7 @@ class StatusFileReporter(Reporter):
     ``interval_s``, and when the job ends. Document (JSON Schema:
     ``ets_hook/data/status.schema.json``, ``status_schema_path()``)::
 
-        {"format": "ets-hook-status", "version": 5,
+        {"format": "ets-hook-status", "version": 6,
          "state": "running" | "closed" | "interrupted" | "failed",
          "error": exception type name (state "failed") | null,
          "pid": ..., "host": ..., "updated_at": ISO 8601,

@@ -4,7 +4,10 @@ Scalars ``ets/iteration_s``, ``ets/iteration_ci_s``, ``ets/eta_s`` and ``ets/tot
 step ``prediction.step``. The writer is tensorboardX's ``SummaryWriter`` (the
 ``ets-hook[tensorboard]`` extra), else ``torch.utils.tensorboard``'s when the ``tensorboard``
 package is installed. Neither is imported before the first prediction, and a rank not in
-``ranks`` imports and opens nothing: several ranks must not write one log directory.
+``ranks`` imports and opens nothing: several ranks must not write one log directory. Where
+several may (``ranks`` None or more than one) into a directory without ``{rank}``, each rank's
+event file name ends in ``.rank<N>`` (tensorboardX names files by the second and the host
+alone: two ranks of one host starting in the same second would write one file).
 """
 
 from __future__ import annotations
@@ -131,7 +134,8 @@ class TensorBoardReporter(Reporter):
             log_dir: TensorBoard log directory (created by the writer at the first
                 prediction); ``{rank}`` in it is replaced by the rank. Unused with ``writer``.
             ranks: ranks that write (ints >= 0); None: every rank (put ``{rank}`` in
-                ``log_dir`` then). Elsewhere the reporter does nothing.
+                ``log_dir`` then; without it, or with several ranks given, the event files
+                are told apart by a ``.rank<N>`` suffix). Elsewhere the reporter does nothing.
             writer: a ``SummaryWriter`` (anything with ``add_scalar`` and ``flush``) to write
                 to instead of one of our own; it is flushed, not closed, at the end.
             interval_s: seconds (> 0) between writes after the early steps; None: early steps
@@ -148,6 +152,10 @@ class TensorBoardReporter(Reporter):
         self.ranks, self.rank, self.active, self.schedule = dashboard_rank(ranks, rank, interval_s)
         rank = self.rank
         self.log_dir = fill_rank(log_dir, rank)
+        shared = "{rank}" not in os.fspath(log_dir) and (self.ranks is None or len(self.ranks) > 1)
+        #: Appended to the event file's name: ``.rank<N>`` where several ranks may write into
+        #: ``log_dir`` (no ``{rank}`` in it), else nothing.
+        self.filename_suffix = f".rank{rank}" if shared else ""
         if "://" not in self.log_dir and os.path.isfile(self.log_dir):
             raise ValueError(f"tensorboard_dir is a file, not a directory: {self.log_dir}")
         if writer is not None and not callable(getattr(writer, "add_scalar", None)):
@@ -171,7 +179,7 @@ class TensorBoardReporter(Reporter):
                 from torch.utils.tensorboard import SummaryWriter  # type: ignore[no-redef]
             except ImportError as exc:
                 raise ImportError(_MISSING) from exc
-        return SummaryWriter(self.log_dir)
+        return SummaryWriter(self.log_dir, filename_suffix=self.filename_suffix)
 
     def _write(self, prediction: Prediction) -> None:
         values = [(tag, _finite(getattr(prediction, attr))) for tag, attr in SCALARS]

@@ -131,6 +131,80 @@ def test_stale_file_and_a_process_that_is_gone(tmp_path: Path) -> None:
     assert f"process {dead.pid} is not running on this host" in out
 
 
+def _rank_prediction(rank: int, eta_s: float, **fields: object) -> Prediction:
+    """A prediction of rank ``rank`` of a 2-rank job whose end waits for rank 1, a straggler."""
+    given: dict[str, object] = {"slowest_rank": 1, "straggler_rank": 1, **fields}
+    return replace(
+        prediction(step=2000),
+        rank=rank,
+        world_size=2,
+        eta_s=eta_s,
+        job_view_step=8,
+        **given,  # type: ignore[arg-type]
+    )
+
+
+def test_the_header_says_which_file_of_a_multi_process_job_it_shows(tmp_path: Path) -> None:
+    """A job file (scope job, rank 0) and a rank's own file rendered the same header: now
+    one line says which it is and whom the job's end waits for."""
+    job, own = tmp_path / "eta.json", tmp_path / "eta.rank1.json"
+    StatusFileReporter(job, scope="job", rank=0, world_size=2).write(
+        "running", _rank_prediction(0, 12.0)
+    )
+    StatusFileReporter(own, scope="rank", rank=1, world_size=2).write(
+        "running", _rank_prediction(1, 12.0)
+    )
+    job_out, own_out = watch(job, "--once").stdout, watch(own, "--once").stdout
+    assert "\nscope     job of 2 ranks · waits for rank 1 (a straggler)\n" in job_out
+    assert "\nscope     rank 1 of 2 · this rank ends last (a straggler)\n" in own_out
+    # The straggler's host was busy during its capture: said, in short.
+    StatusFileReporter(job, scope="job", rank=0, world_size=2).write(
+        "closed", _rank_prediction(0, 0.0, straggler_host_foreign_cpu=0.7)
+    )
+    assert (
+        "\nscope     job of 2 ranks · waited for rank 1 (a straggler; its host was busy: other "
+        "processes 70% of its CPU during the capture)\n"
+    ) in watch(job, "--once").stdout
+    # A straggler the end does not wait for (ranks out of lock step) is named on its own.
+    StatusFileReporter(own, scope="rank", rank=1, world_size=2).write(
+        "running", _rank_prediction(1, 12.0, slowest_rank=0)
+    )
+    assert "\nscope     rank 1 of 2 · waits for rank 0 · straggler: rank 1\n" in (
+        watch(own, "--once").stdout
+    )
+    # A single process has one file: no such line.
+    single = tmp_path / "single.json"
+    StatusFileReporter(single).write("running", prediction())
+    assert "scope" not in watch(single, "--once").stdout
+
+
+def test_sub_second_etas_print_alike_in_every_file(tmp_path: Path) -> None:
+    """The job's file showed ``ETA 0s`` and a rank's ``ETA 0.0s``: one formatter, zero and
+    what rounds to it print ``0s``, other sub-second times in hundredths."""
+    for eta_s, shown in ((0.0, "0s"), (0.003, "0s"), (0.04, "0.04s"), (0.0105, "0.01s")):
+        for name, scope, rank in (("eta.json", "job", 0), ("eta.rank1.json", "rank", 1)):
+            path = tmp_path / name
+            StatusFileReporter(path, scope=scope, rank=rank, world_size=2).write(
+                "running", _rank_prediction(rank, eta_s)
+            )
+            out = watch(path, "--once").stdout
+            assert f"\nETA       {shown}\n" in out, (eta_s, name, out)
+
+
+def test_bad_scope_fields_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "status.json"
+    reporter = StatusFileReporter(path, scope="rank", rank=1, world_size=2)
+    for field, value in (("scope", "node"), ("world_size", "2"), ("rank", True)):
+        doc = reporter.document("running", _rank_prediction(1, 1.0))
+        doc[field] = value
+        path.write_text(json.dumps(doc))
+        assert_clean_error(watch(path, "--once"), str(path), field)
+    doc = reporter.document("running", _rank_prediction(1, 1.0))
+    doc["prediction"]["slowest_rank"] = "1"
+    path.write_text(json.dumps(doc))
+    assert_clean_error(watch(path, "--once"), str(path), "prediction.slowest_rank")
+
+
 def unknown_length(elapsed_s: float = 130.0, time_limit_s: float | None = None) -> Prediction:
     """A running job whose length is unknown (an IterableDataset without len): step time only."""
     return Prediction(

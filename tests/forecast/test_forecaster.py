@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -733,13 +734,82 @@ def test_job_view_moves_total_eta_and_finish_by_the_lag() -> None:
     assert later.step == own.step + 20
     assert later.total_s - later.local_total_s == pytest.approx(lag)
     assert later.job_view_step == view.step
-    # Ended here (an early stop at step 70 of 200): the job ends when the slowest rank does.
+    # Ended here (an early stop at step 70 of 200): the job as it ran, the lag (a
+    # prediction) dropped: a closed job has no time left.
     final = f.close()
     assert (final.total_steps, final.remaining_steps) == (70, 0)
-    assert final.local_total_s == pytest.approx(later.elapsed_s)
-    assert final.total_s == pytest.approx(later.elapsed_s + lag)
-    assert final.eta_s == pytest.approx(lag)
-    assert final.finish_time.timestamp() == pytest.approx(later.as_of.timestamp() + lag)
+    assert final.local_total_s == final.total_s == pytest.approx(later.elapsed_s)
+    assert final.eta_s == 0.0
+    assert final.finish_time == later.as_of
+    assert (final.slowest_rank, final.straggler_rank) == (0, 1)
+
+
+def test_a_closed_rank_ahead_of_the_lockstep_median_has_no_time_left() -> None:
+    """In lock step the job's end is the median of the ranks' ends: the rank predicted to end
+    before it carries a positive lag while running, which the closed job must not keep (a
+    closed job file showed ``eta_s: 0.0105`` with ``state: closed``)."""
+    f = _rank_forecaster(rank=0)
+    own = f.prediction
+    own_finish = WALL_START + own.total_s
+    view = _job_view(0, own_finish, own_finish + 0.021)  # within the intervals: lock step
+    assert view.lockstep and view.finish_wall_s > own_finish and view.slowest_rank == 1
+    f.set_job_view(view)
+    running = f.prediction
+    assert running.eta_s == pytest.approx(own.eta_s + 0.0105)  # the median is 10.5 ms later
+    final = f.close()
+    assert final.eta_s == 0.0
+    assert final.total_s == final.local_total_s == pytest.approx(running.elapsed_s)
+    assert final.finish_time == running.as_of
+    assert f.prediction is final  # and so it stays
+
+
+def test_the_capture_host_load_is_the_busiest_sample_around_the_window() -> None:
+    """Samples as the hook gives them: at each step end, before the window starts there and
+    before the forecaster hears of the step. Window [4, 7): the latest sample before it until
+    one from inside it comes, then the busiest from its start to the first after its end."""
+    f = Forecaster(JobModel(total_steps=100), start_s=0.0, wall_start_s=WALL_START)
+    loads = {0: 0.9, 3: 0.3, 5: 0.1, 6: 0.6, 8: 0.2, 9: 0.95}  # step index -> sampled share
+    seen: list[float | None] = []
+    now = 0.0
+    for i in range(12):
+        now += 0.1
+        if i in loads:
+            f.set_host_load(loads[i], 0.0)
+        if i == 3:
+            f.set_capture_window(4, 7)
+        if i == 6:
+            f.set_capture_window(4, 7)  # the adaptive window's end, told again: no reset
+        f.on_step_end(i, 0.1, now)
+        seen.append(f.prediction.capture_host_foreign_cpu)
+    assert seen[:3] == [None] * 3  # no window yet
+    assert seen[3:5] == [0.3, 0.3]  # the sample just before the window
+    assert seen[5] == 0.1 and seen[6:8] == [0.6, 0.6]  # samples from inside it
+    assert seen[8:] == [0.6] * 4  # the one after its end (0.2) closes it; 0.95 is later
+    assert f.prediction.host_foreign_cpu == 0.95  # the latest sample, as before
+
+
+def test_a_straggler_on_a_busy_host_is_carried_and_said() -> None:
+    f = _rank_forecaster(rank=0)
+    own = f.prediction
+    own_finish = WALL_START + own.total_s
+    for share, expected in ((0.7, 0.7), (0.1, None)):
+        view = aggregate_ranks(
+            [
+                dataclasses.replace(_rank_forecast(0, own_finish, 0.3), host_foreign_cpu=share),
+                _rank_forecast(1, own_finish + 0.01, 0.1),
+            ],
+            exchange=0,
+            world_size=2,
+        )
+        assert view.lockstep and view.straggler_rank == view.slowest_rank == 0
+        f.set_job_view(view)
+        p = f.prediction
+        assert p.straggler_host_foreign_cpu == expected
+        line = str(p)
+        assert ("job of 2 ranks, this rank ends last" in line) and (
+            ("its host was busy: other processes 70% of its CPU during the capture" in line)
+            == (expected is not None)
+        )
 
 
 def test_the_slowest_rank_itself_is_not_moved() -> None:

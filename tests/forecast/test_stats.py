@@ -405,3 +405,16 @@ def test_early_ratio_is_a_share_plus_a_fixed_excess_per_step() -> None:
     with pytest.raises(ValueError, match="early_excess_s"):
         StepTimePrior(early_excess_s=(-0.001, 0.001))
     assert StepTimePrior.for_device("cuda").early_excess_s == (0.0, 0.0)
+
+
+def test_a_level_shift_never_widens_the_interval_past_the_steps_seen() -> None:
+    # 29 steps at 4 ms, then 14 at 16 ms: the lag-1 autocorrelation reaches its cap and the
+    # degrees of freedom fall to ~1; the interval used to reach ±190-550% (upper end 3-6x
+    # the slowest step). It stays within the levels the steps ran at.
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        y = np.r_[0.004 * rng.uniform(0.95, 1.05, 29), 0.016 * rng.uniform(0.95, 1.05, 14)]
+        estimate = estimate_measured(y, StepTimePrior.for_device("cpu"))
+        assert estimate is not None
+        assert estimate.iteration_s + estimate.ci_s <= y.max() + 1e-12, (seed, estimate)
+        assert estimate.ci_s > 0

@@ -35,7 +35,12 @@ pytest.importorskip("lightning")
 import lightning.pytorch as L
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
-from support import Seen, check_forecasts_until_the_stop, readme_python_blocks
+from support import (
+    Seen,
+    check_forecasts_until_the_stop,
+    quiet_lightning_trainer,
+    readme_python_blocks,
+)
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from ets_hook.capture.batch_clock import TimedCollate
@@ -103,15 +108,7 @@ def loaders(batches: int = BATCHES_PER_EPOCH) -> tuple[DataLoader, DataLoader]:
 
 
 def quiet_trainer(**kwargs: Any) -> L.Trainer:
-    defaults: dict[str, Any] = {
-        "accelerator": "cpu",
-        "devices": 1,
-        "enable_model_summary": False,
-        "enable_progress_bar": False,
-        "enable_checkpointing": False,
-        "logger": False,
-    }
-    return L.Trainer(**{**defaults, **kwargs})
+    return quiet_lightning_trainer(**kwargs)
 
 
 class PredictionAt(L.Callback):
@@ -414,6 +411,7 @@ def test_unknown_length_with_max_time_gives_step_time_only(
         max_time={"minutes": 5},
         callbacks=[callback, at_step_5],
         enable_progress_bar=True,
+        log_every_n_steps=1,  # the values are logged at Lightning's logging steps
     )
     caplog.set_level(logging.INFO, logger="ets_hook")
     with warnings.catch_warnings():

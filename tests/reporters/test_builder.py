@@ -165,3 +165,88 @@ def test_log_ranks_are_checked(log_ranks: Any) -> None:
 def test_world_size_is_checked(world_size: Any) -> None:
     with pytest.raises(ValueError, match="world_size"):
         _quiet(rank=0, world_size=world_size)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dashboards that several ranks would open in one place
+
+
+def _shared_warnings(caplog: pytest.LogCaptureFixture, **kwargs: Any) -> list[str]:
+    """The ``"ets_hook"`` warnings of one ``build_reporters`` call about shared dashboards."""
+    pytest.importorskip("tensorboardX")
+    pytest.importorskip("prometheus_client")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="ets_hook"):
+        _quiet(log_every_n_steps=None, **kwargs)
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "ets_hook" and "dashboard_ranks" in r.getMessage()
+    ]
+
+
+@pytest.mark.parametrize("option", ["tensorboard_dir", "prometheus_textfile", "prometheus_port"])
+def test_every_rank_opening_one_dashboard_warns_once_naming_the_option_and_the_fix(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, option: str
+) -> None:
+    value: Any = {
+        "tensorboard_dir": tmp_path / "tb",
+        "prometheus_textfile": tmp_path / "ets.prom",
+        "prometheus_port": 9471,
+    }[option]
+    [warning] = _shared_warnings(
+        caplog, rank=0, world_size=2, dashboard_ranks=None, **{option: value}
+    )
+    assert f"{option}=" in warning and "dashboard_ranks=None" in warning
+    assert "leave dashboard_ranks at its default" in warning
+    if option != "prometheus_port":
+        assert "put {rank} in it" in warning
+    # The other ranks stay quiet: one warning per job, not one per rank.
+    assert (
+        _shared_warnings(caplog, rank=1, world_size=2, dashboard_ranks=None, **{option: value})
+        == []
+    )
+
+
+def test_dashboards_that_ranks_do_not_share_do_not_warn(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    tb, prom = tmp_path / "tb-{rank}", tmp_path / "ets.{rank}.prom"
+    for kwargs in (
+        {"tensorboard_dir": tb, "dashboard_ranks": None},  # one directory per rank
+        {"prometheus_textfile": prom, "dashboard_ranks": None},
+        {"tensorboard_dir": tmp_path / "tb"},  # the default: rank 0 alone
+        {"prometheus_port": 9471, "dashboard_ranks": (0, 7)},  # rank 7 is not in the job
+    ):
+        assert _shared_warnings(caplog, rank=0, world_size=4, **kwargs) == [], kwargs
+    # A single process, a disabled hook (ETS_HOOK_DISABLE: it opens nothing and says
+    # nothing), or a check before any hook exists (configure_logging=False): none.
+    assert _shared_warnings(caplog, rank=0, tensorboard_dir=tmp_path, dashboard_ranks=None) == []
+    disabled = {"warn_shared_dashboards": False}
+    assert (
+        _shared_warnings(
+            caplog, rank=0, world_size=2, tensorboard_dir=tmp_path, dashboard_ranks=None, **disabled
+        )
+        == []
+    )
+    assert (
+        _shared_warnings(
+            caplog,
+            rank=0,
+            world_size=2,
+            prometheus_port=9471,
+            dashboard_ranks=None,
+            configure_logging=False,
+        )
+        == []
+    )
+
+
+def test_the_first_rank_that_opens_dashboards_warns(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    kwargs: dict[str, Any] = {"tensorboard_dir": tmp_path, "dashboard_ranks": (2, 3)}
+    assert _shared_warnings(caplog, rank=0, world_size=4, **kwargs) == []
+    [warning] = _shared_warnings(caplog, rank=2, world_size=4, **kwargs)
+    assert "dashboard_ranks=[2, 3] makes 2 ranks open the same dashboard" in warning
+    assert _shared_warnings(caplog, rank=3, world_size=4, **kwargs) == []

@@ -135,6 +135,23 @@ def test_http_endpoint_is_scraped_and_a_port_in_use_warns_once(
         server.server_close()
 
 
+def test_a_port_in_use_names_the_rank_that_cannot_serve_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With dashboard_ranks=None and one port, the second rank of a host finds it taken: its
+    warning says which rank it is, not only which port."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = int(taken.getsockname()[1])
+        reporter = PrometheusReporter(port=port, addr="127.0.0.1", ranks=None, rank=1)
+        with caplog.at_level(logging.WARNING, logger="ets_hook"):
+            drive(reporter, 5).close()
+    [warning] = [r.getMessage() for r in caplog.records if "Prometheus" in r.getMessage()]
+    assert warning.startswith(f"rank 1 cannot serve Prometheus metrics on port {port} (")
+    assert reporter.server_port is None
+
+
 def test_a_rank_outside_ranks_opens_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -303,7 +303,9 @@ def test_status_paths_rank_suffix_without_an_extension(tmp_path: Path) -> None:
     assert scopes == set(STATUS_SCOPES)
 
 
-def _two_rank_forecaster(reporter: StatusFileReporter, rank: int) -> Forecaster:
+def _two_rank_forecaster(
+    reporter: StatusFileReporter, rank: int, straggler_host_foreign_cpu: float | None = None
+) -> Forecaster:
     f = Forecaster(
         JobModel(total_steps=100),
         start_s=0.0,
@@ -318,7 +320,15 @@ def _two_rank_forecaster(reporter: StatusFileReporter, rank: int) -> Forecaster:
     end = f.wall_start_s + own.total_s
     forecasts = [
         RankForecast(
-            r, 20, f.wall_start_s, end + 30.0 * (r != rank), 0.5, 0.1, busy_s=0.1 + r, busy_se_s=0.0
+            r,
+            20,
+            f.wall_start_s,
+            end + 30.0 * (r != rank),
+            0.5,
+            0.1,
+            busy_s=0.1 + r,
+            busy_se_s=0.0,
+            host_foreign_cpu=straggler_host_foreign_cpu if r == 1 else None,
         )
         for r in (0, 1)
     ]
@@ -338,16 +348,32 @@ def test_rank_documents_carry_scope_rank_and_world_size(
     f.close()
     doc = json.loads(path.read_text())
     validator.validate(doc)
-    assert doc["version"] == STATUS_VERSION == 5
+    assert doc["version"] == STATUS_VERSION == 6
     assert (doc["scope"], doc["rank"], doc["world_size"]) == (scope, rank, 2)
     p = doc["prediction"]
     assert (p["rank"], p["world_size"]) == (rank, 2)
     assert p["slowest_rank"] == 1 - rank and p["straggler_rank"] == 1
     assert p["job_view_step"] == 20
-    assert p["total_s"] == pytest.approx(p["local_total_s"] + 30.0)
+    # Closed: the job as it ran, the view's predicted lag (30 s on rank 0) dropped.
+    assert p["total_s"] == p["local_total_s"] == p["elapsed_s"] and p["eta_s"] == 0.0
     for bad in ({"scope": "node"}, {"rank": -1}, {"world_size": 0}, {"rank": "1"}):
         assert not validator.is_valid({**doc, **bad}), bad
     assert not validator.is_valid({**doc, "prediction": {**p, "slowest_rank": -1}})
+
+
+def test_a_straggler_on_a_busy_host_is_in_the_document(tmp_path: Path) -> None:
+    validator = _schema_validator()
+    path = tmp_path / "eta.json"
+    reporter = StatusFileReporter(path, interval_s=0.001, scope="job", rank=0, world_size=2)
+    _two_rank_forecaster(reporter, 0, straggler_host_foreign_cpu=0.7).close()
+    doc = json.loads(path.read_text())
+    validator.validate(doc)
+    p = doc["prediction"]
+    assert p["straggler_rank"] == 1 and p["straggler_host_foreign_cpu"] == 0.7
+    assert "capture_host_foreign_cpu" in p  # this rank's own: none sampled in this test
+    for bad in (1.5, -0.1, "0.7"):
+        bad_doc = {**doc, "prediction": {**p, "straggler_host_foreign_cpu": bad}}
+        assert not validator.is_valid(bad_doc), bad
 
 
 def test_single_process_document_is_the_jobs(tmp_path: Path) -> None:

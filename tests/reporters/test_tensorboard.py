@@ -23,18 +23,26 @@ from ets_hook.reporters.tensorboard import TensorBoardReporter, launcher_rank
 
 def read_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
     """Every scalar of the event files under ``log_dir``: tag -> [(step, value)]."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(log_dir.rglob("events.out.tfevents.*")):
+        for tag, points in read_scalars_of(path).items():
+            out.setdefault(tag, []).extend(points)
+    return out
+
+
+def read_scalars_of(path: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar of one event file: tag -> [(step, value)]."""
     from tensorboardX.proto.event_pb2 import Event
 
     out: dict[str, list[tuple[int, float]]] = {}
-    for path in sorted(log_dir.rglob("events.out.tfevents.*")):
-        data = path.read_bytes()
-        pos = 0
-        while pos < len(data):  # TFRecord: u64 length, u32 crc, payload, u32 crc
-            (length,) = struct.unpack("<Q", data[pos : pos + 8])
-            event = Event.FromString(data[pos + 12 : pos + 12 + length])
-            pos += 12 + length + 4
-            for value in event.summary.value:
-                out.setdefault(value.tag, []).append((event.step, value.simple_value))
+    data = path.read_bytes()
+    pos = 0
+    while pos < len(data):  # TFRecord: u64 length, u32 crc, payload, u32 crc
+        (length,) = struct.unpack("<Q", data[pos : pos + 8])
+        event = Event.FromString(data[pos + 12 : pos + 12 + length])
+        pos += 12 + length + 4
+        for value in event.summary.value:
+            out.setdefault(value.tag, []).append((event.step, value.simple_value))
     return out
 
 
@@ -91,6 +99,40 @@ def test_a_rank_outside_ranks_opens_nothing(tmp_path: Path) -> None:
     assert reporter.writer is None and not (tmp_path / "tb").exists()
     every = TensorBoardReporter(tmp_path / "tb-{rank}", ranks=None, rank=3)
     assert every.active and every.log_dir == str(tmp_path / "tb-3")
+
+
+def test_ranks_writing_one_directory_in_one_second_keep_one_event_file_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tensorboardX names an event file by the second and the host alone: two ranks of one
+    host opening their writers in the same second wrote one file, and one rank's series was
+    lost. A ``.rank<N>`` suffix keeps them apart where ``log_dir`` has no ``{rank}``."""
+    import types
+
+    import tensorboardX.event_file_writer as event_file_writer
+
+    frozen = types.SimpleNamespace(time=lambda: 1_700_000_000.25)  # the same second for both
+    monkeypatch.setattr(event_file_writer, "time", frozen)
+    log_dir = tmp_path / "tb"
+    step_s = {0: 0.1, 1: 0.3}  # rank 1 is 3x slower: the two series tell the ranks apart
+    forecasters = []
+    for rank in (0, 1):
+        reporter = TensorBoardReporter(log_dir, ranks=None, rank=rank)
+        assert reporter.filename_suffix == f".rank{rank}"
+        f = Forecaster(JobModel(total_steps=40), start_s=0.0, reports=ReportDispatcher([reporter]))
+        run_job(f, 3, step_s[rank])  # both writers open (at step 1) before either closes
+        forecasters.append(f)
+    for f in forecasters:
+        f.close()
+    files = sorted(p.name for p in log_dir.iterdir())
+    assert len(files) == 2 and [name.rsplit(".", 1)[1] for name in files] == ["rank0", "rank1"]
+    for rank, name in zip((0, 1), files, strict=True):
+        scalars = read_scalars_of(log_dir / name)
+        assert {s for s, _ in scalars["ets/iteration_s"]} == {1, 2, 3}  # 3: also at close
+        assert scalars["ets/iteration_s"][-1][1] == pytest.approx(step_s[rank], rel=0.05)
+    # One rank's directory ({rank} in it), or rank 0 alone: the file names stay tensorboardX's.
+    assert TensorBoardReporter(tmp_path / "tb-{rank}", ranks=None, rank=1).filename_suffix == ""
+    assert TensorBoardReporter(log_dir, rank=0).filename_suffix == ""
 
 
 def test_launcher_rank_and_builder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
