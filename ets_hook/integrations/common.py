@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -156,6 +157,37 @@ def whole_number(value: Any, minimum: int | None = None) -> int | None:
         return None
     number = int(value)
     return number if minimum is None or number >= minimum else None
+
+
+#: A framework's progress bar gets our text at every one of the job's first
+#: ``BAR_EAGER_STEPS`` steps (where the prediction moves most), then at most every
+#: ``BAR_REFRESH_S``: reading a prediction costs ~0.1-0.2 ms, a tenth of a fast job's step,
+#: and a bar redraws a few times a second at most.
+BAR_EAGER_STEPS = 16
+BAR_REFRESH_S = 0.5
+
+
+class BarRefresh:
+    """When a progress bar's ETA text is due again (``BAR_EAGER_STEPS``, ``BAR_REFRESH_S``)."""
+
+    def __init__(self) -> None:
+        self._at_s = -math.inf
+
+    def due(self, steps_completed: int) -> bool:
+        """Whether to make the text again now (and, if so, note the time).
+
+        Args:
+            steps_completed: the hook's steps so far.
+
+        Returns:
+            True within the first ``BAR_EAGER_STEPS`` steps or ``BAR_REFRESH_S`` after the
+            last time it said True.
+        """
+        now_s = time.monotonic()
+        if steps_completed > BAR_EAGER_STEPS and now_s - self._at_s < BAR_REFRESH_S:
+            return False
+        self._at_s = now_s
+        return True
 
 
 #: The metrics both integrations log, named after the ``Prediction`` fields they hold.

@@ -135,6 +135,7 @@ from ..hook_arguments import check_epochs_length
 from .common import (
     HOOK_ARGUMENTS,
     LOG_KEYS,
+    BarRefresh,
     check_hook_options,
     prediction_metrics,
     whole_number,
@@ -342,6 +343,8 @@ class BaseETSCallback:
         self._logged_steps = -1
         self._bar_key: str | None = None  # the key logged with prog_bar=True in this fit
         self._first_epoch_checked = False
+        self._bar_refresh = BarRefresh()  # when the bar's ETA text is made again
+        self._bar_text: dict[str, str] = {}
         self._logging_failed = False
         self._sanity_started_ns: int | None = None
         self._trainer_patch: tuple[Any, Callable[..., Any], Any] | None = None
@@ -416,6 +419,7 @@ class BaseETSCallback:
             self._price_validation(trainer, options.get("grad_accum_steps", 1))
         self._open, self._in_eval, self._logged_steps = True, False, -1
         self._bar_key, self._first_epoch_checked = None, False
+        self._bar_refresh, self._bar_text = BarRefresh(), {}
         self._logging_failed = False
         self._patch_save_checkpoint(trainer)
         if self.prog_bar:
@@ -773,13 +777,17 @@ class BaseETSCallback:
         hook = self._hook
         if not self.prog_bar or not self._open or hook is None:
             return {}
+        if not self._bar_refresh.due(hook.steps_completed):
+            return dict(self._bar_text)  # made again when BarRefresh says it is due
         prediction = hook.prediction
         if prediction is None:
             return {}
         eta_s = prediction.eta_s
         if eta_s is not None and math.isfinite(eta_s):
-            return {BAR_KEY: format_duration(eta_s)}
-        return {BAR_KEY: f"? ({format_step_time(prediction.iteration_s)})"}
+            self._bar_text = {BAR_KEY: format_duration(eta_s)}
+        else:
+            self._bar_text = {BAR_KEY: f"? ({format_step_time(prediction.iteration_s)})"}
+        return dict(self._bar_text)
 
     def _patch_progress_bar(self, trainer: Any) -> None:
         """Until close, have the Trainer's progress bar show ``bar_items`` (Lightning's

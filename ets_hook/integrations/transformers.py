@@ -87,7 +87,13 @@ from ..forecast.early_stop import EarlyStoppingRule
 from ..forecast.job import eval_cost_prior
 from ..hook import ETSHook
 from ..reporters.tqdm import TqdmReporter
-from .common import HOOK_ARGUMENTS, check_hook_options, prediction_metrics, whole_number
+from .common import (
+    HOOK_ARGUMENTS,
+    BarRefresh,
+    check_hook_options,
+    prediction_metrics,
+    whole_number,
+)
 from .common import LOG_KEYS as LOG_KEYS  # re-exported: what the callback adds to the logs
 
 if TYPE_CHECKING:
@@ -212,6 +218,7 @@ class ETSTrainerCallback(TrainerCallback):
         self._injector = ETSLogInjector(self)
         self._progress: ProgressCallback | None = None
         self._shown: Prediction | None = None
+        self._bar_refresh = BarRefresh()
         self._monitor: str | None = None  # the metric reported to the hook at on_evaluate
 
     @property
@@ -277,6 +284,7 @@ class ETSTrainerCallback(TrainerCallback):
         options, disagree = self._hook_options(args, state, optimizer, train_dataloader)
         self._save_best = _strategy(args, "save_strategy") == "best"
         self._phase, self._in_loop, self._flagged_eval, self._shown = None, False, False, None
+        self._bar_refresh = BarRefresh()
         self._monitor = _monitored_metric(args) if "early_stopping" in options else None
         self.hook = ETSHook(model, **options)
         self.hook.expect_explicit_close()  # open past train(): it raised (on_train_end: closed)
@@ -563,7 +571,7 @@ class ETSTrainerCallback(TrainerCallback):
                 else "an exception",
             )
             self.hook.close_at_exit("interrupted", None)
-        self._show_progress()
+        self._show_progress(final=True)
 
     def _inject(self, state: TrainerState, logs: dict[str, Any] | None) -> None:
         """Add ``log_values`` to a training log and to its ``state.log_history`` entry (the
@@ -588,11 +596,16 @@ class ETSTrainerCallback(TrainerCallback):
         except Exception as exc:  # a log without our values, never a failed training
             logger.debug("could not add the prediction to the Trainer's log: %r", exc)
 
-    def _show_progress(self) -> None:
-        """Our ETA in the postfix of the Trainer's tqdm bar (redrawn by its next update)."""
+    def _show_progress(self, *, final: bool = False) -> None:
+        """Our ETA in the postfix of the Trainer's tqdm bar (redrawn by its next update): when
+        ``BarRefresh`` says it is due, and the ``final`` one at close."""
         bar = getattr(self._progress, "training_bar", None)
+        if bar is None or self.hook is None:
+            return
+        if not (final or self._bar_refresh.due(self.hook.steps_completed)):
+            return
         prediction = self.prediction
-        if bar is None or prediction is None or prediction is self._shown:
+        if prediction is None or prediction is self._shown:
             return
         self._shown = prediction
         try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 import warnings
 from types import SimpleNamespace
 from typing import Any
@@ -26,7 +27,10 @@ from lightning.pytorch.callbacks import (
 from support import quiet_lightning_trainer
 from torch.utils.data import DataLoader, TensorDataset
 
+from ets_hook import ETSHook
 from ets_hook.forecast.early_stop import EarlyStoppingRule, EarlyStopTracker
+from ets_hook.integrations import common
+from ets_hook.integrations.common import BAR_EAGER_STEPS, BAR_REFRESH_S, BarRefresh
 from ets_hook.integrations.lightning import ETSCallback
 from ets_hook.integrations.lightning_trainer import (
     scheduled_total_steps,
@@ -318,3 +322,47 @@ def test_a_fit_past_its_length_keeps_logging_without_a_bar(
     metrics = trainer.callback_metrics
     assert math.isnan(float(metrics["ets/eta_s"]))  # unknown, not the last value
     assert float(metrics["ets/iteration_s"]) > 0
+
+
+def test_the_bar_reads_the_prediction_rarely_after_the_first_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every batch refreshes Lightning's bar; reading a prediction costs ~0.1-0.2 ms.
+    reads = [0]
+    original = ETSHook.prediction
+
+    def counted(self: ETSHook) -> Any:
+        reads[0] += 1
+        return original.fget(self)
+
+    monkeypatch.setattr(ETSHook, "prediction", property(counted))
+    callback = ETSCallback(capture_steps=0, log_every=None)
+    started = time.monotonic()
+    fit(
+        Linear(),
+        loader(80),
+        max_epochs=1,
+        enable_progress_bar=True,
+        log_every_n_steps=1000,
+        callbacks=[callback],
+    )
+    seconds = time.monotonic() - started
+    assert callback.hook is not None and callback.hook.steps_completed == 80
+    # The first BAR_EAGER_STEPS steps, then one read per BAR_REFRESH_S, the last step's values
+    # and the closing ones.
+    assert reads[0] <= BAR_EAGER_STEPS + seconds / BAR_REFRESH_S + 6, (reads[0], seconds)
+
+
+def test_bar_refresh_is_due_every_step_at_first_then_by_the_clock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [100.0]
+    monkeypatch.setattr(common.time, "monotonic", lambda: now[0])
+    refresh = BarRefresh()
+    assert all(refresh.due(step) for step in range(1, BAR_EAGER_STEPS + 1))
+    assert not refresh.due(BAR_EAGER_STEPS + 1)  # BAR_REFRESH_S after the last one
+    assert not refresh.due(BAR_EAGER_STEPS + 2)
+    now[0] += BAR_REFRESH_S / 2
+    assert not refresh.due(BAR_EAGER_STEPS + 3)
+    now[0] += BAR_REFRESH_S / 2
+    assert refresh.due(BAR_EAGER_STEPS + 4)
