@@ -538,6 +538,7 @@ class ETSHook:
         self._hooks_removal_deferred = False
         self._new_optimizer_noted = False
         self._anomaly_noted = False
+        self._loader_hint_due = True  # once the window's trace is in: a DataLoader not given?
         # perf_counter ns of the last step or phase end (close looks for steps it missed).
         self._last_activity_ns = time.perf_counter_ns()
         self._window = WindowRunner(
@@ -1169,6 +1170,9 @@ class ETSHook:
         try:
             if step_index < ANOMALY_CHECK_STEPS and not self._anomaly_noted:
                 self._check_anomaly_mode()
+            if self._loader_hint_due and self._window.state == WindowState.DONE:
+                self._loader_hint_due = False
+                self._hint_dataloader()
             if step_index < self._rank_recheck_until:
                 self._recheck_rank()
             if compile_ns:
@@ -1421,6 +1425,21 @@ class ETSHook:
                 "run several times slower while it is, and the prediction rests on them; once "
                 "it is off, about 20 steps pass before the faster steps count"
             )
+
+    def _hint_dataloader(self) -> None:
+        """Once the window's trace is in: when its steps iterated a DataLoader and the hook
+        knows no epoch length (no ``dataloader=``, ``steps_per_epoch=`` or ``epochs=``), say
+        what passing the loader adds (each epoch's start-up projected, workers timed)."""
+        trace = self._window.trace
+        batches = trace.metadata.get("dataloader_batches", 0) if trace is not None else 0
+        if not batches or self._batch_clocks or self._forecaster.job.steps_per_epoch:
+            return
+        logger.info(
+            "the loop iterates a DataLoader that the hook was not given: pass "
+            "dataloader=<the loader> (with epochs=, or total_steps=) so that each epoch's "
+            "start-up (its workers start again unless persistent_workers) is projected and its "
+            "workers' pace is timed"
+        )
 
     def _check_unseen_steps(self) -> None:
         """At close before the job's known end: when the last step or phase ended long before

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import statistics
 from dataclasses import dataclass
 
@@ -487,3 +488,48 @@ def test_a_failing_input_wait_never_costs_the_window_its_trace(monkeypatch, tmp_
     assert "fail" not in hook.capture_status, hook.capture_status
     assert (tmp_path / "run.ets").is_file()  # saved after the input wait: the window went on
     assert prediction is not None and prediction.data_wait_share is None
+
+
+def _loop_over_a_loader(hook_options: dict, steps: int = 14) -> list[str]:
+    """A plain loop over a DataLoader; the hook's info lines about a DataLoader."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(AugmentedVectors(), batch_size=16)
+    options = {"total_steps": 100, "capture_steps": 3, "log_every": None, **hook_options}
+    if options.pop("give_loader", False):
+        options["dataloader"] = loader
+        options.pop("total_steps")
+    hook = ETSHook(model, optimizer=opt, **options)
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "DataLoader" in record.getMessage():
+                lines.append(record.getMessage())
+
+    keep = Keep(logging.INFO)
+    ours = logging.getLogger("ets_hook")
+    ours.addHandler(keep)
+    level, ours.level = ours.level, logging.INFO
+    try:
+        for step, (x, y) in enumerate(loader):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            if step == 8:
+                assert hook.wait_for_trace(60) is not None, hook.capture_status
+            if step == steps - 1:
+                break
+        hook.close()
+    finally:
+        ours.removeHandler(keep)
+        ours.setLevel(level)
+    return lines
+
+
+def test_a_loader_not_given_to_the_hook_is_named_once_the_window_saw_it() -> None:
+    said = _loop_over_a_loader({})
+    assert len(said) == 1 and "pass dataloader=" in said[0], said
+    assert _loop_over_a_loader({"give_loader": True}) == []  # given: nothing to say
+    assert _loop_over_a_loader({"steps_per_epoch": 256}) == []  # its epochs known

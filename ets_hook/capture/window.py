@@ -18,6 +18,7 @@ from typing import Any
 
 from ..trace.decode import KernelLinkCounts, StepBounds, attach_kernels, build_iterations
 from ..trace.events import CaptureInfo, DeviceInfo, HostInfo, Trace
+from ..trace.names import INPUT_ANNOTATION_PREFIX
 from . import native_ops
 from .ops import NativeOpCapture, ProfilerOpCapture, other_profiler_active
 
@@ -351,5 +352,9 @@ def build_window_trace(
         step_times_s=list(facts.step_times_s),
         rank=facts.rank,
         world_size=facts.world_size,
-        metadata=dict(facts.metadata),
+        metadata={
+            **facts.metadata,
+            # The DataLoader iterators' __next__ the window saw (in any process thread).
+            "dataloader_batches": sum(raw.name.startswith(INPUT_ANNOTATION_PREFIX) for raw in raws),
+        },
     )
