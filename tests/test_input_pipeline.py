@@ -511,7 +511,8 @@ def _loop_over_a_loader(hook_options: dict, steps: int = 14) -> list[str]:
     keep = Keep(logging.INFO)
     ours = logging.getLogger("ets_hook")
     ours.addHandler(keep)
-    level, ours.level = ours.level, logging.INFO
+    level = ours.level
+    ours.setLevel(logging.INFO)  # setLevel: the logger's cached answers are cleared
     try:
         for step, (x, y) in enumerate(loader):
             opt.zero_grad()
