@@ -283,7 +283,8 @@ class ETSHook:
                 ...) on this port, or write them to a node-exporter ``*.prom`` textfile
                 (``ets-hook[prometheus]``); a port in use logs a warning. At most one.
             dashboard_ranks: ranks whose TensorBoard/Prometheus reporters open anything (default:
-                rank 0; None: every rank).
+                rank 0; None: every rank). Several ranks with one path (no ``{rank}`` in it) or
+                one port get one warning at construction naming the option and the fix.
             log_ranks: ranks that write log lines and show ``progress=True``'s bar (default:
                 rank 0; None: every rank).
             rank_exchange_timeout_s: in a multi-process job (``torch.distributed`` initialised),
