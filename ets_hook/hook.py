@@ -1435,11 +1435,13 @@ class ETSHook:
         batches = trace.metadata.get("dataloader_batches", 0) if trace is not None else 0
         if not batches or self._batch_clocks or self._forecaster.job.steps_per_epoch:
             return
+        if self._explicit_close:
+            return  # a framework's callback made the hook: it passes what the framework knows
         logger.info(
             "the loop iterates a DataLoader that the hook was not given: pass "
-            "dataloader=<the loader> (with epochs=, or total_steps=) so that each epoch's "
-            "start-up (its workers start again unless persistent_workers) is projected and its "
-            "workers' pace is timed"
+            "dataloader=<the loader> (with epochs=, or total_steps=); over several epochs each "
+            "epoch's start-up (workers start again unless persistent_workers) is then "
+            "projected, and a loader's worker processes are timed"
         )
 
     def _check_unseen_steps(self) -> None:

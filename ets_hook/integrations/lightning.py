@@ -159,8 +159,9 @@ from .lightning_trainer import (
     trainer_val_batches,
 )
 
-# Options that describe the job's length; with any of them given, the Trainer's total is not.
-_LENGTH_OPTIONS = ("total_steps", "epochs", "dataloader")
+# Options that give the job's length; with either given, the Trainer's total is not used (a
+# `dataloader` alone gives the steps per epoch, not the job's length: the Trainer's total stays).
+_LENGTH_OPTIONS = ("total_steps", "epochs")
 #: Options that set the epoch length themselves: the Trainer's steps per epoch are not derived.
 _EPOCH_OPTIONS = ("steps_per_epoch", "epochs", "dataloader")
 
@@ -209,11 +210,13 @@ def _check_manual_steps(trainer: Any, pl_module: Any, hook: ETSHook, initial_ste
         done = hook.steps_completed
         if expected is None or done in (0, expected) or initial_step:
             return
+        if getattr(trainer, "should_stop", False) is True or done >= hook.total_steps:
+            return  # the epoch was cut short: the job ended (max_steps, max_time, a stop)
         logger.warning(
             "manual optimization: the optimizers stepped %d times in the first epoch, where "
             "the job's length assumes one step per batch (%d): the predicted total is off by "
-            "about %.2gx; pass ETSCallback(total_steps=...) with the optimizer steps of the "
-            "whole fit",
+            "about %.2gx; pass ETSCallback(total_steps=...) with the steps of the whole fit "
+            "(with several optimizers, rounds in which each has stepped)",
             done,
             expected,
             expected / done,
@@ -343,6 +346,7 @@ class BaseETSCallback:
         self._logged_steps = -1
         self._bar_key: str | None = None  # the key logged with prog_bar=True in this fit
         self._first_epoch_checked = False
+        self._logged_keys: set[str] = set()  # logged once: NaN once they become unknown
         self._bar_refresh = BarRefresh()  # when the bar's ETA text is made again
         self._bar_text: dict[str, str] = {}
         self._logging_failed = False
@@ -419,6 +423,7 @@ class BaseETSCallback:
             self._price_validation(trainer, options.get("grad_accum_steps", 1))
         self._open, self._in_eval, self._logged_steps = True, False, -1
         self._bar_key, self._first_epoch_checked = None, False
+        self._logged_keys = set()
         self._bar_refresh, self._bar_text = BarRefresh(), {}
         self._logging_failed = False
         self._patch_save_checkpoint(trainer)
@@ -476,12 +481,13 @@ class BaseETSCallback:
         self._logged_steps = steps
         try:
             metrics = prediction_metrics(prediction)
+            for key in self._logged_keys - metrics.keys():
+                metrics[key] = math.nan  # became unknown: not the last value
+            self._logged_keys |= metrics.keys()
             if self._bar_key is None:
                 self._bar_key = "ets/eta_s" if "ets/eta_s" in metrics else "ets/iteration_s"
             bar_key = self._bar_key
             on_bar = self.prog_bar and self._bar_patch is None
-            if on_bar and bar_key not in metrics:
-                metrics[bar_key] = math.nan  # unknown from here on: not the last value
             # Trainer(logger=False): the values still reach callback_metrics (and the bar),
             # without Lightning's "no logger configured" warning for each key.
             to_loggers = bool(trainer.loggers)
@@ -777,8 +783,10 @@ class BaseETSCallback:
         hook = self._hook
         if not self.prog_bar or not self._open or hook is None:
             return {}
-        if not self._bar_refresh.due(hook.steps_completed):
-            return dict(self._bar_text)  # made again when BarRefresh says it is due
+        steps = hook.steps_completed
+        last = hook.total_steps is not None and steps >= hook.total_steps - _initial(self)
+        if not (last or self._bar_refresh.due(steps)):
+            return dict(self._bar_text)  # made again when due, and at the job's last step
         prediction = hook.prediction
         if prediction is None:
             return {}

@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from ets_hook import ETSHook
 from ets_hook.forecast.early_stop import EarlyStoppingRule, EarlyStopTracker
+from ets_hook.forecast.text import format_duration
 from ets_hook.integrations import common
 from ets_hook.integrations.common import BAR_EAGER_STEPS, BAR_REFRESH_S, BarRefresh
 from ets_hook.integrations.lightning import ETSCallback
@@ -321,7 +322,33 @@ def test_a_fit_past_its_length_keeps_logging_without_a_bar(
     assert not [r for r in caplog.records if "logging the prediction" in r.getMessage()]
     metrics = trainer.callback_metrics
     assert math.isnan(float(metrics["ets/eta_s"]))  # unknown, not the last value
+    assert math.isnan(float(metrics["ets/total_s"]))
     assert float(metrics["ets/iteration_s"]) > 0
+
+
+def test_values_that_become_unknown_are_nan_with_the_bar_on(tmp_path: Any) -> None:
+    # The wrapped bar shows the ETA as text; the logged numbers still turn NaN, not stale.
+    callback = ETSCallback(capture_steps=0, log_every=None, total_steps=6)
+    trainer = fit(
+        Linear(),
+        loader(12),
+        max_epochs=1,
+        log_every_n_steps=1,
+        enable_progress_bar=True,
+        callbacks=[callback],
+    )
+    assert trainer.global_step == 12
+    metrics = trainer.callback_metrics
+    assert math.isnan(float(metrics["ets/eta_s"])) and math.isnan(float(metrics["ets/total_s"]))
+
+
+def test_a_dataloader_alone_keeps_the_trainers_length() -> None:
+    # dataloader= gives the steps per epoch; the job's length stays the Trainer's.
+    train = loader(6)
+    callback = ETSCallback(capture_steps=0, log_every=None, dataloader=train)
+    fit(Linear(), train, max_epochs=3, callbacks=[callback])
+    assert callback.hook is not None and callback.hook.total_steps == 18
+    assert callback.prediction.step == 18
 
 
 def test_the_bar_reads_the_prediction_rarely_after_the_first_steps(
@@ -366,3 +393,32 @@ def test_bar_refresh_is_due_every_step_at_first_then_by_the_clock(
     assert not refresh.due(BAR_EAGER_STEPS + 3)
     now[0] += BAR_REFRESH_S / 2
     assert refresh.due(BAR_EAGER_STEPS + 4)
+
+
+def test_a_first_epoch_cut_short_by_max_steps_is_not_hand_written_accumulation(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Two optimizers, 8 batches an epoch, max_steps=10 global steps: 5 batches, then the end.
+    callback = ETSCallback(capture_steps=0, log_every=None)
+    caplog.set_level(logging.WARNING, logger="ets_hook")
+    trainer = fit(TwoOptimizers(), loader(8), max_epochs=3, max_steps=10, callbacks=[callback])
+    assert trainer.global_step == 10 and callback.hook.steps_completed == 5
+    assert not [r for r in caplog.records if "manual optimization" in r.getMessage()]
+
+
+def test_the_bar_shows_the_last_steps_eta_at_the_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Past the eager steps the bar's text is made again twice a second at most, and at the
+    # job's last step always: the bar's last text is not a stale ETA.
+    monkeypatch.setattr(common, "BAR_REFRESH_S", 3600.0)
+    callback = ETSCallback(capture_steps=0, log_every=None)
+    shown: list[dict[str, str]] = []
+
+    class Look(L.Callback):
+        def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+            shown.append(callback.bar_items())
+
+    fit(Linear(), loader(30), max_epochs=1, callbacks=[callback, Look()])
+    prediction = callback.hook.prediction
+    assert len(shown) == 30
+    assert shown[20] == shown[28]  # not due: the text made at the last eager step
+    assert shown[-1]["ETA"] == format_duration(prediction.eta_s)
