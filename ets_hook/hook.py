@@ -974,7 +974,7 @@ class ETSHook:
         if outcome == exits.CLOSED:
             # Steps marked by training forwards: the last one ends here, not at a next forward.
             self._detector.finish_forward_step()
-        if outcome == exits.CLOSED and exits.sigterm_received() and not self._reached_last_step():
+        if outcome == exits.CLOSED and exits.sigterm_received() and not self.reached_last_step:
             # A graceful stop on SIGTERM (a handler that set a flag, a framework's own): the job
             # was stopped before its end, as a scheduler's preemption stops it.
             outcome = exits.INTERRUPTED
@@ -1011,7 +1011,7 @@ class ETSHook:
             outcome == exits.CLOSED
             and self._optimizers
             and self._forecaster.job.total_steps is not None
-            and not self._reached_last_step()
+            and not self.reached_last_step
         ):
             try:
                 self._check_unseen_steps()
@@ -1049,8 +1049,10 @@ class ETSHook:
             self._detector.close()
             self._forecaster.close(outcome, error)
 
-    def _reached_last_step(self) -> bool:
-        """Whether the job's known length has been run (False while it is unknown)."""
+    @property
+    def reached_last_step(self) -> bool:
+        """Whether the job's known length has been run: ``initial_step`` plus the steps
+        completed reach ``total_steps`` (False while the length is unknown)."""
         job = self._forecaster.job
         return job.total_steps is not None and (
             job.initial_step + self.steps_completed >= job.total_steps

@@ -472,8 +472,7 @@ class BaseETSCallback:
         steps = hook.steps_completed
         if steps == self._logged_steps:
             return  # no new step since the last values (gradient accumulation)
-        last = hook.total_steps is not None and steps >= hook.total_steps - _initial(self)
-        if not (last or _logging_step(trainer)):
+        if not (hook.reached_last_step or _logging_step(trainer)):
             return  # between logging steps; the last step's values stay in callback_metrics
         prediction = hook.prediction
         if prediction is None:
@@ -783,9 +782,7 @@ class BaseETSCallback:
         hook = self._hook
         if not self.prog_bar or not self._open or hook is None:
             return {}
-        steps = hook.steps_completed
-        last = hook.total_steps is not None and steps >= hook.total_steps - _initial(self)
-        if not (last or self._bar_refresh.due(steps)):
+        if not (hook.reached_last_step or self._bar_refresh.due(hook.steps_completed)):
             return dict(self._bar_text)  # made again when due, and at the job's last step
         prediction = hook.prediction
         if prediction is None:
