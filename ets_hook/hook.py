@@ -78,7 +78,9 @@ from .forecast.job import (
     JobModel,
     PhaseCostPrior,
     checkpoint_cost_prior,
+    ended_short_note,
     eval_prior_from_loaders,
+    micro_batch_total_note,
 )
 from .forecast.prediction import Prediction
 from .forecast.ranks import JobView
@@ -341,7 +343,8 @@ class ETSHook:
                 ``dataloader`` not iterable, without ``len()`` beside ``epochs`` and no
                 ``steps_per_epoch``, or contradicting ``steps_per_epoch``;
                 ``eval_dataloader`` without ``len()``; ``checkpoint_files`` not an int >= 1;
-                ``checkpoint_in_memory`` not a bool; ``time_limit_s`` not a finite number
+                ``checkpoint_in_memory``, ``verbose`` or ``decode_in_background`` not a bool
+                (``capture_kernels``: a bool or None); ``time_limit_s`` not a finite number
                 > 0; ``log_every`` not None or an int >= 0; ``device`` not a usable device of
                 a type in ``DEVICE_TYPES``; ``grad_scaler`` without a callable ``update``; a
                 string argument not one of its values (``deadline_policy`` too without a
@@ -380,6 +383,10 @@ class ETSHook:
         if capture_kernels is not None and not isinstance(capture_kernels, bool):
             raise ValueError(
                 f"capture_kernels must be True, False or None (on CUDA), got {capture_kernels!r}"
+            )
+        if not isinstance(decode_in_background, bool):
+            raise ValueError(
+                f"decode_in_background must be True or False, got {decode_in_background!r}"
             )
         optimizers = optimizer_list(optimizer)
         rank, world_size = distributed_rank()
@@ -536,6 +543,8 @@ class ETSHook:
             and not disabled
             else None
         )
+        if not disabled:
+            self._check_micro_batch_total(total_steps, dataloader, job)
         self._hooks_removal_deferred = False
         self._new_optimizer_noted = False
         self._anomaly_noted = False
@@ -593,6 +602,7 @@ class ETSHook:
                 on_new_optimizer=self._guarded(self._on_new_optimizer),
                 on_first_optimizer_step=self._guarded(self._on_first_optimizer_step),
                 on_repeated_optimizer=self._guarded(self._on_repeated_optimizer),
+                on_error=self._on_detector_error,
             )
         )
         if not self._detector.sees_forwards and not disabled:
@@ -1017,6 +1027,12 @@ class ETSHook:
                 self._check_unseen_steps()
             except Exception as exc:  # a warning less, never a failed close
                 logger.debug("could not check for steps after the last one: %r", exc)
+        if (
+            outcome == exits.CLOSED
+            and self.steps_completed > 0
+            and not (self._explicit_close or self._replaced or self.reached_last_step)
+        ):
+            self._note_ended_short()
         for clock in self._batch_clocks:
             clock.detach()
         if self._ranks is not None:
@@ -1418,6 +1434,27 @@ class ETSHook:
             self._compile_warmup_end = step_index + 2
             self._forecaster.set_warmup_steps(self._compile_warmup_end)
 
+    def _check_micro_batch_total(self, total_steps: Any, dataloader: Any, job: JobModel) -> None:
+        """A ``total_steps`` that looks like a count of batches under gradient accumulation
+        (``micro_batch_total_note``): said once, at creation; the length is not changed."""
+        try:
+            batches = len(dataloader) if dataloader is not None else None
+        except Exception:
+            return
+        note = micro_batch_total_note(total_steps, batches, job.grad_accum_steps)
+        if note is not None:
+            logger.warning("%s", note)
+
+    def _note_ended_short(self) -> None:
+        """Closed before the job's length was run (a plain loop; a framework's own stops are
+        its callbacks'): said once (``ended_short_note``)."""
+        job = self._forecaster.job
+        note = ended_short_note(
+            job.initial_step + self.steps_completed, job.total_steps, job.grad_accum_steps
+        )
+        if note is not None:
+            logger.log(*note)
+
     def _check_anomaly_mode(self) -> None:
         """Say once when autograd's anomaly detection is on in an early step: its steps run
         2-4x slower, and the early prediction rests on them."""
@@ -1484,6 +1521,13 @@ class ETSHook:
 
     # ------------------------------------------------------------------------------------------
     # Failure handling
+
+    def _on_detector_error(self, exc: Exception) -> None:
+        """The step detector failed inside a forward or optimizer hook: the loop goes on (a
+        step timer, ``_fail``), except for the deadline error meant to reach it."""
+        if isinstance(exc, DeadlineExceededError):
+            raise exc
+        self._fail(exc)
 
     def _fail(self, exc: BaseException) -> None:
         """Log once, stop capturing, keep timing steps. Never raises."""

@@ -104,7 +104,9 @@ def run_installed(
 
 
 def test_wheel_holds_the_data_stub_marker_and_extension(wheel_names: list[str]) -> None:
-    for name in ("ets_hook/py.typed", "ets_hook/_C.pyi", "ets_hook/data/early_cpu.npz"):
+    for name in (
+        "ets_hook/py.typed", "ets_hook/_C.pyi", "ets_hook/_ops.pyi", "ets_hook/data/early_cpu.npz"
+    ):  # fmt: skip
         assert name in wheel_names, name
     extensions = fnmatch.filter(wheel_names, "ets_hook/_C*.so")
     assert len(extensions) == 1, extensions

@@ -219,12 +219,6 @@ def unwrap_optimizer(optimizer: Any, depth: int = 8) -> torch.optim.Optimizer | 
         The optimizer itself, the wrapped one, or None when there is none.
     """
     for _ in range(depth + 1):
-        # Accelerate's AcceleratedOptimizer subclasses Optimizer without running its __init__
-        # (no step hooks can be registered on it) and holds the real one in .optimizer.
-        if isinstance(optimizer, torch.optim.Optimizer) and hasattr(
-            optimizer, "_optimizer_step_pre_hooks"
-        ):
-            return optimizer
         inner = next(
             (
                 getattr(optimizer, name)
@@ -233,10 +227,30 @@ def unwrap_optimizer(optimizer: Any, depth: int = 8) -> torch.optim.Optimizer | 
             ),
             None,
         )
+        # The object torch calls the step hooks with owns their dicts. Wrappers do not, though
+        # they pass as optimizers: Accelerate's AcceleratedOptimizer subclasses Optimizer without
+        # running its __init__; Lightning Fabric's _FabricOptimizer takes a subclass of its
+        # optimizer's class and forwards attribute reads (hooks registered through it land in the
+        # inner one's dicts, and fire with the inner one); Lightning's LightningOptimizer copies
+        # its optimizer's __dict__, sharing the very dicts.
+        hooks = _own_step_hooks(optimizer)
+        if hooks is not None and (inner is None or _own_step_hooks(inner) is not hooks):
+            return optimizer
         if inner is None or inner is optimizer:
             return None
         optimizer = inner
     return None
+
+
+def _own_step_hooks(optimizer: Any) -> Any:
+    """``optimizer``'s own step pre-hook dict (in its instance ``__dict__``, not read through a
+    wrapper's forwarding), or None when it is not an optimizer that holds one."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        return None
+    try:
+        return vars(optimizer).get("_optimizer_step_pre_hooks")
+    except TypeError:  # no __dict__
+        return None
 
 
 def optimizer_list(optimizer: Any) -> list[torch.optim.Optimizer]:
@@ -320,6 +334,7 @@ class StepDetector:
         on_new_optimizer: Callable[[int], None] | None = None,
         on_first_optimizer_step: Callable[[int], None] | None = None,
         on_repeated_optimizer: Callable[[int], None] | None = None,
+        on_error: Callable[[Exception], None] | None = None,
     ) -> None:
         """Install the hooks for the authority the arguments select.
 
@@ -349,6 +364,9 @@ class StepDetector:
             on_repeated_optimizer: with several optimizers given, called once, the first time
                 one of them steps again before every given one has stepped (the step then
                 holds several of its steps), with its index in ``optimizers``. None: not told.
+            on_error: called with an error raised by this detector's own bookkeeping (or a
+                callback) inside the forward and optimizer hooks torch calls; what it raises
+                reaches the loop. None: the error is raised there.
 
         Raises:
             ValueError: ``forwards_per_step`` is not an int >= 1.
@@ -371,6 +389,7 @@ class StepDetector:
         self._on_new_optimizer = on_new_optimizer
         self._on_first_optimizer_step = on_first_optimizer_step
         self._on_repeated_optimizer = on_repeated_optimizer
+        self._on_error = on_error
         self._optimizer_boundaries = 0  # ANY_OPTIMIZER boundaries so far
         self._forward_boundaries = 0  # FORWARD boundaries so far
         self._shape_watch = InputShapeWatch() if on_inputs_vary is not None else None
@@ -463,6 +482,13 @@ class StepDetector:
     # The registered hooks (marked by _run_outside_dynamo below) do nothing while dynamo traces
     # them (see the module docstring): they read no state, so no guards and no graph breaks.
 
+    def _failed(self, exc: Exception) -> None:
+        """An error in this detector's own bookkeeping inside a hook torch called: handed to
+        ``on_error`` (which may raise what must reach the loop), else raised."""
+        if self._on_error is None:
+            raise exc
+        self._on_error(exc)
+
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if _is_compiling():
             if self._eager_in_compiled_steps:
@@ -475,7 +501,10 @@ class StepDetector:
             if self._eager_in_compiled_steps:
                 _call_eagerly(self._optimizer_stepped, optimizer)
             return
-        self._optimizer_stepped(optimizer)
+        try:
+            self._optimizer_stepped(optimizer)
+        except Exception as exc:
+            self._failed(exc)
 
     def _foreign(self, optimizer: Any) -> bool:
         """With no optimizer given: whether ``optimizer``'s steps are not this model's training
@@ -545,7 +574,9 @@ class StepDetector:
             expected = self._given_ids
             if key in self._stepped_since_boundary and self._on_repeated_optimizer is not None:
                 told, self._on_repeated_optimizer = self._on_repeated_optimizer, None
-                told(next(i for i, o in enumerate(self._optimizers) if id(o) == key))
+                index = next((i for i, o in enumerate(self._optimizers) if id(o) == key), None)
+                if index is not None:
+                    told(index)
         else:
             return
         self._stepped_since_boundary.add(key)
@@ -560,7 +591,15 @@ class StepDetector:
             self._on_new_optimizer(joined_after)
 
     def _forward_pre(self, module: Any, args: Any, kwargs: Any) -> None:
-        if _is_compiling() or not self._training_forward(module):
+        if _is_compiling():
+            return
+        try:
+            self._training_forward_pre(module, args, kwargs)
+        except Exception as exc:
+            self._failed(exc)
+
+    def _training_forward_pre(self, module: Any, args: Any, kwargs: Any) -> None:
+        if not self._training_forward(module):
             return
         self._root_forward_seen = True
         if self._in_optimizer_step:
@@ -784,6 +823,7 @@ def _inert_detector() -> StepDetector:
     detector.in_phase = False
     detector.sees_forwards = False
     detector._explicit_absorbed = 0
+    detector._on_error = None
     return detector
 
 

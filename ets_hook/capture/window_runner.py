@@ -747,7 +747,7 @@ class WindowRunner:
                 if self._on_breakdown is not None:
                     self._on_breakdown(breakdown or rank_breakdown(trace))
             if self._trace_path is not None:
-                save_trace(trace, self._trace_path)
+                self._save_trace(trace, self._trace_path)
             self.state = WindowState.DONE
         except Exception as exc:
             self._on_failure(exc)
@@ -760,6 +760,20 @@ class WindowRunner:
         self._sink.set_perturbed_steps(
             max(self.skip_steps + self.capture_steps + 1, self._steps_completed() + 1)
         )
+
+    @staticmethod
+    def _save_trace(trace: Trace, path: Any) -> None:
+        """Write the trace to ``trace_path``: a file that cannot be written (a folder removed
+        or made read-only since the hook was made, a full disk) is said with its path, and the
+        trace and its estimate stay in use."""
+        try:
+            save_trace(trace, path)
+        except OSError as exc:
+            logger.warning(
+                "could not write the trace to %s (%s); the capture is used all the same",
+                path,
+                exc.strerror or exc,
+            )
 
     def _publish_input_wait(self, trace: Trace) -> RankBreakdown | None:
         """The whole captured steps' median wait for input and wall time, to the sink (steps

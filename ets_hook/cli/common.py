@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..reporters.ascii_text import ERRORS, needs_substitutes
+from ..trace.atomic import check_writable
 from ..trace.untrusted import describe_file_type
 
 #: Exit codes of ``ets-hook``.
@@ -28,6 +29,10 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 #: 128 + SIGPIPE, what a shell reports for a tool that SIGPIPE stopped: stdout's reader left.
 EXIT_BROKEN_PIPE = 141
+
+#: The largest ``--seed``: every generator a seed goes to (``torch.manual_seed``, a
+#: ``torch.Generator``, numpy's ``default_rng``) takes any int in ``[0, 2**63 - 1]``.
+MAX_SEED = 2**63 - 1
 
 #: What 141 means, in every ``exit codes`` section.
 _BROKEN_PIPE_HELP = "stdout's reader stopped early (| head): output cut short, quietly"
@@ -195,32 +200,112 @@ def require_file(path: str | os.PathLike[str]) -> Path:
     return target
 
 
-def require_output(path: str | os.PathLike[str], *, create_folder: bool = False) -> Path:
-    """Check, before the work starts, that an output file can be put at ``path``.
+def require_file_name(path: str | os.PathLike[str], *, option: str | None = None) -> Path:
+    """Check that an output path names a file, not a directory, before anything is written.
+
+    ``Path`` would read ``""`` as ``.`` and drop a trailing ``/``, and a writer given ``out/``
+    or an existing folder would write a file beside it (``out.npz``): each is refused instead.
 
     Args:
-        path: the file to write.
-        create_folder: the writer creates missing folders; else the folder must exist.
+        path: the output path, as given.
+        option: the option that gave it (``"-o"``), named when the path is empty.
 
     Returns:
         ``path`` as a ``Path``.
 
     Raises:
-        InputError: ``path`` is a directory (or another non-file), or its directory is
-            missing (and will not be created) or is not a directory.
+        InputError: ``path`` is empty, ends with a path separator or in ``.`` or ``..`` (a
+            directory's name), is an existing directory, or cannot be examined.
     """
-    target = Path(path)
-    if target.exists() and not target.is_file():
-        raise InputError(f"{target}: {describe_file_type(target.stat().st_mode)}, cannot write it")
-    folder = target.parent
-    for parent in (folder, *folder.parents):
-        if parent.exists():
-            if not parent.is_dir():
-                raise InputError(f"{target}: {parent} is not a directory")
-            break
-        if not create_folder:
-            raise InputError(f"{target}: directory {folder} does not exist")
+    text = os.fspath(path)
+    if not text:
+        raise InputError(f"{option + ' ' if option else ''}'': an empty path names no file")
+    separators = tuple(s for s in (os.sep, os.altsep) if s)
+    if text.endswith(separators) or os.path.basename(text) in (".", ".."):
+        raise InputError(f"{text}: names a directory, not a file to write")
+    target = Path(text)
+    try:
+        directory = target.is_dir()
+    except OSError as exc:
+        raise InputError(describe(exc, text)) from exc
+    if directory:
+        raise InputError(f"{text}: a directory, cannot write it")
     return target
+
+
+def require_output(
+    path: str | os.PathLike[str], *, create_folder: bool = False, option: str | None = None
+) -> Path:
+    """Check, before the work starts, that an output file can be put at ``path``.
+
+    The folder that will hold the file (with ``create_folder``, the nearest folder on its path
+    that exists) must be a directory this process can write: ``os.access`` says so, and a temp
+    file like the one ``trace.atomic.atomic_write_bytes`` writes is created there and removed
+    at once (``os.access`` says yes to root everywhere, ``/proc`` included).
+
+    Args:
+        path: the file to write.
+        create_folder: the writer creates missing folders; else the folder must exist.
+        option: the option that gave ``path`` (``"--trace"``), named when it is empty.
+
+    Returns:
+        ``path`` as a ``Path``.
+
+    Raises:
+        InputError: ``path`` does not name a file (``require_file_name``), is a directory or
+            another non-file, its directory is missing (and will not be created) or is not a
+            directory, no file can be created in it (read-only, no permission, ``/proc``), or
+            the path cannot be examined.
+    """
+    target = require_file_name(path, option=option)
+    try:
+        if target.exists() and not target.is_file():
+            raise InputError(
+                f"{target}: {describe_file_type(target.stat().st_mode)}, cannot write it"
+            )
+        folder = target.parent
+        for parent in (folder, *folder.parents):
+            if parent.exists():
+                if not parent.is_dir():
+                    raise InputError(f"{target}: {parent} is not a directory")
+                break
+            if not create_folder:
+                raise InputError(f"{target}: directory {folder} does not exist")
+        else:  # only a working directory removed since: "." itself is missing
+            raise InputError(f"{target}: directory {folder} does not exist")
+    except OSError as exc:
+        raise InputError(describe(exc, target)) from exc
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"{target}: directory {parent} is not writable")
+    try:
+        check_writable(parent / target.name)
+    except OSError as exc:
+        raise InputError(
+            f"{target}: cannot create a file in {parent}: {exc.strerror or exc}"
+        ) from exc
+    return target
+
+
+def parse_seed(text: str) -> int:
+    """An argparse ``type`` for ``--seed``: an int in ``[0, MAX_SEED]``, else a usage error.
+
+    Args:
+        text: the option's value.
+
+    Returns:
+        The seed.
+
+    Raises:
+        argparse.ArgumentTypeError: not an int, or out of range (argparse names ``--seed``;
+            the message names the value).
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2**63 - 1], got {value}")
+    return value
 
 
 def int_at_least(minimum: int) -> Callable[[str], int]:

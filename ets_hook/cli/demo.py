@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 
 from ..capture.sysinfo import DISABLE_ENV, hooks_disabled
-from .common import InputError, exit_codes_epilog, int_at_least, require_output
+from .common import InputError, exit_codes_epilog, int_at_least, parse_seed, require_output
 
 REPORT_STEPS = (1, 2, 3, 5, 10, 20, 50, 100, 200, 500, 1000)
 MIN_STEPS = 10
@@ -35,9 +35,9 @@ DEMO_MODELS = {
 DEMO_EXIT_CODES = exit_codes_epilog(
     "the run finished (and --trace, when given, was written)",
     f"usage error or invalid value: --steps below {MIN_STEPS}, an unknown --model, a --device "
-    "other than cpu, cuda, cuda:N or auto, --device cuda without a CUDA device, a --trace path "
-    f"that is a directory or in a missing directory, or {DISABLE_ENV}=1 in the environment "
-    "(it turns off the hook the demo shows)",
+    "other than cpu, cuda, cuda:N or auto, --device cuda without a CUDA device, a --seed "
+    "outside [0, 2**63 - 1], a --trace path that is a directory or in a missing or read-only "
+    f"directory, or {DISABLE_ENV}=1 in the environment (it turns off the hook the demo shows)",
     "a failure while training (Python's traceback), or the trace asked for was not written",
 )
 
@@ -87,7 +87,9 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="also write the captured trace here (its directory must exist)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="random seed (0)")
+    parser.add_argument(
+        "--seed", type=parse_seed, default=0, help="random seed, 0 to 2**63 - 1 (0)"
+    )
 
 
 def _device(text: str) -> str:
@@ -123,7 +125,8 @@ def run_demo(args: argparse.Namespace) -> int:
 
     Raises:
         InputError: ``ETS_HOOK_DISABLE`` turns hooks off (the demo shows the hook, so it does
-            nothing: no build, no files); ``--trace`` is a directory or in a missing directory,
+            nothing: no build, no files); ``--trace`` is empty, a directory, or in a folder that
+            is missing, not a directory or where no file can be created (read-only, ``/proc``),
             or ``--device cuda`` is asked for without a CUDA device (checked before training).
     """
     if hooks_disabled():
@@ -132,7 +135,7 @@ def run_demo(args: argparse.Namespace) -> int:
             f"shows ets-hook, so there is nothing to show: unset {DISABLE_ENV} to run the demo"
         )
     if args.trace is not None:
-        require_output(args.trace)
+        require_output(args.trace, option="--trace")
     import torch
 
     from ..capture import native_ops

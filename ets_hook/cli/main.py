@@ -142,7 +142,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     from ..trace.chrome import chrome_document, write_chrome
 
-    require_output(args.chrome)
+    require_output(args.chrome, option="--chrome")
     trace = _load(args.trace)
     document = chrome_document(trace)
     with reading(args.chrome, errors=(OSError,)):

@@ -33,8 +33,10 @@ from .common import (
     exit_codes_epilog,
     float_in,
     int_at_least,
+    parse_seed,
     reading,
     require_file,
+    require_file_name,
     require_output,
 )
 
@@ -74,7 +76,12 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
     )
     p.add_argument("traces", nargs="+", metavar="TRACES", help="trace files or directories")
-    p.add_argument("-o", "--output", required=True, help="weights file to write (.npz)")
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="weights file to write (.npz appended unless it ends so; missing folders are made)",
+    )
     p.add_argument(
         "--exclude",
         action="append",
@@ -99,7 +106,7 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--hidden", type=_POSITIVE, default=None, help="hidden units (lstm: feature count)"
     )
     p.add_argument("--dropout", type=float_in(0, 1), default=0.0, help="dropout between layers (0)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (0)")
+    p.add_argument("--seed", type=parse_seed, default=0, help="random seed, 0 to 2**63 - 1 (0)")
     p.add_argument(
         "--ensemble", type=_POSITIVE, default=1, help="members trained with seeds seed+k"
     )
@@ -163,14 +170,15 @@ def run_train(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
     Raises:
         InputError: the configuration is invalid (``--stride`` above ``--width``), the output
-            path cannot be written (checked before loading), a trace is missing, unreadable or
-            malformed, ``--exclude`` leaves no trace file, fitting rejects the traces, or
-            writing the weights file fails.
+            path cannot be written (checked before loading: ``-o`` empty, a directory or ending
+            with a path separator, or a folder on its path that is a file, read-only or holds
+            no new files), a trace is missing, unreadable or malformed, ``--exclude`` leaves no
+            trace file, fitting rejects the traces, or writing the weights file fails.
     """
     out = out or sys.stdout
     if args.stride > args.width:
         raise InputError(f"--stride {args.stride} must be <= --width {args.width}")
-    output = require_output(_weights_path(args.output), create_folder=True)
+    output = require_output(_weights_path(args.output), create_folder=True, option="-o")
     with reading():
         files = [
             f
@@ -239,8 +247,20 @@ def run_train(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 
 def _weights_path(output: str) -> Path:
-    """The file ``Predictor.save`` writes for ``-o``: ``.npz`` appended unless it ends so."""
-    path = Path(output)
+    """The file ``Predictor.save`` writes for ``-o``: ``.npz`` appended unless it ends so.
+
+    Args:
+        output: ``-o`` as given.
+
+    Returns:
+        The weights file's path.
+
+    Raises:
+        InputError: ``output`` does not name a file: it is empty, ends with a path separator
+            or in ``.`` or ``..``, or is an existing directory (``out`` would become
+            ``out.npz`` beside it).
+    """
+    path = require_file_name(output, option="-o")
     return path if path.suffix == ".npz" else path.with_name(path.name + ".npz")
 
 

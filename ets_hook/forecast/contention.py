@@ -224,12 +224,15 @@ def _latest_beat(
 def find_level_shift(x: np.ndarray) -> int | None:
     """The index where ``x``'s last lasting level starts, if its level changed and stayed.
 
-    One change point, the best split of the log step times (largest standardised difference of
+    A change point is the best split of the log step times (largest standardised difference of
     the two means), not at the latest point searched (the change could lie later: too few steps
     at the new level yet); it counts when at least ``MIN_SHIFT_STEPS`` steps follow it and
     ``MIN_SHIFT_STEPS // 2`` precede it, the levels differ by ``MIN_SHIFT_REL`` or more, and the
     difference is ``SHIFT_Z`` standard errors or more, the noise's scale and lag-1
-    autocorrelation taken from the residuals around the two levels.
+    autocorrelation taken from the residuals around the two levels. The steps after a change
+    are searched again, and so on: a slowdown that ended (fast, slow, fast again) is two
+    changes, and the best single split of the whole series is often the first of them, which
+    would keep the slow stretch in the last level.
 
     Args:
         x: step times, seconds, > 0 (1-D), bursts already left out.
@@ -241,6 +244,19 @@ def find_level_shift(x: np.ndarray) -> int | None:
 
 
 def _level_shift(logs: np.ndarray) -> int | None:
+    """The start of the last lasting level (``find_level_shift``), on log step times."""
+    start = None
+    while True:
+        offset = 0 if start is None else start
+        split = _one_level_shift(logs[offset:])
+        if split is None:
+            return start
+        start = offset + split
+
+
+def _one_level_shift(logs: np.ndarray) -> int | None:
+    """The best single change point of ``logs`` if it counts (``find_level_shift``), else
+    None."""
     m = len(logs)
     before, after = MIN_SHIFT_STEPS // 2, MIN_SHIFT_STEPS
     if m < before + after:

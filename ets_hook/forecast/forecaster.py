@@ -52,7 +52,13 @@ from .contention import OUTDATED_RUN_STEPS, outdated_by_recent_steps
 from .early_stop import EarlyStoppingRule, EarlyStopTracker, total_range_s
 from .input_supply import SupplyEstimate, bound_by_supply, supply_from_loaders
 from .job import JobModel, PhaseCostPrior, PhaseTracker, remaining_phase_time
-from .prediction import Prediction, cut_at_time_limit, ended_prediction, utc_from_timestamp
+from .prediction import (
+    Prediction,
+    cut_at_time_limit,
+    ended_prediction,
+    utc_from_timestamp,
+    utc_or_none,
+)
 from .ranks import JobView
 from .stats import (
     DEFAULT_LEVEL,
@@ -989,14 +995,14 @@ class Forecaster:
                 + phase_ci_s**2
                 + capture_ci_s**2
             )
-            finish_time = utc_from_timestamp(self.wall_start_s + total_s)
+            finish_time = utc_or_none(self.wall_start_s + total_s)
         local_total_s = total_s
         view = self._job_view
         lag_s = self._job_lag_s(view) if total_s is not None else None
         if lag_s is not None and eta_s is not None:
             eta_s = max(eta_s + lag_s, 0.0)
             total_s = elapsed_s + eta_s
-            finish_time = utc_from_timestamp(self.wall_start_s + total_s)
+            finish_time = utc_or_none(self.wall_start_s + total_s)
         stop = self._early_stop.forecast() if self._early_stop is not None else None
         converged = est.rel_ci <= self.converge_rel_ci
         prediction = Prediction(

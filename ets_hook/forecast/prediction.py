@@ -25,6 +25,15 @@ def utc_from_timestamp(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, tz=timezone.utc)
 
 
+def utc_or_none(ts: float) -> datetime | None:
+    """``utc_from_timestamp(ts)``, or None where no date exists for it (a total of years past
+    the calendar's end: ``total_steps=10**15``). Never raises."""
+    try:
+        return utc_from_timestamp(ts)
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
 #: ``Prediction.source`` of a step time set by the DataLoader workers' pace
 #: (``forecast.input_supply``).
 SOURCE_INPUT = "input"
@@ -55,7 +64,8 @@ class Prediction:
         total_ci_s: half-width of ``total_s``'s interval.
         eta_s: predicted wall time still to come (``total_s - elapsed_s``).
         elapsed_s: wall time from hook creation to the last step or phase end reported.
-        finish_time: predicted UTC end of the last step.
+        finish_time: predicted UTC end of the last step; None where the total is unknown or
+            ends past the last date the platform can hold.
         converged: the step-time interval is narrow enough (``Forecaster`` ``converge_rel_ci``).
         source: "prior", "measured", "trace" (or the trace estimator's own label) or "fused".
         level: confidence level of the intervals.

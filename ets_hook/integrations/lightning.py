@@ -316,12 +316,15 @@ class BaseETSCallback:
 
         Raises:
             TypeError: an option is not an ``ETSHook`` argument.
-            ValueError: an option's value ``ETSHook`` rejects (naming the option and the
-                value), or ``epochs`` without ``steps_per_epoch`` or ``dataloader`` (given
-                ``epochs``, the callback leaves the epoch length to the options).
+            ValueError: ``prog_bar`` not a bool; an option's value ``ETSHook`` rejects (naming
+                the option and the value), or ``epochs`` without ``steps_per_epoch`` or
+                ``dataloader`` (given ``epochs``, the callback leaves the epoch length to the
+                options).
             ImportError: ``progress=True`` without tqdm; a dashboard option without its
                 package.
         """
+        if not isinstance(prog_bar, bool):
+            raise ValueError(f"prog_bar must be True or False, got {prog_bar!r}")
         unknown = sorted(set(hook_options) - HOOK_OPTIONS)
         if unknown:
             raise TypeError(
@@ -895,8 +898,12 @@ def callback_class(package: str | None = None) -> type[BaseETSCallback]:
     return cls
 
 
-if TYPE_CHECKING:
-    ETSCallback = BaseETSCallback
+if TYPE_CHECKING:  # what a type checker sees: a Lightning Callback (Trainer(callbacks=[...]))
+    from lightning.pytorch.callbacks import Callback as _LightningCallback
+
+    class ETSCallback(BaseETSCallback, _LightningCallback):  # type: ignore[misc]
+        """``BaseETSCallback`` as a ``lightning.pytorch.callbacks.Callback``."""
+
 else:
 
     def __getattr__(name: str) -> Any:

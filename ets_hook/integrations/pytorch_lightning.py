@@ -21,8 +21,17 @@ if "pytorch_lightning" not in installed_packages():
         "instead, whose Trainer takes ets_hook.integrations.lightning.ETSCallback)"
     )
 
+from typing import TYPE_CHECKING
+
 from .lightning import BaseETSCallback, callback_class
 
-ETSCallback: type[BaseETSCallback] = callback_class("pytorch_lightning")
+if TYPE_CHECKING:  # what a type checker sees: a pytorch_lightning Callback
+    from pytorch_lightning.callbacks import Callback as _LightningCallback
+
+    class ETSCallback(BaseETSCallback, _LightningCallback):  # type: ignore[misc]
+        """``BaseETSCallback`` as a ``pytorch_lightning.callbacks.Callback``."""
+
+else:
+    ETSCallback = callback_class("pytorch_lightning")
 
 __all__ = ["ETSCallback"]

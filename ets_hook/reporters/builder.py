@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .base import Reporter
 from .callback import CallbackReporter
-from .console import ensure_console_handler, quiet_below_warning
+from .console import SILENT, ensure_console_handler, quiet_below_warning
 from .deadline import (
     DeadlineGuard,
     DeadlineMiss,
@@ -239,6 +239,12 @@ def build_reporters(
         ensure_console_handler(
             level=logging.INFO if log_every_n_steps and logs_here else logging.WARNING
         )
+    elif configure_logging:
+        # verbose=False with no logging configured: nothing at all, warnings included (else
+        # Python's last-resort handler prints them bare). A silent handler of ours does it; a
+        # later verbose hook lowers its level, and the application's own logging set up later
+        # takes over as it does from a writing one.
+        ensure_console_handler(level=SILENT)
     if progress is True:
         if logs_here:
             reporters.append(TqdmReporter())

@@ -86,6 +86,11 @@ class ConsoleHandler(logging.Handler):
             super().handleError(record)
 
 
+#: A ``ConsoleHandler`` level above every record's: attached by a ``verbose=False`` hook, it
+#: writes nothing and keeps Python's last-resort handler from printing ets-hook's warnings.
+SILENT = logging.CRITICAL + 1
+
+
 def logging_configured() -> bool:
     """Whether the application set up logging: a handler on the root logger or on ours
     (other than our own ``ConsoleHandler``)."""
@@ -106,9 +111,9 @@ def ensure_console_handler(
 
     Args:
         stream: passed to a new handler; None: stderr.
-        level: the lowest level it writes: INFO (log lines and notes), or WARNING (a hook
+        level: the lowest level it writes: INFO (log lines and notes), WARNING (a hook
             without log lines: its warnings still come out as ets-hook's, not bare through
-            Python's last-resort handler).
+            Python's last-resort handler), or ``SILENT`` (``verbose=False``: nothing).
 
     Returns:
         The handler in place, or None when the application configured logging.

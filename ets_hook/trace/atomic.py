@@ -5,11 +5,16 @@ a plain ``open()`` would give (``0o666`` less the process umask: 0644 under umas
 schedulers and dashboards running as other users can read the result. A writer killed with
 ``kill -9`` between creating and renaming its temp file leaves it behind; the first write of a
 process to a target removes such leftovers of dead writers on the same host.
+
+Errors name the target the caller gave, never the temp file: an ``OSError`` about the temp file
+is raised again as the same class, with the same ``errno`` and ``strerror``, whose ``filename``
+is the target.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import socket
 import tempfile
@@ -86,6 +91,78 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _about(exc: OSError, path: str | os.PathLike[str]) -> OSError:
+    """``exc`` (about the temp file) as the same kind of error about ``path``.
+
+    Args:
+        exc: the error creating, writing or renaming the temp file.
+        path: the target the caller gave.
+
+    Returns:
+        An error of ``exc``'s class with its ``errno`` and ``strerror`` and ``path`` as its
+        ``filename`` (``exc`` itself when it carries no ``errno``).
+    """
+    if exc.errno is None:
+        return exc
+    try:
+        return type(exc)(exc.errno, exc.strerror, os.fspath(path))
+    except Exception:  # a subclass with another constructor: the class the errno maps to
+        return OSError(exc.errno, exc.strerror, os.fspath(path))
+
+
+def _refuse_directory(path: str | os.PathLike[str], target: Path) -> None:
+    """Raise ``IsADirectoryError`` naming ``path`` where it names a directory: an existing one
+    (or a link to one), or a name ending with a path separator or in ``.`` or ``..``;
+    ``FileNotFoundError`` where it is empty (as ``open`` does); an ``OSError`` naming it where
+    it cannot be examined."""
+    text = os.fspath(path)
+    if not text:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), text)
+    separators = tuple(s for s in (os.sep, os.altsep) if s)
+    try:
+        directory = (
+            text.endswith(separators) or os.path.basename(text) in (".", "..") or target.is_dir()
+        )
+    except OSError as exc:
+        raise _about(exc, path) from exc
+    if directory:
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), text)
+
+
+def _temp_file(target: Path) -> tuple[int, str]:
+    """Create the temp file beside ``target``: its descriptor (open for writing) and name."""
+    return tempfile.mkstemp(
+        prefix=f"{_temp_prefix(target)}{os.getpid()}.", suffix=".tmp", dir=target.parent
+    )
+
+
+def check_writable(path: str | os.PathLike[str]) -> None:
+    """Check that ``atomic_write_bytes(path, ...)`` could create its temp file now.
+
+    Creates the temp file the write would create beside ``path`` and removes it at once; ``path``
+    itself is neither created nor touched (it need not exist). Meant for a check before long
+    work whose result goes to ``path``: a folder that is missing, read-only, or holds no new
+    files (``/proc``, where even root cannot create one) fails here, not after the work.
+
+    Args:
+        path: the target file.
+
+    Raises:
+        IsADirectoryError: ``path`` names a directory (see ``atomic_write_bytes``).
+        OSError: ``path`` is empty (``FileNotFoundError``), or the temp file cannot be created
+            (``FileNotFoundError``, ``PermissionError``, ...); the error names ``path``.
+    """
+    target = Path(path)
+    _refuse_directory(path, target)
+    try:
+        fd, tmp_name = _temp_file(target)
+    except OSError as exc:
+        raise _about(exc, path) from exc
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(tmp_name)
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, fsync: bool = True) -> None:
     """Write ``data`` to ``path`` via a temp file in the same directory and ``os.replace``.
 
@@ -99,18 +176,25 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, fsync: bool
         fsync: flush the data to disk before the rename (durability across a crash).
 
     Raises:
-        OSError: the temp file cannot be created, written or renamed onto ``path``.
+        IsADirectoryError: ``path`` names a directory: an existing one (or a link to one), or
+            a name ending with a path separator or in ``.`` or ``..`` (nothing is written).
+        OSError: ``path`` is empty (``FileNotFoundError``, as ``open`` says), or the temp file
+            cannot be created, written or renamed onto ``path``: an error of the class the
+            system gave (``FileNotFoundError`` for a missing folder, ``PermissionError``, ...),
+            its ``filename`` ``path`` as given.
     """
     target = Path(path)
+    _refuse_directory(path, target)
     key = target.absolute()
     with _lock:
         sweep = key not in _swept
         _swept.add(key)
     if sweep:
         remove_orphan_temp_files(target)
-    fd, tmp_name = tempfile.mkstemp(
-        prefix=f"{_temp_prefix(target)}{os.getpid()}.", suffix=".tmp", dir=target.parent
-    )
+    try:
+        fd, tmp_name = _temp_file(target)
+    except OSError as exc:
+        raise _about(exc, path) from exc
     try:
         with os.fdopen(fd, "wb") as tmp:
             os.fchmod(tmp.fileno(), 0o666 & ~process_umask())
@@ -119,7 +203,9 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, fsync: bool
                 tmp.flush()
                 os.fsync(tmp.fileno())
         os.replace(tmp_name, target)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp_name)
+        if isinstance(exc, OSError):
+            raise _about(exc, path) from exc
         raise

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import reprlib
 import struct
 import zlib
 from pathlib import Path
@@ -60,7 +61,7 @@ from .events import (
     Phase,
     Trace,
 )
-from .untrusted import read_regular_file, scan_msgpack
+from .untrusted import check_max_bytes, check_path, read_regular_file, scan_msgpack
 
 MAGIC = b"ETSTRACE"
 FORMAT_VERSION = 1
@@ -228,6 +229,14 @@ def _encode(trace: Trace) -> bytes:
     return msgpack.packb(payload, use_bin_type=True)
 
 
+def _check_trace(trace: object) -> None:
+    """Raise ``TypeError`` naming ``trace`` and its type unless it is a ``Trace``."""
+    if not isinstance(trace, Trace):
+        raise TypeError(
+            f"trace must be a Trace, got {reprlib.repr(trace)} ({type(trace).__name__})"
+        )
+
+
 def dumps(trace: Trace) -> bytes:
     """Serialise ``trace`` to the complete ``.ets`` file contents (header + payload).
 
@@ -238,10 +247,12 @@ def dumps(trace: Trace) -> bytes:
         The file's bytes.
 
     Raises:
-        TypeError: ``trace.metadata`` holds a value msgpack cannot serialise.
+        TypeError: ``trace`` is not a ``Trace``, or ``trace.metadata`` holds a value msgpack
+            cannot serialise.
         ValueError: an op's ``phase`` or a kernel's ``kind`` is not a valid enum value.
         OverflowError: an integer field does not fit its column's width.
     """
+    _check_trace(trace)
     payload = _encode(trace)
     header = _HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(payload), zlib.crc32(payload))
     return header + payload
@@ -258,12 +269,19 @@ def save_trace(trace: Trace, path: str | os.PathLike[str]) -> Path:
         ``path`` as a ``Path``.
 
     Raises:
-        TypeError, ValueError, OverflowError: as ``dumps``.
-        OSError: the file cannot be written.
+        TypeError: ``trace`` is not a ``Trace`` or ``path`` not a ``str`` or ``os.PathLike``
+            (both checked before anything is encoded or written); as ``dumps``.
+        ValueError, OverflowError: as ``dumps``.
+        IsADirectoryError: ``path`` names a directory (an existing one, or a name ending with a
+            path separator); nothing is written.
+        OSError: the file cannot be written (``FileNotFoundError`` for a missing folder,
+            ``PermissionError``, ...); the error's ``filename`` is ``path``, and no temp file
+            is left behind (``trace.atomic.atomic_write_bytes``).
     """
-    target = Path(path)
-    atomic_write_bytes(target, dumps(trace))
-    return target
+    _check_trace(trace)
+    check_path(path)
+    atomic_write_bytes(path, dumps(trace))
+    return Path(path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -626,7 +644,7 @@ def loads(
     Args:
         data: the whole file (any contiguous bytes-like object; not copied).
         source: names the data in error messages (a path).
-        max_bytes: the largest ``data`` accepted, bytes.
+        max_bytes: the largest ``data`` accepted, bytes: an int, at least 1.
 
     Returns:
         The decoded trace; every field has been checked (types, ranges, indices, ``parent``
@@ -642,8 +660,11 @@ def loads(
             (a ``CorruptTraceError``; ``.field`` names it).
         CorruptTraceError: unknown header flags, stray bytes after the payload, checksum
             mismatch, or a payload that is not msgpack or breaks the scan's bounds.
-        TypeError: ``data`` is not a bytes-like object (a programming error, not a bad file).
+        TypeError: ``data`` is not a bytes-like object, or ``max_bytes`` not an int (a bool
+            included): a programming error, not a bad file.
+        ValueError: ``max_bytes`` is below 1 (a plain ``ValueError``, not a ``TraceFileError``).
     """
+    max_bytes = check_max_bytes(max_bytes)
     view = memoryview(data).cast("B")
     size = len(view)
     if size > max_bytes:
@@ -704,19 +725,26 @@ def load_trace(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYT
     ``read_regular_file``).
 
     Args:
-        path: the file.
-        max_bytes: the largest file accepted, bytes (default 512 MiB).
+        path: the file, a ``str`` or ``os.PathLike``.
+        max_bytes: the largest file accepted, bytes: an int, at least 1 (default 512 MiB).
 
     Returns:
         The decoded trace.
 
     Raises:
+        TypeError: ``path`` is not a ``str`` or ``os.PathLike`` (an int would be read as a file
+            descriptor), or ``max_bytes`` is not an int (a bool included); checked before the
+            file is touched.
+        ValueError: ``max_bytes`` is below 1 (a plain ``ValueError``, not a
+            ``TraceFileError``).
         NotARegularFileError: ``path`` is not a regular file.
         TraceTooLargeError: the file exceeds ``max_bytes``.
         TraceFileError: another subclass, as ``loads``, for anything malformed.
         OSError: the path does not exist or cannot be opened or read (``FileNotFoundError``,
             ``PermissionError``, ...).
     """
+    check_path(path)
+    max_bytes = check_max_bytes(max_bytes)
     source = str(path)
     data = read_regular_file(
         path,

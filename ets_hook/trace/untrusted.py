@@ -13,7 +13,9 @@ CSV and ``opCodes.dict`` files):
 
 from __future__ import annotations
 
+import operator
 import os
+import reprlib
 import stat
 from collections.abc import Callable
 from typing import Any
@@ -53,6 +55,51 @@ def describe_file_type(mode: int) -> str:
     return "a special file"
 
 
+def check_path(path: object, name: str = "path") -> None:
+    """Check that an argument is a path: a ``str`` or an ``os.PathLike``.
+
+    An int would pass ``os.stat`` and ``open``, which take it for a file descriptor.
+
+    Args:
+        path: the argument.
+        name: the argument's name, for the message.
+
+    Raises:
+        TypeError: ``path`` is neither (an int, bytes, None, ...), naming ``name`` and it.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            f"{name} must be a str or os.PathLike, got {reprlib.repr(path)} ({type(path).__name__})"
+        )
+
+
+def check_max_bytes(max_bytes: object, name: str = "max_bytes") -> int:
+    """Check a size limit: an int of at least 1 (a bool is not one).
+
+    Args:
+        max_bytes: the argument.
+        name: the argument's name, for the messages.
+
+    Returns:
+        ``max_bytes``, as an ``int``.
+
+    Raises:
+        TypeError: it is not an int (``None``, a str, a float, a bool), naming ``name`` and it.
+        ValueError: it is below 1, naming ``name`` and it.
+    """
+    try:
+        if isinstance(max_bytes, bool):
+            raise TypeError("a bool is not a size")
+        value = operator.index(max_bytes)  # an int, or a numpy integer
+    except TypeError:
+        raise TypeError(
+            f"{name} must be an int, got {reprlib.repr(max_bytes)} ({type(max_bytes).__name__})"
+        ) from None
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return value
+
+
 def _fill(handle: Any, data: bytearray, start: int) -> int:
     """Read into ``data[start:]`` until it is full or the file ends; the new fill level."""
     with memoryview(data) as view:
@@ -82,7 +129,7 @@ def read_regular_file(
 
     Args:
         path: the file.
-        max_bytes: the largest size accepted, bytes.
+        max_bytes: the largest size accepted, bytes (at least 1).
         not_regular: builds the error raised for a path that is not a regular file, from a
             description of what it is ("a FIFO (named pipe)", see ``describe_file_type``).
         too_large: builds the error raised for a file over ``max_bytes``, from its size in
@@ -92,10 +139,15 @@ def read_regular_file(
         The file's contents.
 
     Raises:
+        TypeError: ``path`` is not a ``str`` or ``os.PathLike`` (an int would be read as a file
+            descriptor), or ``max_bytes`` is not an int (a bool included).
+        ValueError: ``max_bytes`` is below 1.
         Exception: what ``not_regular`` or ``too_large`` builds, as above.
         OSError: the path cannot be examined, opened or read (``FileNotFoundError``,
             ``PermissionError``, ...).
     """
+    check_path(path)
+    max_bytes = check_max_bytes(max_bytes)
     info = os.stat(path)
     if not stat.S_ISREG(info.st_mode):
         raise not_regular(describe_file_type(info.st_mode))

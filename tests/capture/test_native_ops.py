@@ -74,6 +74,24 @@ def contains(outer: RawOp, inner: RawOp) -> bool:
 # The path that runs
 
 
+def test_the_stub_declares_what_the_module_has(ops) -> None:
+    """``ets_hook/_ops.pyi`` (shipped beside ``_C.pyi``): every public name of the compiled
+    module, and nothing it lacks; callables declared as functions, constants as values."""
+    import ast
+
+    stub = ast.parse((Path(native_ops.__file__).parents[1] / "_ops.pyi").read_text())
+    functions = {n.name for n in stub.body if isinstance(n, ast.FunctionDef)}
+    constants = {
+        n.target.id
+        for n in stub.body
+        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+    }
+    public = {name for name in dir(ops) if not name.startswith("_")}
+    assert functions | constants == public
+    assert all(callable(getattr(ops, name)) for name in functions)
+    assert not any(callable(getattr(ops, name)) for name in constants)
+
+
 def test_the_hook_runs_the_native_observer_by_default(ops) -> None:
     """CI guard: a silent fallback to the profiler fails here."""
     model = mlp()

@@ -512,7 +512,8 @@ def test_train_on_a_folder_of_bad_traces_names_the_file(tmp_path: Path) -> None:
 
 
 #: (command, args, what the error line must say) for outputs that cannot be written; ``{t}``
-#: is a real trace, ``{o}`` an existing folder.
+#: is a real trace, ``{o}`` an existing folder (and ``{o}.npz`` one too). A path ending with a
+#: separator or in ``.`` names a directory: no file is written beside it (``{o}/new.npz``).
 OUTPUTS = {
     "export-missing-folder": (
         "export",
@@ -520,10 +521,27 @@ OUTPUTS = {
         "{o}/no-such-dir",
     ),
     "export-folder": ("export", "export {t} --chrome {o}", "{o}: a directory"),
-    "train-folder": ("train", "train {t} -o {o}", "{o}.npz: a directory"),
+    "export-trailing-slash": (
+        "export",
+        "export {t} --chrome {o}/new/",
+        "{o}/new/: names a directory, not a file to write",
+    ),
+    "train-folder": ("train", "train {t} -o {o}", "{o}: a directory, cannot write it"),
+    "train-npz-folder": ("train", "train {t} -o {o}.npz", "{o}.npz: a directory"),
+    "train-trailing-slash": (
+        "train",
+        "train {t} -o {o}/new/",
+        "{o}/new/: names a directory, not a file to write",
+    ),
+    "train-dot": ("train", "train {t} -o {o}/.", "{o}/.: names a directory, not a file to write"),
     "train-under-a-file": ("train", "train {t} -o {t}/m.npz", "{t} is not a directory"),
     "demo-missing-folder": ("demo", "demo --trace {o}/no-such-dir/d.ets", "{o}/no-such-dir"),
     "demo-folder": ("demo", "demo --trace {o}", "{o}: a directory"),
+    "demo-trailing-slash": (
+        "demo",
+        "demo --steps 10 --model gpt --trace {o}/new/",
+        "{o}/new/: names a directory, not a file to write",
+    ),
 }
 
 
@@ -538,6 +556,42 @@ def test_an_output_that_cannot_be_written_exits_2_before_any_work(
     run = ets_hook(*args.format(**names).split(), timeout=60)
     assert_input_error(run, command, says.format(**names))
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["o", "o.npz"]
+
+
+@pytest.mark.parametrize(
+    ("output", "says"),
+    [("", "-o '': an empty path names no file"), (".", ".: names a directory")],
+    ids=["empty", "dot"],
+)
+def test_train_to_an_output_that_names_no_file_exits_2(
+    output: str, says: str, tmp_path: Path
+) -> None:
+    """``-o ""`` and ``-o .``: one line, not ``Path('.') has an empty name`` in a traceback."""
+    run = ets_hook("train", tmp_path / "missing.csv", "-o", output)
+    assert_input_error(run, "train", says)
+
+
+#: Where no file can be created: ``/proc`` is a directory ``os.access`` lets root write, but
+#: it takes no new file. (command, args); ``{m}`` is a missing input, checked only after.
+PROC_OUTPUTS = {
+    "train": "train {m} -o /proc/ets-hook-test/m.npz",
+    "export": "export {m} --chrome /proc/ets-hook-test.json",
+    "demo": "demo --steps 10 --model gpt --trace /proc/ets-hook-test.ets",
+}
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="no /proc")
+@pytest.mark.parametrize("command", PROC_OUTPUTS)
+def test_an_output_folder_that_takes_no_file_exits_2_before_any_work(
+    command: str, tmp_path: Path
+) -> None:
+    """Refused before the inputs are read or anything is trained (demo: before it trained the
+    whole job and then exited 1), naming the output, not a temp file of ets-hook's."""
+    args = PROC_OUTPUTS[command].format(m=tmp_path / "missing.ets").split()
+    output = args[-1] if command == "demo" else args[3]
+    run = ets_hook(*args, timeout=60)
+    assert_input_error(run, command, f": error: {output}: ", "/proc")
+    assert "missing.ets" not in run.stderr and ".tmp" not in run.stderr
 
 
 # ---------------------------------------------------------------------------------------------
@@ -556,6 +610,21 @@ USAGE_ERRORS = {
     "train x.csv -o m.npz --width 0": ["argument --width", "must be >= 1"],
     "evaluate m.npz": ["TRACES"],
     "build-ops --frobnicate": ["unrecognized arguments: --frobnicate"],
+    # --seed: an int in [0, 2**63 - 1] in every subcommand, the error naming it and the value
+    "demo --steps 10 --model gpt --seed -1": ["argument --seed", "got -1"],
+    "demo --steps 10 --model gpt --seed 99999999999999999999": [
+        "argument --seed",
+        "must be in [0, 2**63 - 1], got 99999999999999999999",
+    ],
+    "demo --steps 10 --model gpt --seed 9223372036854775808": [
+        "argument --seed",
+        "got 9223372036854775808",
+    ],
+    "train x.csv -o m.npz --seed -1": ["argument --seed", "must be in [0, 2**63 - 1], got -1"],
+    "train x.csv -o m.npz --seed 99999999999999999999": [
+        "argument --seed",
+        "got 99999999999999999999",
+    ],
 }
 
 

@@ -71,6 +71,20 @@ def test_a_lasting_shift_moves_the_estimate_to_the_new_level() -> None:
     assert not estimate_measured(steady(8, 200)).level_shifted  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("recovered", [200, 400, 1000, 2000])
+def test_a_slowdown_that_ended_leaves_the_level_after_it(recovered: int) -> None:
+    """Fast, 2x slower for 2000 steps (a neighbour's job), fast again: the last level is the
+    recovered one. Before, the best single split was the slowdown's start, and from ~400 steps
+    after the recovery the estimate was the mean of slow and fast steps (16.7 ms at 400, 13.4
+    at 1000 against 10)."""
+    x = steady(21, 4000 + recovered, cv=0.03)
+    x[2000:4000] *= 2.0
+    assert find_level_shift(x) == pytest.approx(4000, abs=3)
+    est = estimate_measured(x)
+    assert est is not None and est.level_shifted
+    assert est.iteration_s == pytest.approx(MU, rel=0.05)
+
+
 def test_a_raised_level_too_short_to_be_lasting_is_a_burst_not_a_shift() -> None:
     x = steady(9, 200)
     x[-MAX_BURST_STEPS + 1 :] *= 1.6  # the last four steps

@@ -773,6 +773,8 @@ BAD_OPTIONS: list[tuple[dict[str, Any], str]] = [
     ({"checkpoint_files": 0}, "checkpoint_files must be an int >= 1, got 0"),
     ({"op_capture": "fast"}, "op_capture must be one of"),
     ({"on_prediction": 3}, "on_prediction must be callable, got 3"),
+    ({"prog_bar": "yes"}, "prog_bar must be True or False, got 'yes'"),
+    ({"decode_in_background": "no"}, "decode_in_background must be True or False, got 'no'"),
 ]
 
 

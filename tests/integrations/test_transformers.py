@@ -753,6 +753,8 @@ BAD_OPTIONS: list[tuple[dict[str, Any], str]] = [
     ({"dashboard_ranks": 0}, "dashboard_ranks must be a collection of ranks"),
     ({"verbose": "yes"}, "verbose must be True or False, got 'yes'"),
     ({"trace_estimator": "magic"}, "trace_estimator must be 'auto', None or a callable"),
+    ({"decode_in_background": None}, "decode_in_background must be True or False, got None"),
+    ({"capture_kernels": "on"}, "capture_kernels must be True, False or None (on CUDA)"),
 ]
 
 

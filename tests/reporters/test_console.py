@@ -73,7 +73,10 @@ def test_lines_show_on_stderr_by_default(runs) -> None:
 
 
 def test_verbose_false_shows_nothing(runs) -> None:
+    """Warnings included: before, Python's last-resort handler printed them bare."""
     assert "ets-hook" not in runs["quiet"]
+    assert "closed without a single training step" not in runs["quiet"]
+    assert runs["quiet"].strip() == "", runs["quiet"]
 
 
 def test_configured_logging_gets_each_line_once_through_its_own_handlers(runs) -> None:

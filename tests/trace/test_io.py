@@ -439,3 +439,71 @@ def test_an_unknown_or_reordered_phase_table_is_corrupt():
     payload["phases"] = list(reversed(payload["phases"]))
     with pytest.raises(CorruptTraceError, match="phases"):
         loads(_with_payload(payload))
+
+
+# ---------------------------------------------------------------------------------------------
+# Arguments: a wrong type or value is the caller's error (TypeError / ValueError naming the
+# argument and the value), checked before any file is touched, never a TraceFileError
+
+
+#: max_bytes -> (error, what its message says)
+BAD_MAX_BYTES = {
+    -1: (ValueError, "max_bytes must be >= 1, got -1"),
+    0: (ValueError, "max_bytes must be >= 1, got 0"),
+    "big": (TypeError, "max_bytes must be an int, got 'big' (str)"),
+    None: (TypeError, "max_bytes must be an int, got None (NoneType)"),
+    True: (TypeError, "max_bytes must be an int, got True (bool)"),
+    1.5: (TypeError, "max_bytes must be an int, got 1.5 (float)"),
+}
+
+
+@pytest.mark.parametrize("max_bytes", list(BAD_MAX_BYTES), ids=repr)
+def test_load_trace_checks_max_bytes(tmp_path, max_bytes):
+    path = save_trace(sample_trace(), tmp_path / "t.ets")
+    error, says = BAD_MAX_BYTES[max_bytes]
+    for load in (lambda: load_trace(path, max_bytes=max_bytes),
+                 lambda: loads(path.read_bytes(), max_bytes=max_bytes)):  # fmt: skip
+        with pytest.raises(error) as info:
+            load()
+        assert str(info.value) == says
+        assert not isinstance(info.value, TraceFileError)  # not a bad file: a bad argument
+    assert load_trace(path, max_bytes=np.int64(path.stat().st_size)) == sample_trace()
+
+
+@pytest.mark.parametrize("path", [5, None, b"t.ets"], ids=repr)
+def test_load_trace_path_must_be_a_path(tmp_path, path, monkeypatch):
+    """An int is not taken for a file descriptor (``os.stat(5)`` would read fd 5)."""
+    monkeypatch.chdir(tmp_path)
+    save_trace(sample_trace(), tmp_path / "t.ets")
+    with pytest.raises(TypeError, match=r"^path must be a str or os\.PathLike, got ") as info:
+        load_trace(path)
+    assert repr(path) in str(info.value)
+
+
+def test_save_trace_checks_its_arguments_before_writing(tmp_path):
+    target = tmp_path / "x.ets"
+    with pytest.raises(TypeError, match=r"^trace must be a Trace, got 'hello' \(str\)$"):
+        save_trace("hello", target)
+    with pytest.raises(TypeError, match=r"^trace must be a Trace, got None \(NoneType\)$"):
+        dumps(None)
+    with pytest.raises(TypeError, match=r"^path must be a str or os\.PathLike, got 5 \(int\)$"):
+        save_trace(sample_trace(), 5)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_save_trace_errors_name_the_path_given_and_leave_no_temp_file(tmp_path):
+    """Not ets-hook's own temp file (``/nonexistent/.x.ets.host.pid.xyz.tmp``), and not EBUSY
+    for ``"."``: the path the caller gave, as ``open(path, "wb")`` would say it."""
+    trace = sample_trace()
+    missing = tmp_path / "no-such-dir" / "x.ets"
+    with pytest.raises(FileNotFoundError) as info:
+        save_trace(trace, missing)
+    assert info.value.filename == str(missing) and info.value.filename2 is None
+    assert ".tmp" not in str(info.value)
+    (tmp_path / "folder").mkdir()
+    for path in (tmp_path / "folder", str(tmp_path / "new") + os.sep, "."):
+        with pytest.raises(IsADirectoryError) as info:
+            save_trace(trace, path)
+        assert info.value.filename == os.fspath(path), info.value
+        assert ".tmp" not in str(info.value)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["folder"]  # no temp file anywhere
