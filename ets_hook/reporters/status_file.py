@@ -242,18 +242,36 @@ class StatusFileReporter(Reporter):
         for attempt in range(CLOSE_ATTEMPTS):
             if attempt:
                 time.sleep(CLOSE_PAUSE_S)
-            if self._attempt(outcome, prediction, error, time.monotonic()):
+            final = (attempt + 1, CLOSE_ATTEMPTS)
+            if self._attempt(outcome, prediction, error, time.monotonic(), final=final):
                 return
 
     def _attempt(
-        self, state: str, prediction: Prediction | None, error: str | None, now: float
+        self,
+        state: str,
+        prediction: Prediction | None,
+        error: str | None,
+        now: float,
+        *,
+        final: tuple[int, int] | None = None,
     ) -> bool:
+        """One write; on failure, a warning and the next retry's time (the final writes at
+        close, ``final`` = (attempt, attempts), say which attempt failed: none follows later).
+        """
         try:
             self.write(state, prediction, error)
         except OSError as exc:
             self._failures += 1
             delay = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (self._failures - 1))
             self._retry_at = now + delay
+            if final is not None:
+                logger.warning(
+                    "cannot write the final status file %s (%s): attempt %d of %d",
+                    self.path,
+                    exc,
+                    *final,
+                )
+                return False
             logger.warning(
                 "cannot write the status file %s (%s); retrying in %.0f s",
                 self.path,

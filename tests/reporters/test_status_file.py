@@ -484,3 +484,23 @@ def test_a_job_that_ended_before_its_limit_was_not_stopped_by_it(tmp_path: Path)
     f.close()
     p = json.loads(path.read_text())["prediction"]
     assert p["total_s"] < 30.0 and p["stopped_by_time_limit"] is False
+
+
+def test_the_final_write_that_fails_says_which_attempt_and_promises_no_retry(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The folder removed before the job's end: the three final attempts each say so, none
+    says "retrying in N s" (nothing retries after close)."""
+    folder = tmp_path / "status"
+    folder.mkdir()
+    reporter = StatusFileReporter(folder / "status.json")
+    folder.rmdir()
+    with caplog.at_level(logging.WARNING, logger="ets_hook"):
+        reporter.on_close(None)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 3, messages
+    assert [m.rsplit(": ", 1)[1] for m in messages] == [
+        "attempt 1 of 3", "attempt 2 of 3", "attempt 3 of 3"
+    ]  # fmt: skip
+    assert all(str(folder / "status.json") in m for m in messages)
+    assert not [m for m in messages if "retrying" in m]
