@@ -80,7 +80,6 @@ from .forecast.job import (
     checkpoint_cost_prior,
     ended_short_note,
     eval_prior_from_loaders,
-    micro_batch_total_note,
 )
 from .forecast.prediction import Prediction
 from .forecast.ranks import JobView
@@ -543,8 +542,6 @@ class ETSHook:
             and not disabled
             else None
         )
-        if not disabled:
-            self._check_micro_batch_total(total_steps, dataloader, job)
         self._hooks_removal_deferred = False
         self._new_optimizer_noted = False
         self._anomaly_noted = False
@@ -1434,17 +1431,6 @@ class ETSHook:
             self._compile_warmup_end = step_index + 2
             self._forecaster.set_warmup_steps(self._compile_warmup_end)
 
-    def _check_micro_batch_total(self, total_steps: Any, dataloader: Any, job: JobModel) -> None:
-        """A ``total_steps`` that looks like a count of batches under gradient accumulation
-        (``micro_batch_total_note``): said once, at creation; the length is not changed."""
-        try:
-            batches = len(dataloader) if dataloader is not None else None
-        except Exception:
-            return
-        note = micro_batch_total_note(total_steps, batches, job.grad_accum_steps)
-        if note is not None:
-            logger.warning("%s", note)
-
     def _note_ended_short(self) -> None:
         """Closed before the job's length was run (a plain loop; a framework's own stops are
         its callbacks'): said once (``ended_short_note``)."""
@@ -1453,7 +1439,7 @@ class ETSHook:
             job.initial_step + self.steps_completed, job.total_steps, job.grad_accum_steps
         )
         if note is not None:
-            logger.log(*note)
+            logger.info("%s", note)
 
     def _check_anomaly_mode(self) -> None:
         """Say once when autograd's anomaly detection is on in an early step: its steps run

@@ -248,15 +248,33 @@ def _level_shift(logs: np.ndarray) -> int | None:
     start = None
     while True:
         offset = 0 if start is None else start
-        split = _one_level_shift(logs[offset:])
-        if split is None:
+        found = _best_split(logs[offset:])
+        if found is None:
             return start
+        split, counts = found
+        if not counts:
+            # The best split may leave a level that mixes two (fast, slow for a while, fast
+            # again: the slow stretch and the recovery inflate the noise around one "level"
+            # until no split counts). The steps after it, and after the best split of the
+            # steps before it, are searched once more for a change that counts.
+            heads = [split]
+            before = _best_split(logs[offset : offset + split])
+            if before is not None:
+                heads.append(before[0])
+            for head in heads:
+                inner = _best_split(logs[offset + head :])
+                if inner is not None and inner[1]:
+                    split = head + inner[0]
+                    break
+            else:
+                return start
         start = offset + split
 
 
-def _one_level_shift(logs: np.ndarray) -> int | None:
-    """The best single change point of ``logs`` if it counts (``find_level_shift``), else
-    None."""
+def _best_split(logs: np.ndarray) -> tuple[int, bool] | None:
+    """The best single change point of ``logs`` and whether it counts (``find_level_shift``);
+    None where none can be searched (too few steps, the best at the latest point, a change
+    below ``MIN_SHIFT_REL``)."""
     m = len(logs)
     before, after = MIN_SHIFT_STEPS // 2, MIN_SHIFT_STEPS
     if m < before + after:
@@ -277,7 +295,7 @@ def _one_level_shift(logs: np.ndarray) -> int | None:
     sd = max(float(np.std(residual)), MIN_NOISE_REL)
     rho = min(max(lag1(residual), 0.0), 0.9)
     se = sd * math.sqrt((1 + rho) / (1 - rho)) / float(weight[best])
-    return split if abs(diff) / se >= SHIFT_Z else None
+    return split, abs(diff) / se >= SHIFT_Z
 
 
 def split_contention(x: np.ndarray) -> ContentionSplit:

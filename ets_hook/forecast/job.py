@@ -21,7 +21,6 @@ first measured occurrence replaces the prior.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -685,71 +684,31 @@ def remaining_phase_time(phases: tuple[PhaseForecast, ...]) -> tuple[float, floa
     return total, ci
 
 
-def micro_batch_total_note(
-    total_steps: int | None, batches_per_epoch: int | None, grad_accum_steps: int
-) -> str | None:
-    """What to say of a ``total_steps`` that is a whole number of ``len(dataloader)`` while a
-    step takes ``grad_accum_steps`` >= 2 batches: most likely the job's batches (``epochs *
-    len(loader)``, kept from a loop without accumulation), while a step is an optimizer step,
-    so every ETA would be that many times too long.
-
-    Args:
-        total_steps: the length given, optimizer steps; None: not given.
-        batches_per_epoch: ``len(dataloader)``; None: unknown.
-        grad_accum_steps: batches per optimizer step.
-
-    Returns:
-        The warning's text, or None where nothing points that way.
-    """
-    accumulation = grad_accum_steps
-    if (
-        total_steps is None
-        or batches_per_epoch is None
-        or not isinstance(batches_per_epoch, int)
-        or accumulation < 2
-        or batches_per_epoch < accumulation
-        or total_steps % batches_per_epoch
-    ):
-        return None
-    epochs = total_steps // batches_per_epoch
-    per_epoch = -(-batches_per_epoch // accumulation)
-    return (
-        f"total_steps={total_steps} is {epochs} x len(dataloader)={batches_per_epoch}, a count "
-        f"of batches, but with grad_accum_steps={accumulation} a step is an optimizer step: "
-        f"about {per_epoch} an epoch, {epochs * per_epoch} in all, and every ETA would be "
-        f"~{accumulation}x too long; pass epochs={epochs} with dataloader= (or total_steps in "
-        f"optimizer steps) if the loop steps once per {accumulation} batches"
-    )
-
-
-def ended_short_note(
-    steps_done: int, total_steps: int | None, grad_accum_steps: int
-) -> tuple[int, str] | None:
-    """What to say of a job closed at ``steps_done`` before its length: the ETAs were for a
-    longer job. A warning where it ran about ``1 / grad_accum_steps`` of it (``total_steps``
-    counted batches, not optimizer steps), else a note.
+def ended_short_note(steps_done: int, total_steps: int | None, grad_accum_steps: int) -> str | None:
+    """What to say of a job closed at ``steps_done``, before its length: every ETA was for
+    the whole length. A loop that stopped early on purpose reads it as a fact; one whose
+    ``total_steps`` counted batches under gradient accumulation (``epochs * len(loader)`` kept
+    after adding ``grad_accum_steps``: every ETA N times too long) learns why. Nothing tells
+    the two apart for sure (a loop that breaks at a quarter of its length under accumulation 4
+    looks the same), so this is a note, not a warning.
 
     Args:
         steps_done: the global step it ended at (the initial step included).
-        total_steps: the length it was given; None: unknown (nothing to say).
+        total_steps: the length it was given or worked out; None: unknown (nothing to say).
         grad_accum_steps: batches per optimizer step.
 
     Returns:
-        ``(logging level, text)``, or None where it was not short.
+        The note's text, or None where it was not short.
     """
     if total_steps is None or steps_done <= 0 or steps_done >= total_steps:
         return None
-    accumulation = grad_accum_steps
-    if accumulation > 1 and 0.75 <= total_steps / (steps_done * accumulation) <= 1.34:
-        return (
-            logging.WARNING,
-            f"finished at step {steps_done} of total_steps={total_steps}, about "
-            f"1/{accumulation} of it: total_steps counted batches, not optimizer steps "
-            f"(grad_accum_steps={accumulation}), and every ETA was ~{accumulation}x too long; "
-            "give the length in optimizer steps (or epochs= with dataloader=)",
-        )
-    return (
-        logging.INFO,
-        f"finished at step {steps_done} of the {total_steps} it was given (total_steps): the "
-        "ETAs were for the whole length",
+    text = (
+        f"finished at step {steps_done} of the {total_steps} steps it was given: every ETA "
+        f"was for all {total_steps}"
     )
+    if grad_accum_steps > 1:
+        text += (
+            f" (a step is an optimizer step: with grad_accum_steps={grad_accum_steps}, a "
+            "total_steps counted in batches is that many times too long)"
+        )
+    return text

@@ -71,6 +71,18 @@ def test_a_lasting_shift_moves_the_estimate_to_the_new_level() -> None:
     assert not estimate_measured(steady(8, 200)).level_shifted  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("after", [100, 250, 400, 600, 1200, 2200])
+def test_a_short_slowdown_that_ended_long_ago_leaves_the_level_after_it(after: int) -> None:
+    """400 fast, 400 at 2.7x, then fast again (a re-trial's case): before, once the recovery
+    outlasted ~250 steps, no single split counted (the slow stretch and the recovery, taken
+    as one level, inflate its noise) and the step time went back to the job's mean."""
+    x = steady(22, 800 + after, cv=0.02)
+    x[400:800] *= 2.7
+    assert find_level_shift(x) == pytest.approx(800, abs=3)
+    est = estimate_measured(x)
+    assert est is not None and est.iteration_s == pytest.approx(MU, rel=0.05)
+
+
 @pytest.mark.parametrize("recovered", [200, 400, 1000, 2000])
 def test_a_slowdown_that_ended_leaves_the_level_after_it(recovered: int) -> None:
     """Fast, 2x slower for 2000 steps (a neighbour's job), fast again: the last level is the

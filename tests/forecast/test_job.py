@@ -352,39 +352,14 @@ def test_bad_final_phases_are_value_errors(value: object) -> None:
         JobModel.from_args(total_steps=10, final_phases=value)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(
-    ("total_steps", "batches", "accumulation", "said"),
-    [
-        (84, 42, 4, True),  # 2 epochs of batches under accumulation 4
-        (22, 42, 4, False),  # optimizer steps: fine
-        (84, 42, 1, False),  # no accumulation: a batch is a step
-        (85, 42, 4, False),  # not a whole number of epochs
-        (84, None, 4, False),  # loader length unknown
-        (None, 42, 4, False),
-        (6, 3, 4, False),  # fewer batches than one accumulation
-    ],
-)
-def test_a_total_in_batches_under_accumulation_is_named(
-    total_steps: int | None, batches: int | None, accumulation: int, said: bool
-) -> None:
-    from ets_hook.forecast.job import micro_batch_total_note
-
-    note = micro_batch_total_note(total_steps, batches, accumulation)
-    assert (note is not None) is said
-    if said:
-        assert note is not None and "about 11 an epoch, 22 in all" in note
-
-
-def test_a_job_ended_short_is_named_and_one_at_a_quarter_under_accumulation_warned() -> None:
-    import logging
-
+def test_a_job_ended_short_is_noted_with_what_accumulation_means() -> None:
     from ets_hook.forecast.job import ended_short_note
 
     assert ended_short_note(10, 10, 4) is None  # ran its length
     assert ended_short_note(0, 10, 1) is None
     assert ended_short_note(5, None, 1) is None
-    level, text = ended_short_note(4, 10, 1) or (0, "")
-    assert level == logging.INFO and "step 4 of the 10" in text
-    level, text = ended_short_note(22, 84, 4) or (0, "")
-    assert level == logging.WARNING and "about 1/4" in text
-    assert (ended_short_note(40, 84, 4) or (0, ""))[0] == logging.INFO  # half: another reason
+    plain = ended_short_note(4, 10, 1)
+    assert plain == "finished at step 4 of the 10 steps it was given: every ETA was for all 10"
+    accumulating = ended_short_note(22, 84, 4)
+    assert accumulating is not None and accumulating.startswith("finished at step 22 of the 84")
+    assert "grad_accum_steps=4" in accumulating and "counted in batches" in accumulating
