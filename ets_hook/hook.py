@@ -89,6 +89,7 @@ from .hook_arguments import (
     check_checkpoint_options,
     check_epochs_length,
     check_grad_scaler,
+    check_switches,
     checked_device,
     plain_number,
     warn_if_deadline_past,
@@ -379,14 +380,7 @@ class ETSHook:
         adaptive_window = capture_steps is None
         capture_steps = MAX_ADAPTIVE_CAPTURE_STEPS if capture_steps is None else capture_steps
         check_window_settings(capture_steps, skip_steps, op_capture, record_shapes)
-        if capture_kernels is not None and not isinstance(capture_kernels, bool):
-            raise ValueError(
-                f"capture_kernels must be True, False or None (on CUDA), got {capture_kernels!r}"
-            )
-        if not isinstance(decode_in_background, bool):
-            raise ValueError(
-                f"decode_in_background must be True or False, got {decode_in_background!r}"
-            )
+        check_switches(capture_kernels, decode_in_background)
         optimizers = optimizer_list(optimizer)
         rank, world_size = distributed_rank()
         rank_trace = checked_trace_path(trace_path, rank, world_size)
@@ -599,7 +593,7 @@ class ETSHook:
                 on_new_optimizer=self._guarded(self._on_new_optimizer),
                 on_first_optimizer_step=self._guarded(self._on_first_optimizer_step),
                 on_repeated_optimizer=self._guarded(self._on_repeated_optimizer),
-                on_error=self._on_detector_error,
+                on_error=self._fail_unless_deadline,
             )
         )
         if not self._detector.sees_forwards and not disabled:
@@ -1108,10 +1102,8 @@ class ETSHook:
                 return
             try:
                 function(*args)
-            except DeadlineExceededError:
-                raise  # the one failure meant to reach the training loop
             except Exception as exc:
-                self._fail(exc)
+                self._fail_unless_deadline(exc)
 
         return call
 
@@ -1508,9 +1500,10 @@ class ETSHook:
     # ------------------------------------------------------------------------------------------
     # Failure handling
 
-    def _on_detector_error(self, exc: Exception) -> None:
-        """The step detector failed inside a forward or optimizer hook: the loop goes on (a
-        step timer, ``_fail``), except for the deadline error meant to reach it."""
+    def _fail_unless_deadline(self, exc: Exception) -> None:
+        """A failure in the hook's work inside the loop's own calls (a callback, the step
+        detector's forward and optimizer hooks): the loop goes on (a step timer, ``_fail``),
+        except for ``DeadlineExceededError``, the one failure meant to reach it (raised)."""
         if isinstance(exc, DeadlineExceededError):
             raise exc
         self._fail(exc)

@@ -130,6 +130,22 @@ def check_checkpoint_options(checkpoint_files: Any, checkpoint_in_memory: Any) -
         raise ValueError(f"checkpoint_in_memory must be a bool, got {checkpoint_in_memory!r}")
 
 
+def check_switches(capture_kernels: Any, decode_in_background: Any) -> None:
+    """``capture_kernels``: a bool or None (on CUDA); ``decode_in_background``: a bool.
+
+    Raises:
+        ValueError: either is not, naming it and its value.
+    """
+    if capture_kernels is not None and not isinstance(capture_kernels, bool):
+        raise ValueError(
+            f"capture_kernels must be True, False or None (on CUDA), got {capture_kernels!r}"
+        )
+    if not isinstance(decode_in_background, bool):
+        raise ValueError(
+            f"decode_in_background must be True or False, got {decode_in_background!r}"
+        )
+
+
 def check_epochs_length(epochs: Any, steps_per_epoch: Any, dataloader: Any) -> None:
     """``epochs`` (a valid number of them) needs steps per epoch from ``steps_per_epoch`` or
     ``dataloader``: the message names the hook's own arguments (``JobModel.from_args`` also

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..reporters.ascii_text import ERRORS, needs_substitutes
-from ..trace.atomic import check_writable
+from ..trace.atomic import check_writable, names_a_directory
 from ..trace.untrusted import describe_file_type
 
 #: Exit codes of ``ets-hook``.
@@ -220,8 +220,7 @@ def require_file_name(path: str | os.PathLike[str], *, option: str | None = None
     text = os.fspath(path)
     if not text:
         raise InputError(f"{option + ' ' if option else ''}'': an empty path names no file")
-    separators = tuple(s for s in (os.sep, os.altsep) if s)
-    if text.endswith(separators) or os.path.basename(text) in (".", ".."):
+    if names_a_directory(text):
         raise InputError(f"{text}: names a directory, not a file to write")
     target = Path(text)
     try:

@@ -24,6 +24,7 @@ from ..hook import ETSHook
 from ..hook_arguments import (
     check_checkpoint_options,
     check_grad_scaler,
+    check_switches,
     checked_device,
     plain_number,
 )
@@ -97,14 +98,7 @@ def check_hook_options(options: Mapping[str, Any]) -> None:
     def value(name: str) -> Any:
         return given.get(name, HOOK_DEFAULTS.get(name))
 
-    for name in ("decode_in_background", "verbose", "checkpoint_in_memory"):
-        if name in given and not isinstance(given[name], bool):
-            raise ValueError(f"{name} must be True or False, got {given[name]!r}")
-    if given.get("capture_kernels") is not None and not isinstance(given["capture_kernels"], bool):
-        raise ValueError(
-            "capture_kernels must be True, False or None (on CUDA), got "
-            f"{given['capture_kernels']!r}"
-        )
+    check_switches(value("capture_kernels"), value("decode_in_background"))
     if "model" in given and not isinstance(given["model"], torch.nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(given['model']).__name__}")
     for name in _JOB_COUNTS:

@@ -110,6 +110,21 @@ def _about(exc: OSError, path: str | os.PathLike[str]) -> OSError:
         return OSError(exc.errno, exc.strerror, os.fspath(path))
 
 
+def names_a_directory(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path``'s own name is a directory's, whatever exists there: it ends with a
+    path separator, or its last part is ``.`` or ``..``.
+
+    Args:
+        path: the path, as given (``Path`` would drop a trailing separator).
+
+    Returns:
+        True for such a name.
+    """
+    text = os.fspath(path)
+    separators = tuple(s for s in (os.sep, os.altsep) if s)
+    return text.endswith(separators) or os.path.basename(text) in (".", "..")
+
+
 def _refuse_directory(path: str | os.PathLike[str], target: Path) -> None:
     """Raise ``IsADirectoryError`` naming ``path`` where it names a directory: an existing one
     (or a link to one), or a name ending with a path separator or in ``.`` or ``..``;
@@ -118,11 +133,8 @@ def _refuse_directory(path: str | os.PathLike[str], target: Path) -> None:
     text = os.fspath(path)
     if not text:
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), text)
-    separators = tuple(s for s in (os.sep, os.altsep) if s)
     try:
-        directory = (
-            text.endswith(separators) or os.path.basename(text) in (".", "..") or target.is_dir()
-        )
+        directory = names_a_directory(text) or target.is_dir()
     except OSError as exc:
         raise _about(exc, path) from exc
     if directory:

@@ -743,10 +743,8 @@ def load_trace(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYT
         OSError: the path does not exist or cannot be opened or read (``FileNotFoundError``,
             ``PermissionError``, ...).
     """
-    check_path(path)
-    max_bytes = check_max_bytes(max_bytes)
     source = str(path)
-    data = read_regular_file(
+    data = read_regular_file(  # checks path and max_bytes first
         path,
         max_bytes,
         not_regular=lambda kind: NotARegularFileError(
