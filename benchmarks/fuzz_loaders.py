@@ -900,8 +900,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the report here")
     args = parser.parse_args(argv)
     names = list(iter_loaders(args.loaders))
-    logging.disable(logging.WARNING)  # the importers warn on FP16 rows
-    warnings.simplefilter("ignore")  # literal_eval's SyntaxWarnings on hostile literals
+    # Quiet for the run only (a test calls main() in-process): the importers warn on FP16
+    # rows, literal_eval on hostile literals.
+    disabled_before = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return _run(args, names)
+    finally:
+        logging.disable(disabled_before)
+
+
+def _run(args: argparse.Namespace, names: list[str]) -> int:
+    """``main``'s fuzzing and report, once its arguments are parsed."""
     report: dict[str, Any] = {"inputs_per_loader": args.inputs, "seed": args.seed}
     escaped = 0
     with tempfile.TemporaryDirectory(prefix="ets-fuzz-") as tmp:

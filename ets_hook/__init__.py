@@ -28,16 +28,19 @@ __version__ = "0.1.0"
 __all__ = [
     "CaptureInfo",
     "DeadlineExceededError",
+    "DeadlineMiss",
     "DeviceInfo",
     "ETSHook",
     "EarlyStoppingRule",
     "HostInfo",
     "IterationTrace",
     "JobModel",
+    "JobView",
     "KernelEvent",
     "KernelKind",
     "OpEvent",
     "Phase",
+    "PhaseForecast",
     "Prediction",
     "Trace",
     "TraceEstimate",
@@ -49,16 +52,21 @@ __all__ = [
 
 if TYPE_CHECKING:
     from .forecast.early_stop import EarlyStoppingRule
-    from .forecast.job import JobModel
+    from .forecast.job import JobModel, PhaseForecast
     from .forecast.prediction import Prediction
+    from .forecast.ranks import JobView
     from .forecast.stats import TraceEstimate
     from .hook import ETSHook
+    from .reporters.deadline import DeadlineMiss
 
 _LAZY = {
     "ETSHook": ("hook", "ETSHook"),
     "EarlyStoppingRule": ("forecast.early_stop", "EarlyStoppingRule"),
     "Prediction": ("forecast.prediction", "Prediction"),
     "JobModel": ("forecast.job", "JobModel"),
+    "PhaseForecast": ("forecast.job", "PhaseForecast"),
+    "JobView": ("forecast.ranks", "JobView"),
+    "DeadlineMiss": ("reporters.deadline", "DeadlineMiss"),
     "TraceEstimate": ("forecast.stats", "TraceEstimate"),
 }
 

@@ -56,6 +56,8 @@ from .capture.sysinfo import (
 from .capture.window import (
     DEFAULT_SKIP_STEPS,
     MAX_ADAPTIVE_CAPTURE_STEPS,
+    OpCapture,
+    RecordShapes,
     WindowState,
     check_window_settings,
 )
@@ -91,13 +93,14 @@ from .hook_arguments import (
     check_grad_scaler,
     check_switches,
     checked_device,
+    checked_timeout_s,
     plain_number,
     warn_if_deadline_past,
 )
 from .launcher import restart_count
 from .reporters.base import ReportDispatcher
 from .reporters.builder import build_reporters, check_log_every
-from .reporters.deadline import DeadlineMiss
+from .reporters.deadline import DeadlineAction, DeadlineMiss, DeadlinePolicy
 from .trace.events import Trace
 
 logger = logging.getLogger("ets_hook")
@@ -187,12 +190,12 @@ class ETSHook:
         rank_exchange_timeout_s: float | None = DEFAULT_EXCHANGE_TIMEOUT_S,
         on_prediction: Callable[[Prediction], Any] | None = None,
         deadline: float | datetime | Literal[False] | None = None,
-        on_deadline: str | Callable[[DeadlineMiss], Any] = "warn",
-        deadline_policy: str = "confident",
+        on_deadline: DeadlineAction | Callable[[DeadlineMiss], Any] = "warn",
+        deadline_policy: DeadlinePolicy = "confident",
         time_limit_s: float | None = None,
         grad_scaler: Any = None,
-        record_shapes: str = "first",
-        op_capture: str = "auto",
+        record_shapes: RecordShapes = "first",
+        op_capture: OpCapture = "auto",
         capture_kernels: bool | None = None,
         trace_estimator: TraceEstimator | Literal["auto"] | None = "auto",
         device: Any = None,
@@ -834,12 +837,15 @@ class ETSHook:
         finishes or fails.
 
         Args:
-            timeout_s: seconds to wait at most; None: no limit.
+            timeout_s: seconds (>= 0) to wait at most; None: no limit.
 
         Returns:
             The trace, or None (capture not over, failed, off, or the timeout passed).
+
+        Raises:
+            ValueError: ``timeout_s`` is not a number >= 0 or None.
         """
-        return self._window.wait(timeout_s)
+        return self._window.wait(checked_timeout_s(timeout_s))
 
     @property
     def closed(self) -> bool:
@@ -868,23 +874,28 @@ class ETSHook:
         """
         return self._window.kernel_status
 
-    def close(self, timeout_s: float = 60.0) -> None:
+    def close(self, timeout_s: float | None = 60.0) -> None:
         """Stop capture, remove every hook, wait for decoding, hand out the final prediction.
 
         A window still open is cut short and decoded (abandoned if none of its steps ended).
         Reporters get their ``on_close`` (final log line, status file marked closed, ...).
-        Safe to call twice and from any thread;
-        never raises. On the native path every op callback is gone when it returns. On the
-        profiler path, whose session only the thread that started it can end, a call from
-        another thread during the window leaves the hooks in place until the training thread's
-        next step boundary (or hook call) ends the session and finishes closing; the final
+        Safe to call twice and from any thread; never raises but for a bad argument. On the
+        native path every op callback is gone when it returns. On the profiler path, whose
+        session only the thread that started it can end, a call from another thread during
+        the window leaves the hooks in place until the training thread's next step boundary
+        (or hook call) ends the session and finishes closing; the final
         prediction is handed out then.
 
         Args:
-            timeout_s: seconds to wait at most for the decode thread; after that, decoding
-                goes on in the background and ``trace`` may appear later.
+            timeout_s: seconds (>= 0) to wait at most for the decode thread; after that,
+                decoding goes on in the background and ``trace`` may appear later. None: no
+                limit.
+
+        Raises:
+            ValueError: ``timeout_s`` is not a number >= 0 or None (checked before anything
+                is closed; nothing else raises).
         """
-        self._close(timeout_s, exits.CLOSED, None)
+        self._close(checked_timeout_s(timeout_s), exits.CLOSED, None)
 
     def close_at_exit(self, outcome: str, error: str | None) -> None:
         """Close as the interpreter exits (``ets_hook.exits``): a window still open is stopped
@@ -961,7 +972,7 @@ class ETSHook:
         from now on — no step, no close, no file of the parent's written. Never raises."""
         self._forked = True
 
-    def _close(self, timeout_s: float, outcome: str, error: str | None) -> None:
+    def _close(self, timeout_s: float | None, outcome: str, error: str | None) -> None:
         if self._forked:
             return  # a forked process: the parent's hook, its files and its status
         with self._close_lock:

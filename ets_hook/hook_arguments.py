@@ -190,6 +190,27 @@ def warn_if_deadline_past(deadline: Any) -> None:
         )
 
 
+def checked_timeout_s(value: Any, name: str = "timeout_s") -> float | None:
+    """A wait's limit in seconds: a real number >= 0 (numpy scalars included), or None.
+
+    Args:
+        value: the argument.
+        name: its name, for the message.
+
+    Returns:
+        ``value`` as a float, or None.
+
+    Raises:
+        ValueError: ``value`` is a bool, not a real number, NaN or negative.
+    """
+    if value is None:
+        return None
+    value = plain_number(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(f"{name} must be a number of seconds >= 0 or None, got {value!r}")
+    return float(value)
+
+
 def plain_number(value: Any) -> Any:
     """``value`` as a Python ``int`` / ``float`` when it is another integral / real number type
     (numpy's ``int64``, ``float32``, ...); anything else (bools included) unchanged."""

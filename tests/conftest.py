@@ -60,5 +60,17 @@ def _ranks_notes_restored() -> Iterator[None]:
     quiet_below_warning(False)
 
 
+@pytest.fixture(autouse=True)
+def _logging_left_enabled() -> Iterator[None]:
+    """A test that leaves ``logging.disable`` set (code it calls in-process that quiets logging
+    for its run and does not restore it) fails, instead of silencing later tests' log lines."""
+    yield
+    import logging
+
+    disabled = logging.root.manager.disable
+    logging.disable(logging.NOTSET)
+    assert disabled == logging.NOTSET, f"the test left logging.disable({disabled}) set"
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     shutil.rmtree(_CACHE, ignore_errors=True)

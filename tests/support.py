@@ -291,9 +291,10 @@ def call_in_thread(call: Any, timeout: float = 20.0) -> Any:
     return outcome["result"]
 
 
-def readme_python_blocks(title: str) -> list[str]:
-    """The ```python blocks of README.md's section headed ``title`` (up to the next heading
-    outside a code block). Fails the test when README.md has no such section."""
+def readme_python_blocks(title: str, language: str = "python") -> list[str]:
+    """The ```python blocks (```yaml with ``language="yaml"``, ...) of README.md's section
+    headed ``title`` (up to the next heading outside a code block). Fails the test when
+    README.md has no such section."""
     section: list[str] = []
     inside = fenced = False
     for line in (REPO / "README.md").read_text().splitlines(keepends=True):
@@ -307,7 +308,8 @@ def readme_python_blocks(title: str) -> list[str]:
         if inside:
             section.append(line)
     assert section, f"README.md has no section {title!r}"
-    return re.findall(r"^```python\n(.*?)^```", "".join(section), re.DOTALL | re.MULTILINE)
+    pattern = rf"^```{re.escape(language)}\n(.*?)^```"
+    return re.findall(pattern, "".join(section), re.DOTALL | re.MULTILINE)
 
 
 def free_port() -> int:

@@ -15,7 +15,9 @@ import threading
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from support import log_lines
@@ -472,6 +474,12 @@ def test_arguments_are_checked_at_construction(tmp_path) -> None:
         ETSHook(model, trace_path=tmp_path)
     with pytest.raises(ValueError, match=r"only field is \{rank\}"):
         ETSHook(model, trace_path=str(tmp_path / "run-{rank}-{host}.ets"))
+    if Path("/proc/self").is_dir():  # a folder that takes no new file, even for root
+        with pytest.raises(ValueError, match=r"trace_path cannot be written: /proc/run\.ets"):
+            ETSHook(model, trace_path="/proc/run.ets")
+        with pytest.raises(ValueError, match=r"status_path cannot be written: /proc/eta\.json"):
+            ETSHook(model, status_path="/proc/eta.json")
+    assert list(tmp_path.iterdir()) == []  # nothing created by the checks
     with pytest.raises(ValueError, match="deadline_policy must be one of"):
         ETSHook(model, deadline=False, deadline_policy="sometimes")
     with pytest.raises(ValueError, match="optimizer must be"):
@@ -609,6 +617,7 @@ class _NoSlots:
         ({"optimizer": "PARAMETERS"}, r"optimizer must be .*got a generator \(parameters; pass "
          r"the optimizer\)$"),
         ({"optimizer": {"lr": 0.1}}, r"optimizer must be .*got \{'lr': 0\.1\}$"),
+        ({"optimizer": []}, r"optimizer must hold at least one optimizer, got an empty list"),
         ({"phase_every": "eval"}, r"phase_every must be a mapping of phase name to period in "
          r"steps, e\.g\. \{'eval': 100\}, got 'eval'"),
         ({"progress": "yes"}, r"progress must be True, False, None or a tqdm bar .*got 'yes'"),
@@ -627,6 +636,21 @@ def test_bad_constructor_arguments_are_value_errors_naming_them(kwargs: dict, me
     with pytest.raises(ValueError, match=message) as raised:
         ETSHook(model, **kwargs)
     assert "batches_per_epoch" not in str(raised.value)  # an argument ETSHook does not take
+
+
+@pytest.mark.parametrize("timeout_s", ["x", -1, float("nan"), True])
+def test_a_bad_wait_limit_is_a_value_error_and_close_still_works(timeout_s: Any) -> None:
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = ETSHook(model, optimizer=opt, total_steps=10, capture_steps=2, log_every=None)
+    train(model, opt, hook, 4)
+    with pytest.raises(ValueError, match=r"timeout_s must be a number of seconds >= 0 or None"):
+        hook.wait_for_trace(timeout_s)
+    with pytest.raises(ValueError, match=r"timeout_s must be a number of seconds >= 0 or None"):
+        hook.close(timeout_s)
+    assert not hook.closed  # nothing was closed by the bad call
+    hook.close(np.float32(30))
+    assert hook.closed and hook.wait_for_trace(None) is not None
 
 
 def test_a_deadline_already_past_warns_and_the_job_still_runs(caplog) -> None:

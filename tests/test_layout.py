@@ -174,3 +174,22 @@ def test_package_code_never_mentions_the_native_testing_module() -> None:
         if "_testing" in path.read_text()
     ]
     assert mentions == []
+
+
+def test_every_public_name_resolves_and_the_annotations_evaluate() -> None:
+    """What a type checker, an IDE or a configuration tool (LightningCLI) reads: each exported
+    name, and the hook's and the prediction's annotations evaluated (no name that only a type
+    checker sees); string options are their choices (``Literal``), not any ``str``."""
+    import typing
+
+    import ets_hook
+
+    for name in ets_hook.__all__:
+        assert getattr(ets_hook, name) is not None, name
+    hints = typing.get_type_hints(ets_hook.ETSHook.__init__)
+    assert typing.get_args(hints["record_shapes"]) == ("first", "all", "none")
+    assert typing.get_args(hints["op_capture"]) == ("auto", "native", "profiler")
+    assert typing.get_args(hints["deadline_policy"]) == ("confident", "likely", "point")
+    assert "warn" in typing.get_args(typing.get_args(hints["on_deadline"])[0])
+    prediction_hints = typing.get_type_hints(ets_hook.Prediction)
+    assert prediction_hints["phases"] == tuple[ets_hook.PhaseForecast, ...]

@@ -267,7 +267,7 @@ def optimizer_list(optimizer: Any) -> list[torch.optim.Optimizer]:
 
     Raises:
         ValueError: ``optimizer`` (or an item of it) is neither an optimizer nor a wrapper of
-            one; the message names the value.
+            one, or is an empty list or tuple; the message names the value.
     """
     if optimizer is None:
         return []
@@ -277,6 +277,11 @@ def optimizer_list(optimizer: Any) -> list[torch.optim.Optimizer]:
     # Only a list or tuple holds several: anything else (a string, a model, a dict, a
     # generator: the common slip model.parameters()) is named whole, not by its first item.
     items = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+    if not items:  # not None's "no optimizer": a list that was to hold them is still empty
+        raise ValueError(
+            f"optimizer must hold at least one optimizer, got an empty {type(optimizer).__name__}"
+            " (None: steps marked by hook.step(), an optimizer's step or the training forward)"
+        )
     optimizers = []
     for item in items:
         unwrapped = unwrap_optimizer(item)

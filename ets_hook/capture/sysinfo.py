@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..launcher import launcher_rank_and_size, rank_suffixed
+from ..trace.atomic import check_writable
 from ..trace.events import DeviceInfo, HostInfo
 
 logger = logging.getLogger("ets_hook")
@@ -248,7 +249,9 @@ def checked_trace_path(
 
     Raises:
         ValueError: ``trace_path`` is not a path, holds ``{...}`` fields other than ``{rank}``,
-            names a directory, or its directory does not exist.
+            names a directory, or its directory does not exist or takes no new file (read-only,
+            not this user's: the file is written once, after the window; a folder that cannot
+            take it is said here, before training starts).
     """
     if trace_path is None:
         return None
@@ -262,6 +265,10 @@ def checked_trace_path(
         raise ValueError(f"trace_path is a directory: {path}")
     if not path.parent.is_dir():
         raise ValueError(f"trace_path's directory does not exist: {path.parent}")
+    try:
+        check_writable(path)
+    except OSError as exc:
+        raise ValueError(f"trace_path cannot be written: {path} ({exc.strerror or exc})") from exc
     return path
 
 

@@ -14,7 +14,7 @@ import logging
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from ..trace.decode import KernelLinkCounts, StepBounds, attach_kernels, build_iterations
 from ..trace.events import CaptureInfo, DeviceInfo, HostInfo, Trace
@@ -35,8 +35,12 @@ class WindowState:
     OFF = "off"
 
 
-RECORD_SHAPES_MODES = ("first", "all", "none")
-OP_CAPTURE_MODES = ("auto", "native", "profiler")
+#: ``ETSHook(record_shapes=...)``: input shapes for the window's first step, every step, none.
+RecordShapes = Literal["first", "all", "none"]
+#: ``ETSHook(op_capture=...)``: the native observer where it loads, it only, or torch.profiler.
+OpCapture = Literal["auto", "native", "profiler"]
+RECORD_SHAPES_MODES: tuple[str, ...] = get_args(RecordShapes)
+OP_CAPTURE_MODES: tuple[str, ...] = get_args(OpCapture)
 
 #: ``ETSHook(capture_steps=None)``: the window's most steps; it ends earlier when its predicted
 #: cost would pass ``CAPTURE_BUDGET_SHARE`` of the job's predicted total (``window_budget``).

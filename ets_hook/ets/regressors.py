@@ -26,6 +26,7 @@ gaps are multiplied by the model's ``calibration`` factors (fitted at training t
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import zipfile
@@ -37,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ModelFileError, SchemaVersionError
+from ..trace.atomic import atomic_write_bytes
 from ..trace.events import Trace
 from ..trace.io import MAGIC as TRACE_MAGIC
 from .features import (
@@ -390,7 +392,8 @@ class Predictor:
         }
 
     def save(self, path: Path | str) -> Path:
-        """Write the weights file, creating its folder.
+        """Write the weights file atomically (a temp file renamed onto it: a reader never sees
+        a partial file, an existing one is replaced whole), creating its folder.
 
         Args:
             path: the target; ``.npz`` is appended when its suffix is not exactly ``.npz``.
@@ -407,9 +410,10 @@ class Predictor:
             path = path.with_name(path.name + ".npz")
         arrays = {f"m{j}/{k}": v for j, m in enumerate(self.members) for k, v in m.items()}
         arrays[_METADATA_KEY] = np.array(json.dumps(self.metadata(), sort_keys=True))
+        buffer = io.BytesIO()
+        np.savez_compressed(buffer, **arrays)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("wb") as fh:
-            np.savez_compressed(fh, **arrays)
+        atomic_write_bytes(path, buffer.getvalue())
         return path
 
     @classmethod

@@ -58,7 +58,8 @@ Everything is numpy + stdlib, pure and deterministic (fixed random seed).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 import numpy as np
@@ -131,26 +132,39 @@ class EarlyStoppingRule:
 
     @classmethod
     def coerce(cls, value: Any) -> EarlyStoppingRule | None:
-        """``ETSHook(early_stopping=...)``: None, a rule, or ``(patience, min_delta, mode)``.
+        """``ETSHook(early_stopping=...)``: None, a rule, ``(patience, min_delta, mode)``, or
+        those as a mapping.
+
+        A list (or any sequence but a string) is taken as the tuple, and any mapping as the
+        keyword arguments: YAML, Hydra and OmegaConf (``ListConfig``, ``DictConfig``) have no
+        tuples.
 
         Args:
-            value: None, an ``EarlyStoppingRule``, or a tuple of its first arguments.
+            value: None, an ``EarlyStoppingRule``, a tuple or list of its first 1-3 arguments,
+                or a mapping of its argument names (``{"patience": 3, "mode": "max"}``).
 
         Returns:
             The rule, or None.
 
         Raises:
-            ValueError: ``value`` is none of those, or the tuple's values are invalid.
+            ValueError: ``value`` is none of those, or its values are invalid (named as given).
         """
         if value is None or isinstance(value, cls):
             return value
-        if isinstance(value, tuple) and 1 <= len(value) <= 3:
-            try:
+        try:
+            if isinstance(value, Mapping):
+                keys = [k for k in value if k not in _RULE_KEYS]
+                if keys:
+                    raise ValueError(f"unknown key(s) {keys!r}: use {', '.join(_RULE_KEYS)}")
+                return cls(**{str(k): value[k] for k in value})
+            sequence = isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+            if sequence and 1 <= len(value) <= 3:
                 return cls(*value)
-            except ValueError as exc:  # named as the caller wrote it
-                raise ValueError(f"early_stopping={value!r}: {exc}") from None
+        except (ValueError, TypeError) as exc:  # named as the caller wrote it
+            raise ValueError(f"early_stopping={value!r}: {exc}") from None
         raise ValueError(
-            f"early_stopping must be (patience, min_delta, mode) or an EarlyStoppingRule, "
+            "early_stopping must be (patience, min_delta, mode) (a tuple or list, the last two "
+            "optional), a mapping of those names, or an EarlyStoppingRule, "
             f"got {value!r}"
         )
 
@@ -237,6 +251,10 @@ class EarlyStoppingRule:
         moved = (z < best) if self.best_on_any_improvement else improved
         best = np.where(moved, z, best)
         return best, wait
+
+
+#: The names ``EarlyStoppingRule.coerce`` takes in a mapping: the rule's fields.
+_RULE_KEYS: tuple[str, ...] = tuple(f.name for f in fields(EarlyStoppingRule))
 
 
 @dataclass(frozen=True, slots=True)

@@ -259,7 +259,9 @@ def ended_prediction(prediction: Prediction) -> Prediction:
     The total is the elapsed time (nothing remains: steps, phases, capture cost, ETA all 0);
     ``total_steps`` becomes the steps run (fewer than planned after early stopping or a
     ``break``; the first known count where the length was unknown); the step-time estimate
-    and its sources are kept. An early-stopping forecast collapses to the step it stopped at.
+    and its sources are kept, its interval narrowed to the measured steps' where that is
+    narrower (the widening for the steps to come has nothing left to cover). An
+    early-stopping forecast collapses to the step it stopped at.
     In a multi-process job the job view's lag (the gap between the job's predicted end and
     this rank's at the last exchange) is dropped as well: it was a prediction, and the ranks
     of a data-parallel job end within a step of each other; ``slowest_rank`` and
@@ -277,8 +279,15 @@ def ended_prediction(prediction: Prediction) -> Prediction:
         for phase in prediction.phases
     )
     stopped = prediction.expected_stop_step is not None
+    # Nothing is left to forecast: the step time's interval is that of the steps measured, not
+    # one widened to reach the latest steps' level or the trace's disagreement (devices for
+    # the steps to come), where the measured one is narrower.
+    iteration_ci_s = prediction.iteration_ci_s
+    if prediction.measured_ci_s is not None and math.isfinite(prediction.measured_ci_s):
+        iteration_ci_s = min(iteration_ci_s, prediction.measured_ci_s)
     return replace(
         prediction,
+        iteration_ci_s=iteration_ci_s,
         total_steps=prediction.step,
         remaining_steps=0,
         total_s=elapsed_s,

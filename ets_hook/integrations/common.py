@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import math
 import time
+import typing
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,106 @@ HOOK_ARGUMENTS = frozenset(_HOOK_PARAMETERS) - {"self"}
 HOOK_DEFAULTS: dict[str, Any] = {
     name: p.default for name, p in _HOOK_PARAMETERS.items() if p.default is not p.empty
 }
+
+#: The ``ETSHook`` argument a callback's signature leaves out: the model is the framework's.
+_NOT_IN_CALLBACK_SIGNATURE = frozenset({"self", "model"})
+
+#: ``ETSHook`` options a framework callback reads from the framework (the Trainer's optimizer,
+#: length, accumulation, evaluation and checkpoint schedules, ...) unless they are given.
+FRAMEWORK_OPTIONS = frozenset(
+    {
+        "optimizer",
+        "grad_scaler",
+        "total_steps",
+        "initial_step",
+        "grad_accum_steps",
+        "steps_per_epoch",
+        "dataloader",
+        "eval_every",
+        "checkpoint_every",
+        "checkpoint_files",
+        "checkpoint_in_memory",
+        "final_phases",
+        "early_stopping",
+        "time_limit_s",
+    }
+)
+
+#: A callback's default of each option: ``ETSHook``'s, but None ("read from the framework")
+#: for ``FRAMEWORK_OPTIONS``.
+CALLBACK_DEFAULTS: dict[str, Any] = {
+    name: None if name in FRAMEWORK_OPTIONS else default for name, default in HOOK_DEFAULTS.items()
+}
+
+
+def given_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The options a callback was given, less those at the callback's default
+    (``CALLBACK_DEFAULTS``).
+
+    Configuration tools (LightningCLI's ``init_args``, jsonargparse) pass every parameter of
+    the callback's signature (``callback_signature``), given or not. A framework's option left
+    at None is read from the framework (``grad_accum_steps=None``: the Trainer's accumulation;
+    ``grad_accum_steps=1`` is given, and wins over the Trainer's with one log line); any other
+    option at ``ETSHook``'s own default is what ``ETSHook`` would use anyway. Only plain values
+    compare equal (``None``, ``str``, numbers, ``bool``, tuples of them, or a list where the
+    default is a tuple).
+
+    Args:
+        options: ``ETSHook`` keyword arguments.
+
+    Returns:
+        A new dict of those that differ from the callback's defaults.
+    """
+    return {name: value for name, value in options.items() if not _is_default(name, value)}
+
+
+def _is_default(name: str, value: Any) -> bool:
+    if name not in CALLBACK_DEFAULTS:
+        return False
+    default = CALLBACK_DEFAULTS[name]
+    if value is default:
+        return True
+    if isinstance(default, tuple) and isinstance(value, list):
+        value = tuple(value)  # a config file's list for a tuple default
+    plain = (str, int, float, bool, tuple)
+    return type(value) is type(default) and isinstance(default, plain) and value == default
+
+
+def callback_signature(init: Any) -> inspect.Signature:
+    """The signature a callback's ``__init__(self, ..., **hook_options)`` shows: its own named
+    parameters, then every ``ETSHook`` argument but ``model`` as keyword-only, with
+    ``ETSHook``'s annotations (resolved where they can be) and the callback's defaults
+    (``CALLBACK_DEFAULTS``: None, "read from the framework", for ``FRAMEWORK_OPTIONS``).
+
+    What ``inspect.signature``, ``help()`` and configuration tools read (LightningCLI builds a
+    callback's options from it; ``**hook_options`` alone would make every option unknown to it).
+    The ``__init__`` still takes only these (another name is a ``TypeError``).
+
+    Args:
+        init: the callback's ``__init__``.
+
+    Returns:
+        The signature, to be set as ``init.__signature__``.
+    """
+    own = [p for p in inspect.signature(init).parameters.values() if p.kind is not p.VAR_KEYWORD]
+    try:
+        hints = typing.get_type_hints(ETSHook.__init__)
+    except Exception:  # a name only a type checker sees: keep the text
+        hints = {}
+    taken = {p.name for p in own}
+    options = []
+    for name, parameter in _HOOK_PARAMETERS.items():
+        if name in _NOT_IN_CALLBACK_SIGNATURE or name in taken:
+            continue
+        annotation = hints.get(name, parameter.annotation)
+        default = CALLBACK_DEFAULTS.get(name, parameter.default)
+        if default is None and parameter.default is not None and name in hints:
+            annotation = typing.Optional[annotation]  # noqa: UP045 - a runtime object
+        options.append(
+            parameter.replace(kind=parameter.KEYWORD_ONLY, annotation=annotation, default=default)
+        )
+    return inspect.Signature(own + options, return_annotation=None)
+
 
 #: ``ETSHook``'s options that go to ``reporters.builder.build_reporters`` (as hook.py passes
 #: them), and the two named differently there.

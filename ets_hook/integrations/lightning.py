@@ -136,7 +136,9 @@ from .common import (
     HOOK_ARGUMENTS,
     LOG_KEYS,
     BarRefresh,
+    callback_signature,
     check_hook_options,
+    given_options,
     prediction_metrics,
     whole_number,
 )
@@ -293,7 +295,8 @@ class BaseETSCallback:
     See the module docstring for what is read from the Trainer.
 
     Attributes:
-        hook_options: the options given, passed to ``ETSHook``.
+        hook_options: the options given, passed to ``ETSHook`` (those at the callback's
+            default left out: ``common.given_options``).
         prog_bar: whether the ETA goes into the progress bar.
         resolved_options: the ``ETSHook`` arguments of the latest fit (what the Trainer said,
             overridden by ``hook_options``); None before the first training start.
@@ -309,7 +312,9 @@ class BaseETSCallback:
             **hook_options: any ``ETSHook`` argument (``status_path=``, ``trace_path=``,
                 ``deadline=``, ``log_every=``, ...). One the Trainer also supplies (``model``,
                 ``optimizer``, ``total_steps``, ``initial_step``, ``grad_accum_steps``,
-                ``eval_every``, ``grad_scaler``) wins, with one log line when they differ.
+                ``eval_every``, ``grad_scaler``) wins, with one log line when they differ;
+                None for one of those means "not given" (``common.given_options``:
+                LightningCLI passes every option).
                 Values are checked now, as ``ETSHook`` checks them
                 (``common.check_hook_options``); ``ETSHook`` checks them again, with the
                 Trainer's, when training starts.
@@ -331,6 +336,7 @@ class BaseETSCallback:
                 f"ETSCallback got options ETSHook does not take: {', '.join(unknown)} "
                 f"(ETSHook takes: {', '.join(sorted(HOOK_OPTIONS))})"
             )
+        hook_options = given_options(hook_options)
         check_hook_options(hook_options)
         if "epochs" in hook_options:  # then no steps per epoch are read from the Trainer
             check_epochs_length(
@@ -435,6 +441,13 @@ class BaseETSCallback:
         notes += self._length_notes(trainer, trainer_total)
         for note in notes:
             logger.info("%s", note)
+        if "early_stopping" in self.hook_options and self._early_stopping is None:
+            logger.warning(
+                "ETSCallback(early_stopping=...) was given, but the Trainer has no "
+                "EarlyStopping callback whose monitored metric it could follow: the rule sees "
+                "only what you report with ets.hook.report_metric(name, value) (e.g. in "
+                "on_validation_epoch_end); add EarlyStopping(monitor=...) to have it followed"
+            )
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         """Begin the validation phase (validation during training only)."""
@@ -850,6 +863,12 @@ class BaseETSCallback:
                 else:
                     hook.close_at_exit(outcome, error)
 
+
+# What LightningCLI (jsonargparse), inspect.signature and help() read: every ETSHook option
+# by name, so `init_args: {status_path: ...}` in a config is accepted.
+BaseETSCallback.__init__.__signature__ = callback_signature(  # type: ignore[attr-defined]
+    BaseETSCallback.__init__
+)
 
 _CLASSES: dict[str, type[BaseETSCallback]] = {}
 

@@ -90,7 +90,9 @@ from ..reporters.tqdm import TqdmReporter
 from .common import (
     HOOK_ARGUMENTS,
     BarRefresh,
+    callback_signature,
     check_hook_options,
+    given_options,
     prediction_metrics,
     whole_number,
 )
@@ -185,7 +187,8 @@ class ETSTrainerCallback(TrainerCallback):
                 Trainer's). ``optimizer``, ``total_steps``, ``initial_step``,
                 ``grad_accum_steps``, ``eval_every``, ``checkpoint_every`` and ``grad_scaler``
                 are read from the Trainer unless given here; a value given here wins (one log
-                line at train begin when it disagrees with the Trainer's).
+                line at train begin when it disagrees with the Trainer's); None for one of them
+                means "not given" (``common.given_options``).
 
         Raises:
             TypeError: an option that is not an ``ETSHook`` keyword argument (``model``
@@ -202,6 +205,7 @@ class ETSTrainerCallback(TrainerCallback):
                 f"ETSTrainerCallback got unexpected ETSHook option(s) {', '.join(unknown)}"
                 + (" (the model is the Trainer's)" if "model" in unknown else "")
             )
+        hook_options = given_options(hook_options)
         check_hook_options(hook_options)
         self._start(hook_options)
 
@@ -650,6 +654,12 @@ class ETSTrainerCallback(TrainerCallback):
 
 # --------------------------------------------------------------------------------------------
 # Reading the Trainer
+
+
+# What inspect.signature and help() show: every ETSHook option, not only **hook_options.
+ETSTrainerCallback.__init__.__signature__ = callback_signature(  # type: ignore[attr-defined]
+    ETSTrainerCallback.__init__
+)
 
 
 def _trainer_options(

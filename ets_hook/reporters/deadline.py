@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from ..errors import DeadlineExceededError
 from ..forecast.text import format_duration
@@ -21,8 +21,12 @@ from .base import EARLY_STEPS, Reporter, ReportSchedule
 if TYPE_CHECKING:
     from ..forecast.prediction import Prediction
 
-DEADLINE_POLICIES: tuple[str, ...] = ("confident", "likely", "point")
-DEADLINE_ACTIONS: tuple[str, ...] = ("warn", "raise")
+#: ``ETSHook(deadline_policy=...)`` (see ``DeadlineGuard``).
+DeadlinePolicy = Literal["confident", "likely", "point"]
+#: ``ETSHook(on_deadline=...)`` when not a callable.
+DeadlineAction = Literal["warn", "raise"]
+DEADLINE_POLICIES: tuple[str, ...] = get_args(DeadlinePolicy)
+DEADLINE_ACTIONS: tuple[str, ...] = get_args(DeadlineAction)
 
 
 # --------------------------------------------------------------------------------------------
@@ -109,9 +113,9 @@ class DeadlineGuard(Reporter):
     def __init__(
         self,
         deadline: float | datetime,
-        on_deadline: str | Callable[[DeadlineMiss], Any] = "warn",
+        on_deadline: DeadlineAction | Callable[[DeadlineMiss], Any] = "warn",
         *,
-        policy: str = "confident",
+        policy: DeadlinePolicy = "confident",
         margin_s: float = 0.0,
         interval_s: float = 1.0,
         logger: logging.Logger | None = None,

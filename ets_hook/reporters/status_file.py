@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..launcher import fill_rank, rank_suffixed
-from ..trace.atomic import atomic_write_bytes
+from ..trace.atomic import atomic_write_bytes, check_writable
 from .base import EARLY_STEPS, JOB_OUTCOMES, MILESTONE_STEPS, Milestones, Reporter, ReportSchedule
 
 if TYPE_CHECKING:
@@ -131,7 +131,9 @@ class StatusFileReporter(Reporter):
             world_size: processes in the job (> rank), written as ``world_size``.
 
         Raises:
-            ValueError: the directory of ``path`` does not exist, ``path`` is a directory,
+            ValueError: the directory of ``path`` does not exist or takes no new file (the
+                atomic rewrite's temp file is created and removed to check), ``path`` is a
+                directory,
                 ``interval_s`` is not > 0, a ``milestone_steps`` item is not an int >= 1,
                 ``extra`` names a standard key or holds a value JSON cannot carry (NaN,
                 infinity, an object ``json.dumps`` cannot serialise).
@@ -146,6 +148,12 @@ class StatusFileReporter(Reporter):
             raise ValueError(f"status_path's directory does not exist: {self.path.parent}")
         if self.path.is_dir():
             raise ValueError(f"status_path is a directory: {self.path}")
+        try:
+            check_writable(self.path)
+        except OSError as exc:
+            raise ValueError(
+                f"status_path cannot be written: {self.path} ({exc.strerror or exc})"
+            ) from exc
         if interval_s is not None and (
             isinstance(interval_s, bool)
             or not isinstance(interval_s, (int, float))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -143,6 +145,31 @@ def _rewrite_metadata(path: Path, edit) -> None:
     edit(meta)
     arrays["__metadata__"] = np.array(json.dumps(meta))
     np.savez(path, **arrays)
+
+
+def test_save_replaces_the_file_whole_or_not_at_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    predictor, _ = _predictor("mlp", members=1)
+    path = predictor.save(tmp_path / "model.npz")
+    before = path.read_bytes()
+    old_umask = os.umask(0o027)
+    try:
+        path.unlink()
+        predictor.save(path)
+    finally:
+        os.umask(old_umask)
+    assert path.stat().st_mode & 0o777 == 0o640  # the process umask, as open() would give
+
+    def disk_full(file: Any, **arrays: Any) -> None:
+        file.write(b"PK\x03\x04 partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(np, "savez_compressed", disk_full)
+    with pytest.raises(OSError, match="No space"):
+        predictor.save(path)
+    assert path.read_bytes() == before  # the failed save left the old file as it was
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.npz"]  # no temp file left
 
 
 def test_schema_version_mismatch_is_a_typed_error(tmp_path: Path) -> None:

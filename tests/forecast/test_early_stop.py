@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from types import MappingProxyType
 
 import numpy as np
 import pytest
@@ -84,6 +86,47 @@ def test_the_hooks_tuple_is_named_as_the_argument_it_came_in(value, name):
     """``ETSHook(early_stopping=(patience, min_delta, mode))``: a bad value's error names the
     argument the user wrote, then the value inside it."""
     with pytest.raises(ValueError, match=rf"^early_stopping=\(.*\): {name} must"):
+        EarlyStoppingRule.coerce(value)
+
+
+class _ConfigList(Sequence):
+    """A config library's list (OmegaConf's ``ListConfig``): a sequence, not a list."""
+
+    def __init__(self, *items):
+        self._items = list(items)
+
+    def __getitem__(self, index):
+        return self._items[index]
+
+    def __len__(self):
+        return len(self._items)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        [3, 0.5, "max"],
+        _ConfigList(3, 0.5, "max"),
+        {"patience": 3, "min_delta": 0.5, "mode": "max"},
+        MappingProxyType({"patience": 3, "min_delta": 0.5, "mode": "max"}),
+    ],
+)
+def test_config_files_lists_and_mappings_are_the_rule(value):
+    """YAML, Hydra and OmegaConf have no tuples: a list or a mapping is the rule as well."""
+    assert EarlyStoppingRule.coerce(value) == EarlyStoppingRule(3, 0.5, "max")
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({"patiense": 3}, r"^early_stopping=\{'patiense': 3\}: unknown key\(s\) \['patiense'\]"),
+        ([0], r"^early_stopping=\[0\]: patience must be an int >= 1"),
+        ([3, 0.0, "min", 1], r"^early_stopping must be .*got \[3, 0\.0, 'min', 1\]$"),
+        ("min", r"^early_stopping must be .*got 'min'$"),
+    ],
+)
+def test_a_bad_list_or_mapping_is_named_as_given(value, message):
+    with pytest.raises(ValueError, match=message):
         EarlyStoppingRule.coerce(value)
 
 

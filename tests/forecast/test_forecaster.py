@@ -360,6 +360,25 @@ def test_a_job_closed_before_its_last_step_ends_as_it_ran() -> None:
     assert json.loads(final.to_json())["total_steps"] == 30
 
 
+def test_a_closed_jobs_step_interval_is_the_measured_steps_not_the_forecasts_widening() -> None:
+    """The last steps ran off the estimate (a slowdown not yet confirmed as lasting): the
+    running interval reaches their level, for the steps to come; once the job has ended no
+    step is to come, and the interval is that of the steps measured."""
+    f = Forecaster(JobModel(total_steps=200), start_s=0.0)
+    end = drive(f, noisy(100, mean=0.010, cv=0.02))
+    drive(f, noisy(12, mean=0.030, cv=0.02, seed=1), start=end, first_index=100)
+    running = f.prediction
+    assert running is not None and running.measured_ci_s is not None
+    assert running.iteration_ci_s > 2 * running.measured_ci_s  # widened for the steps to come
+    final = f.close()
+    assert final is not None and final.iteration_s == running.iteration_s
+    assert final.iteration_ci_s == pytest.approx(running.measured_ci_s)
+    closed_early = Forecaster(JobModel(total_steps=200), start_s=0.0)
+    drive(closed_early, noisy(100, mean=0.010, cv=0.02))
+    steady = closed_early.prediction
+    assert closed_early.close().iteration_ci_s == pytest.approx(steady.iteration_ci_s)
+
+
 @pytest.mark.parametrize("outcome", ["interrupted", "failed"])
 def test_an_interrupted_or_failed_job_keeps_the_whole_runs_projection(outcome: str) -> None:
     f = Forecaster(JobModel(total_steps=100), start_s=0.0)

@@ -148,7 +148,7 @@ from ets_hook import ETSHook
 
 accelerator = Accelerator()
 model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-with ETSHook(model, optimizer=optimizer, total_steps=epochs * len(loader)) as hook:
+with ETSHook(model, optimizer=optimizer, epochs=epochs, dataloader=loader) as hook:
     for epoch in range(epochs):
         for x, y in loader:
             loss = loss_fn(model(x), y)
@@ -163,7 +163,9 @@ def test_readme_shows_this_snippet() -> None:
     assert README_SNIPPET in readme_python_blocks("Accelerate (plain loop)")
 
 
-def test_readme_snippet_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_readme_snippet_runs(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setenv("ACCELERATE_USE_CPU", "true")  # CPU where a GPU is present too
     model, optimizer, loader = tiny_job()
     inner = optimizer
@@ -181,11 +183,14 @@ def test_readme_snippet_runs(monkeypatch: pytest.MonkeyPatch) -> None:
         "loss_fn": torch.nn.functional.mse_loss,
         "epochs": 2,
     }
+    caplog.set_level(logging.INFO, logger="ets_hook")
     try:
         exec(compile(README_SNIPPET, "README.md", "exec"), namespace)
     finally:
         counter.remove()
         reset_accelerate_state()
+    # The loader is the hook's: no note asking for it (the epochs' length comes from it).
+    assert not [r for r in caplog.records if "dataloader=" in r.getMessage()]
     hook, prepared = namespace["hook"], namespace["optimizer"]
     assert prepared is not inner and prepared.optimizer is inner  # the AcceleratedOptimizer
     assert inner_steps == 2 * BATCHES

@@ -1213,6 +1213,35 @@ def test_explicit_early_stopping_wins(caplog: pytest.LogCaptureFixture) -> None:
     assert any("early_stopping=(4, 0.5) given" in r.getMessage() for r in caplog.records)
 
 
+class _ReportsItsValLoss(_FallingValLoss):
+    """Reports ``val_loss`` to the ETS callback's hook itself, as the warning says to."""
+
+    def __init__(self, callback: Any) -> None:
+        super().__init__()
+        self.ets = callback
+
+    def on_validation_epoch_end(self) -> None:
+        if not self.trainer.sanity_checking:
+            self.ets.hook.report_metric("val_loss", 1.0 / (1.0 + self.global_step))
+
+
+def test_an_explicit_rule_without_early_stopping_says_what_feeds_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    callback = ETSCallback(capture_steps=0, log_every=None, early_stopping=[3, 0.0, "min"])
+    trainer = quiet_trainer(max_epochs=3, callbacks=[callback])
+    caplog.set_level(logging.INFO, logger="ets_hook")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(_ReportsItsValLoss(callback), *loaders(batches=2))
+    said = [r for r in caplog.records if "no EarlyStopping callback" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING
+    assert "ets.hook.report_metric(name, value)" in said[0].getMessage()
+    tracker = callback.hook._forecaster._early_stop
+    assert tracker is not None and tracker.rule == EarlyStoppingRule(3, 0.0, "min")  # a list
+    assert tracker.evaluations == 3  # what the module reported, one per validation
+
+
 class _StopAt(L.Callback):
     """Stops the fit once ``trainer.global_step`` reaches ``step``."""
 

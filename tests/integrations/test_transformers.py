@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import importlib
+import inspect
 import json
 import logging
 import pickle
@@ -44,6 +45,7 @@ from ets_hook.capture.sysinfo import training_state_bytes
 from ets_hook.forecast.early_stop import MIN_POINTS, EarlyStoppingRule
 from ets_hook.forecast.epochs import EPOCH_START
 from ets_hook.forecast.job import CHECKPOINT_FIXED_S, CHECKPOINT_WRITE_BYTES_PER_S
+from ets_hook.integrations.common import HOOK_ARGUMENTS
 from ets_hook.integrations.transformers import (
     LOG_KEYS,
     ETSLogInjector,
@@ -737,6 +739,18 @@ def test_unknown_option_is_a_type_error() -> None:
         ETSTrainerCallback(model=torch.nn.Linear(1, 1))
     with pytest.raises(TypeError, match="totl_steps"):
         ETSTrainerCallback(totl_steps=3)
+
+
+def test_signature_names_every_hook_option_and_defaults_count_as_not_given() -> None:
+    parameters = inspect.signature(ETSTrainerCallback).parameters
+    assert set(parameters) == HOOK_ARGUMENTS - {"model"}
+    assert all(p.kind is p.KEYWORD_ONLY for p in parameters.values())
+    # What a configuration tool passes for options not given: the Trainer's values are read.
+    at_defaults = {name: p.default for name, p in parameters.items()}
+    at_defaults.update(dashboard_ranks=[0], log_ranks=[0])  # a config file's lists
+    assert ETSTrainerCallback(**at_defaults)._options == {}
+    given = ETSTrainerCallback(grad_accum_steps=1, total_steps=None, log_every=5)
+    assert given._options == {"grad_accum_steps": 1, "log_every": 5}  # 1 given: it wins
 
 
 #: Options ETSHook rejects, each with what the error must say (the option and its value).
