@@ -95,6 +95,7 @@ from .hook_arguments import (
     checked_device,
     checked_timeout_s,
     plain_number,
+    unwrap_grad_scaler,
     warn_if_deadline_past,
 )
 from .launcher import restart_count
@@ -376,6 +377,7 @@ class ETSHook:
             phase_every = {name: plain_number(every) for name, every in phase_every.items()}
         check_log_every(log_every, "log_every")
         check_grad_scaler(grad_scaler)
+        grad_scaler = unwrap_grad_scaler(grad_scaler)  # timm's NativeScaler: its GradScaler
         warn_if_deadline_past(deadline)
         given_device = checked_device(plain_number(device))
         auto_skip = skip_steps is None
@@ -440,6 +442,9 @@ class ETSHook:
 
         self.model = model
         self.total_steps = job.total_steps
+        self._total_steps_given = total_steps is not None
+        self._grad_scaler = grad_scaler
+        self._fp16_without_scaler = False  # float16 autocast seen with no grad_scaler given
         self._host_load = HostLoadSampler(include_siblings=world_size > 1) if not disabled else None
         self._epochs = (
             EpochStarts(
@@ -506,6 +511,11 @@ class ETSHook:
         self._first_epoch_wait: tuple[float, float] | None = None
         if eval_prior is not None:
             self._forecaster.set_phase_prior(EVAL, eval_prior)
+            if EVAL not in job.phase_periods and not disabled:
+                logger.info(
+                    "eval_dataloader= prices the evaluations expected, but no period says when: "
+                    "pass eval_every= (steps), or none is expected until the first has run"
+                )
         # Checkpoints with a known period are priced from the state they write, read once the
         # first optimizer step has created the optimizers' state; expect_phase_cost wins.
         self._optimizers = optimizers
@@ -996,7 +1006,13 @@ class ETSHook:
             # A framework's run may be empty; a hook replaced before training never trained.
             and not (self._disabled or self._explicit_close or self._replaced)
         ):
-            if self._detector.only_parts_called:
+            if self.reached_last_step:  # resumed at its end (initial_step == total_steps)
+                logger.info(
+                    "closed with nothing left to run: the job resumed at step %d of %d",
+                    self._forecaster.job.initial_step,
+                    self._forecaster.job.total_steps,
+                )
+            elif self._detector.only_parts_called:
                 logger.warning(
                     "closed without a single training step: the loop trained a part of the "
                     "model (or called model.forward directly) but never the model itself, "
@@ -1141,6 +1157,14 @@ class ETSHook:
             and torch.get_autocast_dtype("cpu") in (torch.bfloat16, torch.float16)
         ):
             self._forecaster.set_low_precision()
+        device_type = self._device.type
+        if (
+            self._grad_scaler is None
+            and device_type in ("cpu", "cuda")
+            and torch.is_autocast_enabled(device_type)
+            and torch.get_autocast_dtype(device_type) == torch.float16
+        ):
+            self._fp16_without_scaler = True  # a GradScaler's skipped steps go unseen
         # Step 0 starts at the first training forward when nothing was timed before it.
         if self.steps_completed == 0 and self._window.state != WindowState.CAPTURING:
             self._note_first_epoch_wait()
@@ -1439,8 +1463,16 @@ class ETSHook:
         its callbacks'): said once (``ended_short_note``)."""
         job = self._forecaster.job
         note = ended_short_note(
-            job.initial_step + self.steps_completed, job.total_steps, job.grad_accum_steps
+            job.initial_step + self.steps_completed,
+            job.total_steps,
+            job.grad_accum_steps,
+            total_given=self._total_steps_given,
         )
+        if note is not None and self._fp16_without_scaler:
+            note += (
+                "; under float16 autocast, optimizer steps a GradScaler skipped (inf "
+                "gradients) are not steps unless it is passed as grad_scaler="
+            )
         if note is not None:
             logger.info("%s", note)
 

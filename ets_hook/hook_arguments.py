@@ -86,13 +86,43 @@ def checked_device(device: Any) -> torch.device | None:
     return resolved
 
 
+#: Attributes in which a loss-scaler wrapper holds its ``GradScaler`` (timm's ``NativeScaler``:
+#: ``_scaler``; Accelerate's ``Accelerator`` and Lightning's precision plugins: ``scaler``).
+WRAPPED_SCALER_ATTRIBUTES = ("_scaler", "scaler")
+
+
+def unwrap_grad_scaler(grad_scaler: Any) -> Any:
+    """The ``GradScaler`` a loss-scaler wrapper holds, or ``grad_scaler`` itself.
+
+    An object without a callable ``update`` that holds one with it in one of
+    ``WRAPPED_SCALER_ATTRIBUTES`` (timm's ``NativeScaler``, whose ``__call__`` runs backward and
+    the optimizer step through its ``_scaler``) stands for that scaler; anything else is
+    returned as given (``check_grad_scaler`` judges it).
+
+    Args:
+        grad_scaler: the ``grad_scaler`` argument.
+
+    Returns:
+        The scaler the hook watches.
+    """
+    if grad_scaler is None or callable(getattr(grad_scaler, "update", None)):
+        return grad_scaler
+    for name in WRAPPED_SCALER_ATTRIBUTES:
+        inner = getattr(grad_scaler, name, None)
+        if inner is not None and callable(getattr(inner, "update", None)):
+            return inner
+    return grad_scaler
+
+
 def check_grad_scaler(grad_scaler: Any) -> None:
     """``grad_scaler`` must be None or a ``GradScaler``-like object: a callable ``update``
-    that the hook can wrap (an instance attribute is set on it until ``close``).
+    that the hook can wrap (an instance attribute is set on it until ``close``), or a wrapper
+    holding one (``unwrap_grad_scaler``).
 
     Raises:
         ValueError: naming ``grad_scaler`` and its value (e.g. an optimizer passed instead).
     """
+    grad_scaler = unwrap_grad_scaler(grad_scaler)
     if grad_scaler is None:
         return
     if not callable(getattr(grad_scaler, "update", None)):
@@ -104,8 +134,9 @@ def check_grad_scaler(grad_scaler: Any) -> None:
             else ""
         )
         raise ValueError(
-            "grad_scaler must be a torch.amp.GradScaler (anything with a callable update()) "
-            f"or None, got {shown}{hint}"
+            "grad_scaler must be a torch.amp.GradScaler (anything with a callable update(), "
+            f"or a wrapper holding one in {' or '.join(WRAPPED_SCALER_ATTRIBUTES)}) or None, "
+            f"got {shown}{hint}"
         )
     if not hasattr(grad_scaler, "__dict__"):
         raise ValueError(

@@ -462,6 +462,20 @@ def test_evaluations_are_priced_from_the_eval_dataloader_until_measured():
         ETSHook(model, eval_dataloader=(b for b in eval_loader))
 
 
+def test_an_eval_dataloader_without_a_period_says_none_is_expected_yet(caplog):
+    from torch.utils.data import DataLoader, TensorDataset
+
+    model = tiny_mlp()
+    eval_loader = DataLoader(TensorDataset(torch.randn(48, 8)), batch_size=16)
+    with caplog.at_level(logging.INFO, logger="ets_hook"):
+        ETSHook(model, total_steps=40, capture_steps=0, eval_dataloader=eval_loader).close()
+        ETSHook(
+            model, total_steps=40, capture_steps=0, eval_dataloader=eval_loader, eval_every=10
+        ).close()
+    said = [r.getMessage() for r in caplog.records if "eval_dataloader=" in r.getMessage()]
+    assert len(said) == 1 and "pass eval_every=" in said[0]  # the first hook only
+
+
 def test_checkpoints_are_priced_from_the_state_they_write_until_measured():
     from ets_hook.capture.sysinfo import training_state_bytes
     from ets_hook.forecast.job import CHECKPOINT_FIXED_S, CHECKPOINT_WRITE_BYTES_PER_S

@@ -4,6 +4,7 @@ the low-precision dtypes kept in the trace."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import pytest
 import torch
@@ -63,6 +64,78 @@ def test_autocast_job_counts_every_step_and_keeps_dtypes(
     assert dtype_name in linear_dtypes  # the matrix products ran in low precision
     prediction = hook.prediction
     assert prediction is not None and prediction.total_s is not None and prediction.total_s > 0
+
+
+class NativeScaler:
+    """timm's ``timm.utils.NativeScaler`` as it is written: backward, unscale, clip and step
+    through the ``GradScaler`` it holds in ``_scaler``; it has no ``update()`` of its own."""
+
+    state_dict_key = "amp_scaler"
+
+    def __init__(self) -> None:
+        self._scaler = torch.amp.GradScaler("cpu", init_scale=2.0**40)
+
+    def __call__(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
+        self._scaler.scale(loss).backward()
+        self._scaler.step(optimizer)
+        self._scaler.update()
+
+
+def test_a_loss_scaler_wrapper_stands_for_the_grad_scaler_it_holds() -> None:
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_scaler = NativeScaler()
+    hook = ETSHook(
+        model,
+        optimizer,
+        total_steps=STEPS,
+        capture_steps=0,
+        log_every=None,
+        grad_scaler=loss_scaler,
+    )
+    x, y = torch.randn(8, 32), torch.randint(0, 4, (8,))
+    for _ in range(STEPS):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss_scaler(loss, optimizer)  # the first steps are skipped: inf gradients at 2**40
+    hook.close()
+    assert loss_scaler._scaler.get_scale() < 2.0**40  # it did skip steps ...
+    assert hook.steps_completed == STEPS  # ... which count, through its GradScaler's update()
+    assert "update" not in vars(loss_scaler._scaler)  # unwrapped again at close
+    with pytest.raises(ValueError, match=r"or a wrapper holding one in _scaler or scaler"):
+        ETSHook(model, optimizer, grad_scaler=object())
+
+
+@pytest.mark.parametrize("scaler_given", [False, True])
+def test_float16_steps_a_scaler_skipped_unseen_are_named_at_close(
+    scaler_given: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without grad_scaler=, the optimizer steps a GradScaler skipped are no steps: the job
+    ends short of its length, and the close note says why (under float16 autocast)."""
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**20)  # its first ~5 steps overflow
+    options = {"grad_scaler": scaler} if scaler_given else {}
+    with caplog.at_level(logging.INFO, logger="ets_hook"):
+        hook = ETSHook(
+            model, optimizer, total_steps=STEPS, capture_steps=0, log_every=None, **options
+        )
+        x, y = torch.randn(8, 32), torch.randint(0, 4, (8,))
+        for _ in range(STEPS):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        hook.close()
+    notes = [r.getMessage() for r in caplog.records if "finished at step" in r.getMessage()]
+    if scaler_given:
+        assert hook.steps_completed == STEPS and not notes
+    else:
+        assert 0 < hook.steps_completed < STEPS and len(notes) == 1
+        assert "a GradScaler skipped" in notes[0] and "grad_scaler=" in notes[0]
 
 
 @pytest.mark.parametrize("autocast", [True, False])

@@ -488,6 +488,19 @@ def test_arguments_are_checked_at_construction(tmp_path) -> None:
     hook.close()
 
 
+def test_a_job_resumed_at_its_end_is_not_told_it_never_trained(caplog) -> None:
+    """A re-run from the last checkpoint (``initial_step == total_steps``): the loop runs no
+    step, which is right; the close says so, not that the hook was misused."""
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with caplog.at_level(logging.INFO, logger="ets_hook"):
+        hook = ETSHook(model, optimizer=opt, total_steps=40, initial_step=40, log_every=None)
+        hook.close()
+    lines = log_lines(caplog)
+    assert not [m for m in lines if "without a single training step" in m], lines
+    assert "closed with nothing left to run: the job resumed at step 40 of 40" in lines
+
+
 def test_the_progress_bar_says_done_at_the_last_step() -> None:
     tqdm = pytest.importorskip("tqdm")
     model = tiny_mlp()

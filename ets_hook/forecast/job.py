@@ -684,7 +684,15 @@ def remaining_phase_time(phases: tuple[PhaseForecast, ...]) -> tuple[float, floa
     return total, ci
 
 
-def ended_short_note(steps_done: int, total_steps: int | None, grad_accum_steps: int) -> str | None:
+#: ``ended_short_note``: how near ``total_steps / grad_accum_steps`` steps (relative to
+#: ``total_steps``) a job must end for a total counted in batches to be the likely cause
+#: (epochs of ``ceil(batches / N)`` steps end a little past it).
+SLIP_TOLERANCE = 0.15
+
+
+def ended_short_note(
+    steps_done: int, total_steps: int | None, grad_accum_steps: int, *, total_given: bool = True
+) -> str | None:
     """What to say of a job closed at ``steps_done``, before its length: every ETA was for
     the whole length. A loop that stopped early on purpose reads it as a fact; one whose
     ``total_steps`` counted batches under gradient accumulation (``epochs * len(loader)`` kept
@@ -692,10 +700,15 @@ def ended_short_note(steps_done: int, total_steps: int | None, grad_accum_steps:
     the two apart for sure (a loop that breaks at a quarter of its length under accumulation 4
     looks the same), so this is a note, not a warning.
 
+    The accumulation hint is added only where that slip fits: ``total_steps`` was given (not
+    worked out from ``epochs`` and the loader) and the job ended within ``SLIP_TOLERANCE`` of
+    ``total_steps / grad_accum_steps`` steps.
+
     Args:
         steps_done: the global step it ended at (the initial step included).
         total_steps: the length it was given or worked out; None: unknown (nothing to say).
         grad_accum_steps: batches per optimizer step.
+        total_given: whether ``total_steps`` was given as such.
 
     Returns:
         The note's text, or None where it was not short.
@@ -706,7 +719,12 @@ def ended_short_note(steps_done: int, total_steps: int | None, grad_accum_steps:
         f"finished at step {steps_done} of the {total_steps} steps it was given: every ETA "
         f"was for all {total_steps}"
     )
-    if grad_accum_steps > 1:
+    slip = (
+        total_given
+        and grad_accum_steps > 1
+        and abs(steps_done * grad_accum_steps - total_steps) <= SLIP_TOLERANCE * total_steps
+    )
+    if slip:
         text += (
             f" (a step is an optimizer step: with grad_accum_steps={grad_accum_steps}, a "
             "total_steps counted in batches is that many times too long)"

@@ -363,3 +363,8 @@ def test_a_job_ended_short_is_noted_with_what_accumulation_means() -> None:
     accumulating = ended_short_note(22, 84, 4)
     assert accumulating is not None and accumulating.startswith("finished at step 22 of the 84")
     assert "grad_accum_steps=4" in accumulating and "counted in batches" in accumulating
+    # The slip's hint only where it fits: a quarter of a length given as such.
+    one_short = ended_short_note(83, 84, 4)
+    assert one_short is not None and "counted in batches" not in one_short
+    worked_out = ended_short_note(22, 84, 4, total_given=False)  # from epochs and the loader
+    assert worked_out is not None and "counted in batches" not in worked_out
