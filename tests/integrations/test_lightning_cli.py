@@ -25,6 +25,13 @@ from torch.utils.data import DataLoader, TensorDataset
 from ets_hook.integrations.common import HOOK_ARGUMENTS
 from ets_hook.integrations.lightning import ETSCallback
 
+# Lightning's CLI calls jsonargparse APIs that warn of their own deprecation, and warns that
+# args= is given while pytest has sys.argv: neither is ours.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore:LightningCLI's args parameter:UserWarning"),
+]
+
 CLASS_PATH = "ets_hook.integrations.lightning.ETSCallback"
 BATCHES_PER_EPOCH = 8
 
