@@ -44,6 +44,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from types import FrameType, TracebackType
@@ -266,6 +267,22 @@ def after_failed_cell(error: str) -> None:
             logger.debug("a hook failed after a failed cell", exc_info=True)
 
 
+#: ``time.perf_counter_ns()`` when the notebook cell running now started (IPython's
+#: ``pre_run_cell``); 0 outside IPython.
+_cell_started_ns = 0
+
+
+def cell_started_ns() -> int:
+    """When the notebook cell running now started (``time.perf_counter_ns``), or 0 outside an
+    IPython kernel or shell: what was done before it was done by an earlier cell."""
+    return _cell_started_ns
+
+
+def _pre_run_cell(info: Any = None) -> None:
+    global _cell_started_ns
+    _cell_started_ns = time.perf_counter_ns()
+
+
 def _post_run_cell(result: Any) -> None:
     error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
     if error is not None:
@@ -273,12 +290,14 @@ def _post_run_cell(result: Any) -> None:
 
 
 def _install_cell_hook() -> None:
-    """Listen to IPython's ``post_run_cell`` when this process is an IPython kernel or shell
-    (IPython already imported and running; never imported here)."""
+    """Listen to IPython's ``pre_run_cell`` and ``post_run_cell`` when this process is an IPython
+    kernel or shell (IPython already imported and running; never imported here)."""
     ipython = sys.modules.get("IPython")
     try:
         shell = ipython.get_ipython() if ipython is not None else None
         if shell is not None:
+            shell.events.register("pre_run_cell", _pre_run_cell)
             shell.events.register("post_run_cell", _post_run_cell)
+            _pre_run_cell()  # the cell that made the first hook: running now
     except Exception:  # an IPython without events, or a stub: notebooks just go unwatched
         logger.debug("IPython's post_run_cell not watched", exc_info=True)

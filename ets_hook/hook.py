@@ -106,6 +106,9 @@ from .trace.events import Trace
 
 logger = logging.getLogger("ets_hook")
 
+#: ``ETSHook.close``'s default wait for a running decode, in seconds.
+DEFAULT_CLOSE_TIMEOUT_S = 60.0
+
 TraceEstimator = Callable[[Trace], "TraceEstimate | None"]
 
 # hook.step_times_s keeps the first this-many raw step times (8 bytes each); the forecaster keeps
@@ -438,7 +441,11 @@ class ETSHook:
         if previous_hook is not None and not previous_hook._closed:
             logger.info("a new ETSHook on this model replaces the previous one")
             previous_hook._replaced = True  # no "closed without a step" for a re-run cell
-            previous_hook.close()
+            previous_hook._close(
+                DEFAULT_CLOSE_TIMEOUT_S,
+                exits.INTERRUPTED if previous_hook._cell_interrupted else exits.CLOSED,
+                None,
+            )
 
         self.model = model
         self.total_steps = job.total_steps
@@ -493,6 +500,7 @@ class ETSHook:
         # open at exit belongs to a run that stopped early (expect_explicit_close).
         self._explicit_close = False
         self._replaced = False  # a new hook on the same model closed this one
+        self._cell_interrupted = False  # a notebook cell was interrupted, no step since
 
         self._forecaster = Forecaster(
             job,
@@ -884,7 +892,7 @@ class ETSHook:
         """
         return self._window.kernel_status
 
-    def close(self, timeout_s: float | None = 60.0) -> None:
+    def close(self, timeout_s: float | None = DEFAULT_CLOSE_TIMEOUT_S) -> None:
         """Stop capture, remove every hook, wait for decoding, hand out the final prediction.
 
         A window still open is cut short and decoded (abandoned if none of its steps ended).
@@ -916,7 +924,9 @@ class ETSHook:
             outcome: ``"closed"``, ``"interrupted"`` or ``"failed"``.
             error: the exception's type name for ``"failed"``, else None.
         """
-        if outcome == exits.CLOSED and self._explicit_close:
+        if outcome == exits.CLOSED and self._cell_interrupted:
+            outcome = exits.INTERRUPTED  # a kernel shut down after its cell was interrupted
+        elif outcome == exits.CLOSED and self._explicit_close:
             outcome = exits.INTERRUPTED
             logger.warning(
                 "the process exits before the framework ended training (step %d): "
@@ -946,7 +956,9 @@ class ETSHook:
     def after_failed_cell(self, error: str) -> None:
         """A notebook cell raised (``ets_hook.exits``): a capture window still open is
         abandoned (its loop stopped inside it; the observer would otherwise record every op of
-        the later cells); the hook goes on timing steps. Never raises.
+        the later cells); the hook goes on timing steps. After a ``KeyboardInterrupt`` with no
+        step since, a replacing hook or the kernel's exit closes it as interrupted. Never
+        raises.
 
         Args:
             error: the exception's type name.
@@ -957,6 +969,9 @@ class ETSHook:
                 exits.INTERRUPTED if interrupted else exits.FAILED, None if interrupted else error
             )
             return
+        # The loop was stopped by hand: if no step follows, the job ends interrupted (a new
+        # hook replacing this one, or the kernel shutting down, closes it so).
+        self._cell_interrupted = error == "KeyboardInterrupt"
         try:
             window = self._window
             if window.state == WindowState.CAPTURING and not window.needs_capture_thread():
@@ -1210,6 +1225,7 @@ class ETSHook:
             self._step_times_s.append(duration_ns / 1e9)
         self.steps_completed = step_index + 1
         self._last_activity_ns = now_ns
+        self._cell_interrupted = False
         try:
             if step_index < ANOMALY_CHECK_STEPS and not self._anomaly_noted:
                 self._check_anomaly_mode()
@@ -1507,9 +1523,13 @@ class ETSHook:
     def _check_unseen_steps(self) -> None:
         """At close before the job's known end: when the last step or phase ended long before
         (``UNSEEN_STEPS_FACTOR`` median steps), the loop may have gone on with an optimizer
-        made after the hook (a new one per stage), whose steps are not counted. One warning."""
+        made after the hook (a new one per stage), whose steps are not counted. One warning.
+        Not for a hook replaced by a new one, nor in a notebook when its last step ran in an
+        earlier cell: the time since is the user's, between cells."""
         times = self._step_times_s
-        if not times or self._explicit_close:
+        if not times or self._explicit_close or self._replaced:
+            return
+        if exits.cell_started_ns() > self._last_activity_ns:
             return
         recent = sorted(times[-64:])
         median_s = recent[len(recent) // 2]

@@ -268,6 +268,80 @@ def test_a_notebook_cell_that_raises_inside_the_window_stops_its_capture() -> No
     assert result["status_at_end"] == result["status_after_cell_1"]
 
 
+# A notebook user: trains in cell 1, reads the output (cell 2), closes in cell 3; then trains a
+# new hook and interrupts its cell (4), and re-runs the cell (5), which replaces it.
+PAUSED_CELLS = [
+    """
+import json, logging, time, torch
+from ets_hook import ETSHook
+said = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        said.append(record.getMessage())
+logging.getLogger("ets_hook").addHandler(Keep())
+logging.getLogger("ets_hook").setLevel(logging.INFO)
+model = torch.nn.Linear(8, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+hook = ETSHook(model, optimizer=opt, total_steps=100, capture_steps=0, log_every=None)
+for step in range(20):
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+""",
+    "time.sleep(1.3)",
+    "hook.close()",
+    """
+second = ETSHook(model, optimizer=opt, total_steps=100, capture_steps=0, log_every=None,
+                 status_path=STATUS)
+for step in range(10):
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+raise KeyboardInterrupt
+""",
+    """
+third = ETSHook(model, optimizer=opt, total_steps=100, capture_steps=0, log_every=None)
+state = json.load(open(STATUS))["state"]
+model(torch.randn(4, 8)).sum().backward()
+opt.step()
+third.close()
+""",
+]
+PAUSED_NOTEBOOK = textwrap.dedent(
+    """
+    import json, sys
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.user_ns["STATUS"] = sys.argv[2]
+    results = [shell.run_cell(cell) for cell in json.loads(sys.argv[1])]
+    print(json.dumps({
+        "success": [r.success for r in results],
+        "said": shell.user_ns["said"],
+        "state": shell.user_ns["state"],
+    }))
+    """
+)
+
+
+def test_a_notebook_pause_is_not_missed_steps_and_an_interrupted_cell_ends_interrupted(
+    tmp_path: Path,
+) -> None:
+    """Time between cells is the user's: a close in a later cell is not warned about steps it
+    did not count. A hook whose cell was interrupted, and that a re-run cell replaces, ends
+    "interrupted" (not "closed", as a finished job would)."""
+    run = subprocess.run(
+        [sys.executable, "-c", PAUSED_NOTEBOOK, json.dumps(PAUSED_CELLS), str(tmp_path / "s.json")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["success"] == [True, True, True, False, True]
+    said = result["said"]
+    assert not [m for m in said if "were not counted" in m], said
+    assert result["state"] == "interrupted"  # the second hook's status file, once replaced
+
+
 def test_hook_step_called_twice_per_step_counts_once() -> None:
     model = tiny_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -221,6 +221,8 @@ class ETSTrainerCallback(TrainerCallback):
         self._handler: weakref.ref[CallbackHandler] | None = None
         self._injector = ETSLogInjector(self)
         self._progress: ProgressCallback | None = None
+        self._notebook: Any = None  # the Trainer's NotebookProgressCallback, in a notebook
+        self._notebook_text = ""  # our text for its bar's comment
         self._shown: Prediction | None = None
         self._bar_refresh = BarRefresh()
         self._monitor: str | None = None  # the metric reported to the hook at on_evaluate
@@ -601,10 +603,12 @@ class ETSTrainerCallback(TrainerCallback):
             logger.debug("could not add the prediction to the Trainer's log: %r", exc)
 
     def _show_progress(self, *, final: bool = False) -> None:
-        """Our ETA in the postfix of the Trainer's tqdm bar (redrawn by its next update): when
-        ``BarRefresh`` says it is due, and the ``final`` one at close."""
+        """Our ETA on the Trainer's progress bar: the postfix of its tqdm bar (redrawn by its
+        next update), or in a notebook the comment of its HTML bar (``_annotate_notebook``):
+        when ``BarRefresh`` says it is due, and the ``final`` one at close."""
         bar = getattr(self._progress, "training_bar", None)
-        if bar is None or self.hook is None:
+        tracker = getattr(self._notebook, "training_tracker", None)
+        if (bar is None and tracker is None) or self.hook is None:
             return
         if not (final or self._bar_refresh.due(self.hook.steps_completed)):
             return
@@ -613,7 +617,12 @@ class ETSTrainerCallback(TrainerCallback):
             return
         self._shown = prediction
         try:
-            bar.set_postfix_str(TqdmReporter.postfix(prediction), refresh=False)
+            text = TqdmReporter.postfix(prediction)
+            if bar is not None:
+                bar.set_postfix_str(text, refresh=False)
+            if tracker is not None:
+                self._notebook_text = text
+                _annotate_notebook(tracker, weakref.ref(self))
         except Exception as exc:
             logger.debug("could not annotate the Trainer's progress bar: %r", exc)
 
@@ -642,6 +651,16 @@ class ETSTrainerCallback(TrainerCallback):
         self._progress = next(
             (cb for cb in handler.callbacks if isinstance(cb, ProgressCallback)), None
         )
+        # In a notebook the Trainer shows an HTML bar instead (transformers.utils.notebook:
+        # matched by name, so that its IPython import is never ours).
+        self._notebook = next(
+            (
+                cb
+                for cb in handler.callbacks
+                if any(c.__name__ == NOTEBOOK_PROGRESS for c in type(cb).__mro__)
+            ),
+            None,
+        )
 
     def _injector_first(self) -> bool:
         handler = self._handler() if self._handler is not None else None
@@ -650,6 +669,32 @@ class ETSTrainerCallback(TrainerCallback):
             and bool(handler.callbacks)
             and handler.callbacks[0] is self._injector
         )
+
+
+#: The class name of the Trainer's progress callback in notebooks (an HTML bar, not tqdm).
+NOTEBOOK_PROGRESS = "NotebookProgressCallback"
+
+
+def _annotate_notebook(tracker: Any, owner: weakref.ref[ETSTrainerCallback]) -> None:
+    """Have the notebook bar's comment (``Epoch 1/3``, which the Trainer sets at each of its
+    updates) end with ``owner``'s text: its ``update`` is wrapped once, on the instance, for
+    as long as the bar lives (the Trainer drops it at train end). Never raises."""
+    if getattr(tracker, "_ets_annotated", False):
+        return
+    original = tracker.update
+
+    def update(value: int, force_update: bool = False, comment: str | None = None) -> Any:
+        callback = owner()
+        text = callback._notebook_text if callback is not None else ""
+        if text and comment is not None:
+            comment = f"{comment} · {text}"
+        return original(value, force_update=force_update, comment=comment)
+
+    try:
+        tracker.update = update
+        tracker._ets_annotated = True
+    except Exception as exc:  # a bar that takes no attributes: the log lines still say it
+        logger.debug("could not annotate the notebook progress bar: %r", exc)
 
 
 # --------------------------------------------------------------------------------------------

@@ -53,7 +53,7 @@ class TqdmReporter(Reporter):
         self._kwargs = tqdm_kwargs
         if self._own:
             try:
-                from tqdm import tqdm
+                from tqdm.auto import tqdm  # the notebook widget in Jupyter, else the text bar
             except ImportError as exc:
                 raise ImportError(
                     "ets-hook's progress bar needs tqdm: pip install 'ets-hook[tqdm]'"

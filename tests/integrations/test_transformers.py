@@ -14,6 +14,7 @@ import inspect
 import json
 import logging
 import pickle
+import re
 import struct
 import subprocess
 import sys
@@ -38,7 +39,7 @@ from transformers import (
     TrainingArguments,
 )
 from transformers.integrations import integration_utils
-from transformers.trainer_callback import ProgressCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from ets_hook.capture.batch_clock import TimedCollate
 from ets_hook.capture.sysinfo import training_state_bytes
@@ -584,6 +585,34 @@ def test_the_trainers_dataloader_workers_are_timed(tmp_path: Path, dataset: str)
     assert prediction.input_period_s >= 0.9 * 2 * SLOW_ITEM_S
     assert ets.hook is not None and ets.hook._batch_clocks
     assert not isinstance(ets.hook._batch_clocks[0].loader.collate_fn, TimedCollate)  # given back
+
+
+def test_eta_in_the_notebook_progress_bar(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """In a notebook the Trainer shows transformers' HTML bar, not tqdm: our ETA ends the
+    comment it shows beside the bar (``Epoch 1/3 · ... ETA 2.1s``), and ``done`` at the end."""
+    notebook = pytest.importorskip("transformers.utils.notebook")
+    comments: list[str] = []
+
+    class NotebookProgressCallback(notebook.NotebookProgressCallback):  # keeps what it shows
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            super().on_step_end(args, state, control, **kwargs)
+            comments.append(self.training_tracker.comment)
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            tracker = self.training_tracker
+            super().on_train_end(args, state, control, **kwargs)
+            comments.append(tracker.comment)
+
+    args = training_args(tmp_path, max_steps=12, eval_strategy="no", save_strategy="no")
+    trainer = Trainer(model=tiny_gpt2(), args=args, train_dataset=TokenSet(64))
+    trainer.remove_callback(PrinterCallback)
+    trainer.add_callback(NotebookProgressCallback)
+    trainer.add_callback(ETSTrainerCallback(log_every=None, capture_steps=0))
+    trainer.train()
+    capsys.readouterr()  # the bar's HTML, displayed as text outside a notebook
+    assert re.fullmatch(r"Epoch \S+/\S+", comments[0])  # before any prediction: the Trainer's
+    assert any(re.fullmatch(r"Epoch \S+/\S+ · .+/step ±.+ · ETA .+", c) for c in comments)
+    assert comments[-1].endswith(" · done"), comments
 
 
 def test_added_after_init_still_reaches_report_to(tmp_path: Path) -> None:

@@ -68,6 +68,14 @@ def test_tqdm_bar_of_our_own(capsys: pytest.CaptureFixture[str]) -> None:
     assert reporter._bar is not None and reporter._bar.disable is True  # closed
 
 
+def test_our_bar_is_tqdm_autos_the_widget_in_a_notebook() -> None:
+    """``progress=True`` makes the bar ``tqdm.auto`` picks: the notebook widget in Jupyter (a
+    text bar redrawn with ``\\r`` there follows a replaced hook into the next cell), the text
+    bar in a terminal."""
+    auto = pytest.importorskip("tqdm.auto")
+    assert TqdmReporter()._factory is auto.tqdm
+
+
 def test_our_bar_of_a_job_of_unknown_length_ends_full(capsys: pytest.CaptureFixture[str]) -> None:
     """No length until close (which learns it): the last frame reads 30/30, not 30/?."""
     pytest.importorskip("tqdm")
@@ -81,6 +89,7 @@ def test_our_bar_of_a_job_of_unknown_length_ends_full(capsys: pytest.CaptureFixt
 
 def test_missing_tqdm_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "tqdm", None)
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)  # as if never installed
     with pytest.raises(ImportError, match=r"pip install 'ets-hook\[tqdm\]'"):
         build_reporters(progress=True)
     with pytest.raises(ValueError, match="progress must be True, False, None or a tqdm bar"):
