@@ -90,12 +90,11 @@ from .forecast.text import format_duration
 from .hook_arguments import (
     check_checkpoint_options,
     check_epochs_length,
-    check_grad_scaler,
     check_switches,
     checked_device,
+    checked_grad_scaler,
     checked_timeout_s,
     plain_number,
-    unwrap_grad_scaler,
     warn_if_deadline_past,
 )
 from .launcher import restart_count
@@ -379,8 +378,7 @@ class ETSHook:
         if isinstance(phase_every, Mapping):
             phase_every = {name: plain_number(every) for name, every in phase_every.items()}
         check_log_every(log_every, "log_every")
-        check_grad_scaler(grad_scaler)
-        grad_scaler = unwrap_grad_scaler(grad_scaler)  # timm's NativeScaler: its GradScaler
+        grad_scaler = checked_grad_scaler(grad_scaler)  # timm's NativeScaler: its GradScaler
         warn_if_deadline_past(deadline)
         given_device = checked_device(plain_number(device))
         auto_skip = skip_steps is None
@@ -450,7 +448,7 @@ class ETSHook:
         self.model = model
         self.total_steps = job.total_steps
         self._total_steps_given = total_steps is not None
-        self._grad_scaler = grad_scaler
+        self._scaler_given = grad_scaler is not None
         self._fp16_without_scaler = False  # float16 autocast seen with no grad_scaler given
         self._host_load = HostLoadSampler(include_siblings=world_size > 1) if not disabled else None
         self._epochs = (
@@ -500,7 +498,8 @@ class ETSHook:
         # open at exit belongs to a run that stopped early (expect_explicit_close).
         self._explicit_close = False
         self._replaced = False  # a new hook on the same model closed this one
-        self._cell_interrupted = False  # a notebook cell was interrupted, no step since
+        # steps_completed when a notebook cell was interrupted (_cell_interrupted), or None.
+        self._interrupted_at_steps: int | None = None
 
         self._forecaster = Forecaster(
             job,
@@ -971,7 +970,7 @@ class ETSHook:
             return
         # The loop was stopped by hand: if no step follows, the job ends interrupted (a new
         # hook replacing this one, or the kernel shutting down, closes it so).
-        self._cell_interrupted = error == "KeyboardInterrupt"
+        self._interrupted_at_steps = self.steps_completed if error == "KeyboardInterrupt" else None
         try:
             window = self._window
             if window.state == WindowState.CAPTURING and not window.needs_capture_thread():
@@ -1099,6 +1098,11 @@ class ETSHook:
             self._forecaster.close(outcome, error)
 
     @property
+    def _cell_interrupted(self) -> bool:
+        """A notebook cell was interrupted (``after_failed_cell``) and no step ended since."""
+        return self._interrupted_at_steps == self.steps_completed
+
+    @property
     def reached_last_step(self) -> bool:
         """Whether the job's known length has been run: ``initial_step`` plus the steps
         completed reach ``total_steps`` (False while the length is unknown)."""
@@ -1174,7 +1178,7 @@ class ETSHook:
             self._forecaster.set_low_precision()
         device_type = self._device.type
         if (
-            self._grad_scaler is None
+            not self._scaler_given
             and device_type in ("cpu", "cuda")
             and torch.is_autocast_enabled(device_type)
             and torch.get_autocast_dtype(device_type) == torch.float16
@@ -1225,7 +1229,6 @@ class ETSHook:
             self._step_times_s.append(duration_ns / 1e9)
         self.steps_completed = step_index + 1
         self._last_activity_ns = now_ns
-        self._cell_interrupted = False
         try:
             if step_index < ANOMALY_CHECK_STEPS and not self._anomaly_noted:
                 self._check_anomaly_mode()

@@ -97,7 +97,7 @@ def unwrap_grad_scaler(grad_scaler: Any) -> Any:
     An object without a callable ``update`` that holds one with it in one of
     ``WRAPPED_SCALER_ATTRIBUTES`` (timm's ``NativeScaler``, whose ``__call__`` runs backward and
     the optimizer step through its ``_scaler``) stands for that scaler; anything else is
-    returned as given (``check_grad_scaler`` judges it).
+    returned as given (``checked_grad_scaler`` judges it).
 
     Args:
         grad_scaler: the ``grad_scaler`` argument.
@@ -114,17 +114,20 @@ def unwrap_grad_scaler(grad_scaler: Any) -> Any:
     return grad_scaler
 
 
-def check_grad_scaler(grad_scaler: Any) -> None:
+def checked_grad_scaler(grad_scaler: Any) -> Any:
     """``grad_scaler`` must be None or a ``GradScaler``-like object: a callable ``update``
     that the hook can wrap (an instance attribute is set on it until ``close``), or a wrapper
     holding one (``unwrap_grad_scaler``).
+
+    Returns:
+        The scaler the hook watches: ``grad_scaler``, the one its wrapper holds, or None.
 
     Raises:
         ValueError: naming ``grad_scaler`` and its value (e.g. an optimizer passed instead).
     """
     grad_scaler = unwrap_grad_scaler(grad_scaler)
     if grad_scaler is None:
-        return
+        return None
     if not callable(getattr(grad_scaler, "update", None)):
         text = repr(grad_scaler)
         shown = text if len(text) <= 80 and "\n" not in text else f"a {type(grad_scaler).__name__}"
@@ -143,6 +146,7 @@ def check_grad_scaler(grad_scaler: Any) -> None:
             f"grad_scaler must accept attributes (its update() is wrapped until close()), got "
             f"{type(grad_scaler).__name__} without __dict__"
         )
+    return grad_scaler
 
 
 def check_checkpoint_options(checkpoint_files: Any, checkpoint_in_memory: Any) -> None:

@@ -31,6 +31,7 @@ from ets_hook.trace.importers import ETS_CSV_COLUMNS
 
 if TYPE_CHECKING:
     import pytest
+    import torch
 
     from ets_hook.forecast.forecaster import Forecaster
 
@@ -310,6 +311,21 @@ def readme_python_blocks(title: str, language: str = "python") -> list[str]:
     assert section, f"README.md has no section {title!r}"
     pattern = rf"^```{re.escape(language)}\n(.*?)^```"
     return re.findall(pattern, "".join(section), re.DOTALL | re.MULTILINE)
+
+
+def tiny_regression_job(
+    optimizer_class: type[torch.optim.Optimizer], batches: int
+) -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.utils.data.DataLoader]:
+    """A small MLP (seeded), its optimizer of ``optimizer_class`` (lr 0.01) and a loader of
+    ``batches`` batches of 4 random regression samples (the plain-loop integrations' jobs;
+    imports torch: call it only from tests that use it)."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    optimizer = optimizer_class(model.parameters(), lr=0.01)
+    data = torch.utils.data.TensorDataset(torch.randn(4 * batches, 8), torch.randn(4 * batches, 1))
+    return model, optimizer, torch.utils.data.DataLoader(data, batch_size=4)
 
 
 def free_port() -> int:

@@ -230,37 +230,53 @@ steps = hook.steps_completed
 hook.close()
 """,
 ]
+# Runs cells (argv[1], JSON) in a real IPython shell, with ``STATUS`` = argv[2] in its namespace;
+# prints each cell's success and error type, and each expression of argv[3] (JSON: name ->
+# Python expression) evaluated in the shell's namespace after the last cell.
 NOTEBOOK = textwrap.dedent(
     """
     import json, sys
     from IPython.core.interactiveshell import InteractiveShell
 
     shell = InteractiveShell.instance()
+    shell.user_ns["STATUS"] = sys.argv[2]
     results = [shell.run_cell(cell) for cell in json.loads(sys.argv[1])]
-    ns = shell.user_ns
+    report = {name: eval(expression, shell.user_ns) for name, expression in
+              json.loads(sys.argv[3]).items()}
     print(json.dumps({
         "success": [r.success for r in results],
-        "error": type(results[0].error_in_exec).__name__,
-        "registered_after_cell_1": ns["after_cell_1"][0],
-        "status_after_cell_1": ns["after_cell_1"][1],
-        "steps": ns["steps"],
-        "status_at_end": ns["hook"].capture_status,
+        "errors": [type(r.error_in_exec).__name__ if r.error_in_exec else None
+                   for r in results],
+        **report,
     }))
     """
 )
+
+
+def run_notebook(cells: list[str], report: dict[str, str], status: str = "") -> dict[str, Any]:
+    """``NOTEBOOK`` in a fresh interpreter: its printed result."""
+    run = subprocess.run(
+        [sys.executable, "-c", NOTEBOOK, json.dumps(cells), status, json.dumps(report)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 def test_a_notebook_cell_that_raises_inside_the_window_stops_its_capture() -> None:
     """In IPython an exception ends the cell, not the process: the window the cell left open
     is abandoned after it (its observer would record every op of the later cells) and the same
     hook goes on timing steps in the next cell."""
-    run = subprocess.run(
-        [sys.executable, "-c", NOTEBOOK, json.dumps(NOTEBOOK_CELLS)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
-    result = json.loads(run.stdout.strip().splitlines()[-1])
-    assert result["success"] == [False, True, True] and result["error"] == "ValueError"
+    result = run_notebook(
+        NOTEBOOK_CELLS,
+        {
+            "registered_after_cell_1": "after_cell_1[0]",
+            "status_after_cell_1": "after_cell_1[1]",
+            "steps": "steps",
+            "status_at_end": "hook.capture_status",
+        },
+    )
+    assert result["success"] == [False, True, True] and result["errors"][0] == "ValueError"
     assert result["registered_after_cell_1"] is False
     assert result["status_after_cell_1"].startswith("off")
     assert "window abandoned: the notebook cell raised ValueError" in result["status_after_cell_1"]
@@ -307,21 +323,6 @@ opt.step()
 third.close()
 """,
 ]
-PAUSED_NOTEBOOK = textwrap.dedent(
-    """
-    import json, sys
-    from IPython.core.interactiveshell import InteractiveShell
-
-    shell = InteractiveShell.instance()
-    shell.user_ns["STATUS"] = sys.argv[2]
-    results = [shell.run_cell(cell) for cell in json.loads(sys.argv[1])]
-    print(json.dumps({
-        "success": [r.success for r in results],
-        "said": shell.user_ns["said"],
-        "state": shell.user_ns["state"],
-    }))
-    """
-)
 
 
 def test_a_notebook_pause_is_not_missed_steps_and_an_interrupted_cell_ends_interrupted(
@@ -330,12 +331,9 @@ def test_a_notebook_pause_is_not_missed_steps_and_an_interrupted_cell_ends_inter
     """Time between cells is the user's: a close in a later cell is not warned about steps it
     did not count. A hook whose cell was interrupted, and that a re-run cell replaces, ends
     "interrupted" (not "closed", as a finished job would)."""
-    run = subprocess.run(
-        [sys.executable, "-c", PAUSED_NOTEBOOK, json.dumps(PAUSED_CELLS), str(tmp_path / "s.json")],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
-    result = json.loads(run.stdout.strip().splitlines()[-1])
+    result = run_notebook(
+        PAUSED_CELLS, {"said": "said", "state": "state"}, status=str(tmp_path / "s.json")
+    )
     assert result["success"] == [True, True, True, False, True]
     said = result["said"]
     assert not [m for m in said if "were not counted" in m], said

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..launcher import launcher_rank_and_size, rank_suffixed
-from ..trace.atomic import check_writable
+from ..trace.atomic import check_writable_argument
 from ..trace.events import DeviceInfo, HostInfo
 
 logger = logging.getLogger("ets_hook")
@@ -265,10 +265,7 @@ def checked_trace_path(
         raise ValueError(f"trace_path is a directory: {path}")
     if not path.parent.is_dir():
         raise ValueError(f"trace_path's directory does not exist: {path.parent}")
-    try:
-        check_writable(path)
-    except OSError as exc:
-        raise ValueError(f"trace_path cannot be written: {path} ({exc.strerror or exc})") from exc
+    check_writable_argument("trace_path", path)
     return path
 
 

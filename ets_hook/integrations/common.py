@@ -24,9 +24,9 @@ from ..forecast.trace_estimators import check_trace_estimator
 from ..hook import ETSHook
 from ..hook_arguments import (
     check_checkpoint_options,
-    check_grad_scaler,
     check_switches,
     checked_device,
+    checked_grad_scaler,
     plain_number,
 )
 from ..reporters.builder import build_reporters, check_log_every
@@ -232,7 +232,7 @@ def check_hook_options(options: Mapping[str, Any]) -> None:
     check_time_limit_s(given.get("time_limit_s"))
     check_exchange_timeout(value("rank_exchange_timeout_s"))
     check_log_every(value("log_every"), "log_every")
-    check_grad_scaler(given.get("grad_scaler"))
+    checked_grad_scaler(given.get("grad_scaler"))
     checked_device(given.get("device"))
     check_trace_estimator(value("trace_estimator"))
     build_reporters(  # as ETSHook builds them (hook.py), dropped: none opens anything

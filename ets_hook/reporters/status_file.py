@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..launcher import fill_rank, rank_suffixed
-from ..trace.atomic import atomic_write_bytes, check_writable
+from ..trace.atomic import atomic_write_bytes, check_writable_argument
 from .base import EARLY_STEPS, JOB_OUTCOMES, MILESTONE_STEPS, Milestones, Reporter, ReportSchedule
 
 if TYPE_CHECKING:
@@ -148,12 +148,7 @@ class StatusFileReporter(Reporter):
             raise ValueError(f"status_path's directory does not exist: {self.path.parent}")
         if self.path.is_dir():
             raise ValueError(f"status_path is a directory: {self.path}")
-        try:
-            check_writable(self.path)
-        except OSError as exc:
-            raise ValueError(
-                f"status_path cannot be written: {self.path} ({exc.strerror or exc})"
-            ) from exc
+        check_writable_argument("status_path", self.path)
         if interval_s is not None and (
             isinstance(interval_s, bool)
             or not isinstance(interval_s, (int, float))

@@ -175,6 +175,23 @@ def check_writable(path: str | os.PathLike[str]) -> None:
         os.unlink(tmp_name)
 
 
+def check_writable_argument(name: str, path: str | os.PathLike[str]) -> None:
+    """``check_writable`` for an argument checked before the work it is for.
+
+    Args:
+        name: the argument's name, for the message.
+        path: its value, the target file.
+
+    Raises:
+        ValueError: ``{name} cannot be written: {path} ({reason})`` where ``check_writable``
+            raises an ``OSError``.
+    """
+    try:
+        check_writable(path)
+    except OSError as exc:
+        raise ValueError(f"{name} cannot be written: {path} ({exc.strerror or exc})") from exc
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, fsync: bool = True) -> None:
     """Write ``data`` to ``path`` via a temp file in the same directory and ``os.replace``.
 

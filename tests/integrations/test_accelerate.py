@@ -19,7 +19,7 @@ pytest.importorskip("accelerate")  # only so the core suite runs where the extra
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
-from support import readme_python_blocks
+from support import readme_python_blocks, tiny_regression_job
 
 from ets_hook import ETSHook
 
@@ -37,12 +37,8 @@ class Loop:
 
 
 def tiny_job() -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.utils.data.DataLoader]:
-    """A small MLP, its SGD optimizer and a loader of ``BATCHES`` batches of 4 random samples."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    data = torch.utils.data.TensorDataset(torch.randn(4 * BATCHES, 8), torch.randn(4 * BATCHES, 1))
-    return model, optimizer, torch.utils.data.DataLoader(data, batch_size=4)
+    """A small MLP, its SGD optimizer and a loader of ``BATCHES`` batches of 4 samples."""
+    return tiny_regression_job(torch.optim.SGD, BATCHES)
 
 
 def reset_accelerate_state() -> None:

@@ -15,7 +15,7 @@ pytest.importorskip("lightning")  # only so the core suite runs where the extra 
 
 import lightning as L
 import torch
-from support import readme_python_blocks
+from support import readme_python_blocks, tiny_regression_job
 
 from ets_hook import ETSHook
 from ets_hook.capture.steps import unwrap_optimizer
@@ -44,11 +44,7 @@ print(hook.prediction)
 
 def tiny_job() -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.utils.data.DataLoader]:
     """A small MLP, its AdamW optimizer and a loader of ``BATCHES`` batches of 4 samples."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
-    data = torch.utils.data.TensorDataset(torch.randn(4 * BATCHES, 8), torch.randn(4 * BATCHES, 1))
-    return model, optimizer, torch.utils.data.DataLoader(data, batch_size=4)
+    return tiny_regression_job(torch.optim.AdamW, BATCHES)
 
 
 def counted(optimizer: torch.optim.Optimizer) -> tuple[list[int], Any]:
