@@ -393,6 +393,8 @@ class Run:
     start_wall_s: float = 0.0  # time.time() at hook creation
     epoch_start_steps: list[int] = field(default_factory=list)  # loader jobs: step of each epoch
     job_end_s: float | None = None  # from hook creation to the loop's end (final phases in)
+    capture_status: str = ""  # hook.capture_status at close (rank 0's for DDP jobs)
+    capture_cost_s: float | None = None  # hook.capture_cost_s at close
 
     @property
     def true_total_s(self) -> float:
@@ -530,6 +532,7 @@ def _run_rank_in(
             break
     run.job_end_s = (time.perf_counter_ns() - t0_ns) / 1e9
     hook.close()
+    run.capture_status, run.capture_cost_s = hook.capture_status, hook.capture_cost_s
     if isinstance(batches, EpochBatches):
         batches.close()  # after the last step: the workers' shutdown is not part of the job
     run.train_step_s = hook.step_times_s
@@ -588,6 +591,7 @@ def run_ddp_job(
     run.predictions = first["predictions"]
     run.start_wall_s = first["start_wall_s"]
     run.epoch_start_steps = first["epoch_start_steps"]
+    run.capture_status, run.capture_cost_s = first["capture_status"], first["capture_cost_s"]
     return run
 
 
@@ -1042,6 +1046,8 @@ def main(argv: list[str] | None = None) -> int:
                 "errors": {m: {str(k): v for k, v in e.items()} for m, e in errors.items()},
                 "step_ends_s": run.step_ends_s,
                 "train_step_s": run.train_step_s,
+                "capture_status": run.capture_status,
+                "capture_cost_s": run.capture_cost_s,
                 "predictions": [
                     None
                     if p is None

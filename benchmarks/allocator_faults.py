@@ -7,8 +7,9 @@ top of its heap after a step (and faulting it in again in the next) or not, a mo
 settles into depending on where long-lived allocations happened to land.
 
 Each run is a fresh process (the heap's history is what is measured): the same CNN as
-``accuracy_frameworks.py``'s ``pl-cnn+val+ckpt`` on random data, ``--batches`` batches of 128 an
-epoch, validation of 8 batches and a ``ModelCheckpoint`` each epoch, the TQDM bar; with
+``accuracy_frameworks.py``'s ``pl-cnn+val+ckpt`` on random data, ``--batches`` batches of
+``--batch-size`` (128 as there) an epoch, validation of 8 batches and a ``ModelCheckpoint``
+each epoch, the TQDM bar; with
 ``--hook`` alternating runs add ``ETSCallback``. Prints one line per run: the median faults and
 CPU ms per step in each epoch.
 
@@ -29,7 +30,7 @@ import time
 from typing import Any
 
 
-def fit(with_hook: bool, batches: int, epochs: int) -> dict[str, Any]:
+def fit(with_hook: bool, batches: int, epochs: int, batch_size: int) -> dict[str, Any]:
     """One Lightning fit in this process; per-epoch medians of faults and CPU ms per step."""
     import lightning.pytorch as L
     import torch
@@ -55,9 +56,10 @@ def fit(with_hook: bool, batches: int, epochs: int) -> dict[str, Any]:
             cpu_s.append(time.process_time() - self.cpu)
 
     g = torch.Generator().manual_seed(0)
-    n = 128 * batches
+    n = batch_size * batches
+    n_val = batch_size * 8
     train = TensorDataset(torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,)))
-    val = TensorDataset(torch.randn(1024, 3, 32, 32, generator=g), torch.randint(0, 10, (1024,)))
+    val = TensorDataset(torch.randn(n_val, 3, 32, 32, generator=g), torch.randint(0, 10, (n_val,)))
     with tempfile.TemporaryDirectory() as checkpoints:
         callbacks: list[Any] = [Counter(), ModelCheckpoint(dirpath=checkpoints, save_last=True)]
         if with_hook:
@@ -73,8 +75,11 @@ def fit(with_hook: bool, batches: int, epochs: int) -> dict[str, Any]:
             devices=1,
             num_sanity_val_steps=0,
         )
-        trainer.fit(lightning_classifier(net), DataLoader(train, batch_size=128, shuffle=True),
-                    DataLoader(val, batch_size=128))  # fmt: skip
+        trainer.fit(
+            lightning_classifier(net),
+            DataLoader(train, batch_size=batch_size, shuffle=True),
+            DataLoader(val, batch_size=batch_size),
+        )
     per_epoch = [slice(i, i + batches) for i in range(0, epochs * batches, batches)]
     return {
         "hook": with_hook,
@@ -89,19 +94,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=4, help="runs per variant")
     parser.add_argument("--batches", type=int, default=12, help="training batches per epoch")
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=128, help="samples per batch")
     parser.add_argument("--one", choices=("bare", "hook"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one is not None:  # a child: one fit
-        print(json.dumps(fit(args.one == "hook", args.batches, args.epochs)))
+        print(json.dumps(fit(args.one == "hook", args.batches, args.epochs, args.batch_size)))
         return 0
-    if args.runs < 1 or args.batches < 1 or args.epochs < 1:
-        parser.error("--runs, --batches and --epochs must be >= 1")
+    if min(args.runs, args.batches, args.epochs, args.batch_size) < 1:
+        parser.error("--runs, --batches, --epochs and --batch-size must be >= 1")
     print(f"load average {os.getloadavg()}", flush=True)
     for _ in range(args.runs):
         for variant in ("bare", "hook"):
             child = subprocess.run(
                 [sys.executable, __file__, "--one", variant, "--batches", str(args.batches),
-                 "--epochs", str(args.epochs)],
+                 "--epochs", str(args.epochs), "--batch-size", str(args.batch_size)],
                 capture_output=True, text=True, check=True,
             )  # fmt: skip
             print(child.stdout.strip().splitlines()[-1], flush=True)

@@ -42,6 +42,7 @@ from .capture.clocks import read_clocks
 from .capture.compile_events import CompileWatcher
 from .capture.device_timer import CudaStepTimer
 from .capture.host_load import HostLoadSampler
+from .capture.ops import NativeOpCapture
 from .capture.step_clock import StepClock
 from .capture.steps import Authority, NoSteps, StepDetector, optimizer_list
 from .capture.sysinfo import (
@@ -225,7 +226,8 @@ class ETSHook:
                 step timer). None (default): adaptive, at most ``MAX_ADAPTIVE_CAPTURE_STEPS``
                 (5): with the job's length known, on the native observer on the CPU, the
                 window ends once one more step would take the capture's predicted cost (its
-                measured ops x per-op costs, window and decode) past 1% of the job's predicted
+                measured ops x per-op costs in the window, and the decode's set-up plus its
+                per-op cost, ``NativeOpCapture.decode_costs``) past 1% of the job's predicted
                 total, and a job too short for even one step's decode keeps its steps timed
                 only (``capture_status`` says so) unless ``trace_path`` asks for the trace
                 (then its first step is decoded and written); elsewhere 5 steps.
@@ -481,10 +483,12 @@ class ETSHook:
         # Resolved before training starts: on the decode thread, loading the model (~0.1 s)
         # would hold the GIL against the training loop.
         estimator: TraceEstimator | None = None
+        learned_estimator = False  # its decode costs the loop more (NativeOpCapture.decode_costs)
         if capture_steps > 0:  # the trace model's module (~50 ms to import) only when capturing
-            from .forecast.trace_estimators import resolve_trace_estimator
+            from .forecast.trace_estimators import LearnedTraceEstimator, resolve_trace_estimator
 
             estimator = resolve_trace_estimator(trace_estimator, self._device.type)
+            learned_estimator = isinstance(estimator, LearnedTraceEstimator)
         self._closed = False
         # A process forked from the job (a worker that runs the model, a user's fork) inherits
         # this hook: there it does nothing, and closes nothing of the parent's (_guarded, _close;
@@ -591,6 +595,7 @@ class ETSHook:
                 else None
             ),
             budget_may_drop=rank_trace is None,
+            decode_cost=NativeOpCapture.decode_costs[learned_estimator],
         )
         self._monitor: str | None = None
         self._cuda_timer: CudaStepTimer | None = None

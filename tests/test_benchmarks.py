@@ -124,8 +124,24 @@ def test_decode_cost_times_every_stage_of_a_real_window() -> None:
         assert f" {stage} " in line
 
 
+def test_decode_lost_time_reports_the_decode_beside_the_prior() -> None:
+    result = run(
+        "decode_cost.py", "--lost-time", "--repeats", "1", "--workloads", "mlp-w128-d2-b32"
+    )
+    assert result.returncode == 0, result.stderr
+    (row,) = [x.split() for x in result.stdout.splitlines() if x.startswith("mlp-w128-d2-b32 ")]
+    ops, decode_wall_ms, lost_ms = int(row[1]), float(row[3]), float(row[5])
+    assert ops >= 5 * 50 and decode_wall_ms > 0
+    low, high = (float(x) for x in row[6].split("-"))
+    assert low < high  # the prior's range for these ops
+    assert float(row[7]) == pytest.approx(2 * lost_ms / (low + high), rel=0.05, abs=0.02)
+    assert "lost / the prior's midpoint: median" in result.stdout
+
+
 def test_allocator_faults_reports_each_epoch_of_each_variant() -> None:
-    result = run("allocator_faults.py", "--runs", "1", "--batches", "2", "--epochs", "2")
+    result = run(
+        "allocator_faults.py", "--runs", "1", "--batches", "2", "--epochs", "2", "--batch-size", "8"
+    )
     assert result.returncode == 0, result.stderr
     runs = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     assert [r["hook"] for r in runs] == [False, True]

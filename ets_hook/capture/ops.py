@@ -22,6 +22,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -76,6 +77,32 @@ def native_observer_holder() -> NativeOpCapture | None:
         return _owner
 
 
+@dataclass(frozen=True, slots=True)
+class DecodeCost:
+    """What decoding a window costs the training thread: a fixed part plus a part per op
+    recorded, each a (low, high) range.
+
+    Attributes:
+        fixed_s: seconds any decode costs (the trace model's set-up), (low, high).
+        us_per_op: µs each op recorded costs, (low, high).
+    """
+
+    fixed_s: tuple[float, float]
+    us_per_op: tuple[float, float]
+
+    def range_s(self, ops: float) -> tuple[float, float]:
+        """Seconds to decode ``ops`` ops, (low, high)."""
+        return (
+            self.fixed_s[0] + ops * self.us_per_op[0] * 1e-6,
+            self.fixed_s[1] + ops * self.us_per_op[1] * 1e-6,
+        )
+
+    def midpoint_s(self, ops: float) -> float:
+        """Seconds to decode ``ops`` ops at the midpoints of both ranges."""
+        low, high = self.range_s(ops)
+        return 0.5 * (low + high)
+
+
 class NativeOpCapture:
     """One capture session of the native observer (``ets_hook._ops``).
 
@@ -118,14 +145,21 @@ class NativeOpCapture:
         False: (0.3, 0.7),
         True: (0.4, 0.9),
     }
-    #: Training-thread time the decode after the window costs per op it recorded, µs (low,
-    #: high): the decode and the trace model run on a background thread but share the GIL and
-    #: the cores with the training loop. The 14 jobs of benchmarks/accuracy.py (one run, steps
-    #: 7-20 against the steady step): 7-39 µs per op, median 10; with the window's op count
-    #: this gives the job's own post-window cost (``capture.window.measured_spike_steps``)
-    #: instead of a fixed number of steady steps (transformer-small: 23 steps; 92 ms steps of
-    #: transformer-medium: 1.8).
-    decode_us_per_op: ClassVar[tuple[float, float]] = (4.0, 25.0)
+    #: Training-thread time the decode after the window costs, with the learned trace model
+    #: (True) and without it (False: per-op medians, a user's estimator or none). The decode
+    #: and the trace model run on a background thread but hold the GIL for most of their work,
+    #: so the training loop, which needs it between its ops, all but stops meanwhile. Measured
+    #: (``benchmarks/decode_cost.py --lost-time``, 2026-12-07, four zoo workloads of
+    #: 1,000-21,000 ops, three runs each): the steps beside the decode lost 8-19 ms + 11-12.5
+    #: µs per op with the model (its set-up is the fixed part: a 1,035-op MLP window 20-40 ms,
+    #: over the earlier per-op prior's 4-26 ms), 0 ms + 7.4 µs per op without; widened for
+    #: machines up to ~4x faster. With the window's op count this gives the job's own
+    #: post-window cost (``capture.window.measured_spike_steps``) and the adaptive window's
+    #: budget (``capture.window.window_budget``).
+    decode_costs: ClassVar[Mapping[bool, DecodeCost]] = {
+        True: DecodeCost(fixed_s=(0.002, 0.025), us_per_op=(3.0, 16.0)),
+        False: DecodeCost(fixed_s=(0.0, 0.002), us_per_op=(2.0, 10.0)),
+    }
 
     def __init__(self, module: Any, thread_budget_bytes: int = NATIVE_THREAD_BUDGET_BYTES) -> None:
         self._ops = module

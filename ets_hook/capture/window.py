@@ -20,7 +20,7 @@ from ..trace.decode import KernelLinkCounts, StepBounds, attach_kernels, build_i
 from ..trace.events import CaptureInfo, DeviceInfo, HostInfo, Trace
 from ..trace.names import INPUT_ANNOTATION_PREFIX
 from . import native_ops
-from .ops import NativeOpCapture, ProfilerOpCapture, other_profiler_active
+from .ops import DecodeCost, NativeOpCapture, ProfilerOpCapture, other_profiler_active
 
 logger = logging.getLogger("ets_hook")
 
@@ -131,19 +131,19 @@ def measured_spike_steps(
     ops_per_step: Sequence[int],
     capture_steps: int,
     capture_ratio: tuple[float, float],
-    us_per_op: tuple[float, float],
+    decode: DecodeCost,
 ) -> tuple[float, float] | None:
     """The one-off cost after this job's window (its decode), in steady steps, from what the
-    window measured: the ops the whole window will have recorded (the median window step's
-    count x ``capture_steps``) at the decode's per-op cost range, over the steady step (the
-    median window step over the midpoint of ``capture_ratio``).
+    window measured: the decode's cost range for the ops the whole window will have recorded
+    (the median window step's count x ``capture_steps``), over the steady step (the median
+    window step over the midpoint of ``capture_ratio``).
 
     Args:
         step_s: the window's step times so far, seconds.
         ops_per_step: ops recorded in each of those steps.
         capture_steps: steps in the whole window, >= 1.
         capture_ratio: the window's slowdown range (``measured_capture_ratio``).
-        us_per_op: (low, high) training-thread time the decode costs per op, µs.
+        decode: the training-thread time the decode costs (``NativeOpCapture.decode_costs``).
 
     Returns:
         ``(low, high)`` steady steps, or None without a step, an op or a positive step time.
@@ -154,7 +154,8 @@ def measured_spike_steps(
     steady_s = statistics.median(step_s) / (0.5 * (capture_ratio[0] + capture_ratio[1]))
     if not (ops > 0 and steady_s > 0):
         return None
-    return ops * us_per_op[0] * 1e-6 / steady_s, ops * us_per_op[1] * 1e-6 / steady_s
+    low_s, high_s = decode.range_s(ops)
+    return low_s / steady_s, high_s / steady_s
 
 
 def window_budget(
@@ -162,17 +163,17 @@ def window_budget(
     ops_per_step: Sequence[int],
     us_per_op: tuple[float, float],
     next_us_per_op: tuple[float, float],
-    decode_us_per_op: tuple[float, float],
+    decode: DecodeCost,
     job_steps: int,
     budget_share: float = CAPTURE_BUDGET_SHARE,
 ) -> str:
     """Whether the adaptive window goes on after its latest step, from what it measured.
 
     The capture's predicted cost after ``k`` steps is what the window added in them (their ops
-    at ``us_per_op``) plus the decode of every op recorded (``decode_us_per_op``), all at the
-    midpoints of the ranges; the budget is ``budget_share`` of the job's predicted total (its
-    steps this process runs x the steady step: the median window step over the midpoint of the
-    measured slowdown, ``measured_capture_ratio``).
+    at ``us_per_op``) plus the decode of every op recorded (``decode``: its fixed part once,
+    its part per op), all at the midpoints of the ranges; the budget is ``budget_share`` of the
+    job's predicted total (its steps this process runs x the steady step: the median window
+    step over the midpoint of the measured slowdown, ``measured_capture_ratio``).
 
     Args:
         step_s: the window's step times so far, seconds (>= 1 step).
@@ -180,7 +181,7 @@ def window_budget(
         us_per_op: (low, high) wall time the capture added per op in those steps, µs.
         next_us_per_op: the same for the next step (no shapes after the first with
             ``record_shapes="first"``).
-        decode_us_per_op: (low, high) training-thread time the decode costs per op, µs.
+        decode: the training-thread time the decode costs (``NativeOpCapture.decode_costs``).
         job_steps: optimizer steps this process runs in all, >= 1.
         budget_share: the capture's cost at most this share of the job's predicted total.
 
@@ -195,14 +196,15 @@ def window_budget(
         return WindowBudget.CONTINUE
     steady_s = statistics.median(step_s) / (0.5 * (ratio[0] + ratio[1]))
     budget_s = budget_share * job_steps * steady_s
-    decode_s = 0.5 * (decode_us_per_op[0] + decode_us_per_op[1]) * 1e-6
     window_s = 0.5 * (us_per_op[0] + us_per_op[1]) * 1e-6
     next_s = 0.5 * (next_us_per_op[0] + next_us_per_op[1]) * 1e-6
     recorded = sum(ops_per_step)
-    if len(ops_per_step) == 1 and recorded * decode_s > budget_s:
+    decode_s = decode.midpoint_s(recorded)
+    if len(ops_per_step) == 1 and decode_s > budget_s:
         return WindowBudget.DROP
-    spent_s = recorded * (window_s + decode_s)
-    one_more_s = statistics.median(ops_per_step) * (next_s + decode_s)
+    spent_s = recorded * window_s + decode_s
+    one_more_s = decode.midpoint_s(recorded + statistics.median(ops_per_step)) - decode_s
+    one_more_s += statistics.median(ops_per_step) * next_s
     return WindowBudget.CONTINUE if spent_s + one_more_s <= budget_s else WindowBudget.FINISH
 
 

@@ -20,6 +20,7 @@ import logging
 import os
 import statistics
 import threading
+import time
 from array import array
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -34,6 +35,7 @@ from ..trace.io import save_trace
 from . import native_ops
 from .clocks import ClockReading, epoch_ns, read_clocks
 from .ops import (
+    DecodeCost,
     NativeOpCapture,
     ProfilerOpCapture,
     native_observer_holder,
@@ -145,6 +147,7 @@ class WindowRunner:
         off_note: str = "",
         budget_job_steps: int | None = None,
         budget_may_drop: bool = True,
+        decode_cost: DecodeCost = NativeOpCapture.decode_costs[False],
     ) -> None:
         """Set the window up; with ``capture_steps > 0``, get the native op observer loading (or
         building) and gather the machine facts the trace records, before training starts.
@@ -185,6 +188,9 @@ class WindowRunner:
             budget_may_drop: whether the budget may drop the window's ops altogether; False
                 (a trace file was asked for): an over-budget first step ends the window there
                 and is decoded, so the trace is written.
+            decode_cost: what the decode costs the training thread, for the budget and the
+                projected cost (native observer): ``NativeOpCapture.decode_costs[True]`` when
+                ``trace_estimator`` is the learned trace model, else ``[False]``.
         """
         self._sink = sink
         # The window's settings, and where it stands (``status``).
@@ -245,6 +251,7 @@ class WindowRunner:
         self._ets_hook_version = ets_hook_version
         self._rank, self._world_size = rank, world_size
         self._trace_estimator = trace_estimator
+        self._decode_cost = decode_cost
         self._trace_path = trace_path
         self._decode_in_background = decode_in_background
         self._decode_context = decode_context
@@ -585,7 +592,7 @@ class WindowRunner:
                 self.window_ops,
                 self._ops.us_per_op[self.record_shapes != "none"],
                 self._ops.us_per_op[self.record_shapes == "all"],
-                self._ops.decode_us_per_op,
+                self._decode_cost,
                 self._budget_job_steps,
             )
         if len(self.window_ops) == 1:
@@ -617,7 +624,7 @@ class WindowRunner:
             window_ops,
             self.capture_steps,
             ratio,
-            (0.0, 0.0) if self._dropped else ops.decode_us_per_op,
+            DecodeCost((0.0, 0.0), (0.0, 0.0)) if self._dropped else self._decode_cost,
         )
         self._window_measure = {
             "capture_ratio": ratio,
@@ -631,8 +638,9 @@ class WindowRunner:
     @property
     def predicted_cost_s(self) -> float | None:
         """The capture's predicted cost to the training loop, seconds: the ops its window
-        recorded at the midpoints of the observer's in-window and decode per-op costs (the
-        budget's own figure, ``window_budget``); without the decode once the ops were dropped.
+        recorded at the midpoint of the observer's in-window per-op cost, and their decode at
+        the midpoints of ``decode_cost`` (the budget's own figure, ``window_budget``); without
+        the decode once the ops were dropped.
         None until a window step was measured (native observer, CPU)."""
         if not self.window_ops or self._ops is None or not isinstance(self._ops, NativeOpCapture):
             return None
@@ -643,8 +651,7 @@ class WindowRunner:
             window_s = (self.window_ops[0] * window_us + sum(self.window_ops[1:]) * later_us) * 1e-6
         else:
             window_s = sum(self.window_ops) * window_us * 1e-6
-        decode_us = 0.0 if self._dropped else 0.5 * sum(self._ops.decode_us_per_op)
-        decode_s = sum(self.window_ops) * decode_us * 1e-6
+        decode_s = 0.0 if self._dropped else self._decode_cost.midpoint_s(sum(self.window_ops))
         return window_s + decode_s
 
     def _bounds_on_event_clock(self) -> list[StepBounds]:
@@ -714,6 +721,7 @@ class WindowRunner:
         # (ets_hook.ets.blas). The interpreter's switch interval is left alone: shortening it
         # (0.2 ms) made the training thread pay a GIL hand-off per op and the decode cost it
         # 1.5-2x more in total.
+        started_ns, started_cpu_ns = time.perf_counter_ns(), time.thread_time_ns()
         try:
             facts = WindowFacts(
                 skip_steps=self.skip_steps,
@@ -746,6 +754,7 @@ class WindowRunner:
                 breakdown = self._publish_input_wait(trace)
                 if self._on_breakdown is not None:
                     self._on_breakdown(breakdown or rank_breakdown(trace))
+            trace.metadata["decode"] = self._decode_timing(started_ns, started_cpu_ns)
             if self._trace_path is not None:
                 self._save_trace(trace, self._trace_path)
             self.state = WindowState.DONE
@@ -760,6 +769,15 @@ class WindowRunner:
         self._sink.set_perturbed_steps(
             max(self.skip_steps + self.capture_steps + 1, self._steps_completed() + 1)
         )
+
+    @staticmethod
+    def _decode_timing(started_ns: int, started_cpu_ns: int) -> dict[str, float]:
+        """What this decode has cost so far (``trace.metadata["decode"]``): its wall seconds
+        and this thread's CPU seconds, from the readings at its start."""
+        return {
+            "wall_s": (time.perf_counter_ns() - started_ns) / 1e9,
+            "cpu_s": (time.thread_time_ns() - started_cpu_ns) / 1e9,
+        }
 
     @staticmethod
     def _save_trace(trace: Trace, path: Any) -> None:

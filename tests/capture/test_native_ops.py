@@ -648,15 +648,22 @@ def test_the_window_measures_its_own_slowdown_from_the_ops_it_records() -> None:
 
 
 def test_the_decode_cost_after_the_window_scales_with_its_ops_over_the_step() -> None:
+    from ets_hook.capture.ops import DecodeCost
     from ets_hook.capture.window import measured_spike_steps
 
+    per_op = DecodeCost(fixed_s=(0.0, 0.0), us_per_op=(4.0, 25.0))
     # 2000 ops per step x 5 steps at 4-25 µs per op, steady step 4 ms / 1.25 = 3.2 ms
-    lo, hi = measured_spike_steps([0.004] * 3, [2000] * 3, 5, (1.0, 1.5), (4.0, 25.0))
+    lo, hi = measured_spike_steps([0.004] * 3, [2000] * 3, 5, (1.0, 1.5), per_op)
     assert lo == pytest.approx(10_000 * 4e-6 / 0.0032)
     assert hi == pytest.approx(10_000 * 25e-6 / 0.0032)
     # the same ops on a 25x longer step: 25x fewer steps
-    long_lo, _ = measured_spike_steps([0.1] * 3, [2000] * 3, 5, (1.0, 1.5), (4.0, 25.0))
+    long_lo, _ = measured_spike_steps([0.1] * 3, [2000] * 3, 5, (1.0, 1.5), per_op)
     assert long_lo == pytest.approx(lo / 25)
-    assert measured_spike_steps([], [], 5, (1.0, 1.5), (4.0, 25.0)) is None
-    assert measured_spike_steps([0.0], [10], 5, (1.0, 1.5), (4.0, 25.0)) is None
-    assert measured_spike_steps([0.01], [10], 0, (1.0, 1.5), (4.0, 25.0)) is None
+    # a fixed part (the trace model's set-up) is paid once, whatever the window's ops
+    fixed = DecodeCost(fixed_s=(0.002, 0.020), us_per_op=(4.0, 25.0))
+    f_lo, f_hi = measured_spike_steps([0.004] * 3, [2000] * 3, 5, (1.0, 1.5), fixed)
+    assert f_lo == pytest.approx(lo + 0.002 / 0.0032)
+    assert f_hi == pytest.approx(hi + 0.020 / 0.0032)
+    assert measured_spike_steps([], [], 5, (1.0, 1.5), per_op) is None
+    assert measured_spike_steps([0.0], [10], 5, (1.0, 1.5), per_op) is None
+    assert measured_spike_steps([0.01], [10], 0, (1.0, 1.5), per_op) is None

@@ -10,7 +10,7 @@ from torch import nn
 from ets_hook import ETSHook
 from ets_hook.capture import native_ops
 from ets_hook.capture import window_runner as runner_module
-from ets_hook.capture.ops import NativeOpCapture
+from ets_hook.capture.ops import DecodeCost, NativeOpCapture
 from ets_hook.capture.window import (
     CAPTURE_BUDGET_SHARE,
     MAX_ADAPTIVE_CAPTURE_STEPS,
@@ -19,8 +19,9 @@ from ets_hook.capture.window import (
 )
 
 # A window step of 10 ms with 1,000 ops at 0.5 µs each: 5% of it is capture (ratio 1/0.95),
-# so the steady step is 9.5 ms; the decode costs 4-25 µs per op (midpoint 14.5).
-STEP_S, OPS, US, DECODE = 0.010, 1000, (0.5, 0.5), (4.0, 25.0)
+# so the steady step is 9.5 ms; the decode costs 4-25 µs per op (midpoint 14.5), nothing fixed.
+STEP_S, OPS, US = 0.010, 1000, (0.5, 0.5)
+DECODE = DecodeCost(fixed_s=(0.0, 0.0), us_per_op=(4.0, 25.0))
 STEADY_S = STEP_S * 0.95
 PER_OP_S = (0.5 + 14.5) * 1e-6  # window + decode, per recorded op
 
@@ -64,6 +65,27 @@ def test_the_next_steps_cost_counts_without_shapes() -> None:
     assert window_budget([STEP_S], [OPS], dear, cheap, DECODE, job) == WindowBudget.CONTINUE
 
 
+def test_the_decodes_fixed_cost_counts_once() -> None:
+    # 20 ms for any decode, nothing per op: window steps add 0.5 ms each (1,000 ops x 0.5 µs).
+    fixed = DecodeCost(fixed_s=(0.010, 0.030), us_per_op=(0.0, 0.0))
+    # A budget of 25 ms (about 263 steady steps): the decode and up to 10 window steps fit.
+    job = round(0.025 / (CAPTURE_BUDGET_SHARE * STEADY_S))
+    assert window_budget([STEP_S] * 4, [OPS] * 4, US, US, fixed, job) == WindowBudget.CONTINUE
+    # Under 20 ms of budget even the first step's decode does not fit: nothing is decoded.
+    short = round(0.019 / (CAPTURE_BUDGET_SHARE * STEADY_S))
+    assert window_budget([STEP_S], [OPS], US, US, fixed, short) == WindowBudget.DROP
+    # The per-op prior alone would have kept it (1,000 ops x 14.5 µs = 14.5 ms).
+    assert window_budget([STEP_S], [OPS], US, US, DECODE, short) != WindowBudget.DROP
+
+
+def test_the_learned_models_decode_costs_more_than_the_others() -> None:
+    with_model, without = NativeOpCapture.decode_costs[True], NativeOpCapture.decode_costs[False]
+    for ops in (100, 1_000, 20_000):
+        assert with_model.midpoint_s(ops) > without.midpoint_s(ops)
+        low, high = with_model.range_s(ops)
+        assert 0 <= low < with_model.midpoint_s(ops) < high
+
+
 def test_no_measurement_no_verdict() -> None:
     assert window_budget([], [], US, US, DECODE, 10) == WindowBudget.CONTINUE
 
@@ -98,19 +120,48 @@ def test_a_long_job_gets_the_whole_window() -> None:
     assert trace is not None and hook.capture_status.startswith("done")
     assert hook.capture_steps == MAX_ADAPTIVE_CAPTURE_STEPS
     assert len(trace.iterations) == MAX_ADAPTIVE_CAPTURE_STEPS
-    # Its predicted cost: every op recorded, at the window's and the decode's per-op costs.
+    # Its predicted cost: every op recorded at the window's per-op cost, and the decode of
+    # them with the learned trace model (the default estimator on the CPU).
     ops = sum(len(it.ops) for it in trace.iterations)
-    low = ops * (NativeOpCapture.us_per_op[False][0] + NativeOpCapture.decode_us_per_op[0])
-    high = ops * (NativeOpCapture.us_per_op[True][1] + NativeOpCapture.decode_us_per_op[1])
+    decode = NativeOpCapture.decode_costs[True].range_s(ops)
+    low = ops * NativeOpCapture.us_per_op[False][0] * 1e-6 + decode[0]
+    high = ops * NativeOpCapture.us_per_op[True][1] * 1e-6 + decode[1]
     assert hook.capture_cost_s is not None
-    assert low * 1e-6 <= hook.capture_cost_s <= high * 1e-6
+    assert low <= hook.capture_cost_s <= high
     hook.close()
 
 
 @needs_native
+def test_without_the_trace_model_the_decode_is_priced_lower() -> None:
+    costs = {}
+    for estimator in ("auto", None):
+        model, opt = tiny()
+        hook = ETSHook(
+            model,
+            optimizer=opt,
+            total_steps=10**9,
+            capture_steps=2,
+            op_capture="native",
+            log_every=None,
+            trace_estimator=estimator,
+        )
+        run(model, opt, 6)
+        assert hook.wait_for_trace(60) is not None
+        costs[estimator] = hook.capture_cost_s
+        hook.close()
+    assert costs["auto"] is not None and costs[None] is not None
+    assert costs[None] < costs["auto"]
+
+
+def over_budget() -> dict[bool, DecodeCost]:
+    """A decode of 1 s per op: over 1% of any job of 20 steps, whatever this machine's speed."""
+    cost = DecodeCost(fixed_s=(0.0, 0.0), us_per_op=(1e6, 1e6))
+    return {True: cost, False: cost}
+
+
+@needs_native
 def test_a_short_job_keeps_timing_steps_and_decodes_nothing(monkeypatch) -> None:
-    # A decode of 1 s per op: over 1% of any job of 20 steps, whatever this machine's speed.
-    monkeypatch.setattr(NativeOpCapture, "decode_us_per_op", (1e6, 1e6))
+    monkeypatch.setattr(NativeOpCapture, "decode_costs", over_budget())
     model, opt = tiny()
     hook = ETSHook(model, optimizer=opt, total_steps=20, op_capture="native", log_every=None)
     run(model, opt, 4)
@@ -130,7 +181,7 @@ def test_a_short_job_keeps_timing_steps_and_decodes_nothing(monkeypatch) -> None
 
 @needs_native
 def test_a_short_job_asked_for_its_trace_file_writes_its_first_step(monkeypatch, tmp_path) -> None:
-    monkeypatch.setattr(NativeOpCapture, "decode_us_per_op", (1e6, 1e6))  # as above: over budget
+    monkeypatch.setattr(NativeOpCapture, "decode_costs", over_budget())
     model, opt = tiny()
     path = tmp_path / "short.ets"
     hook = ETSHook(
