@@ -151,8 +151,8 @@ class NativeOpCapture:
     #: so the training loop, which needs it between its ops, all but stops meanwhile. Measured
     #: (``benchmarks/decode_cost.py --lost-time``, 2026-12-07, four zoo workloads of
     #: 1,000-21,000 ops, three runs each): the steps beside the decode lost 8-19 ms + 11-12.5
-    #: µs per op with the model (its set-up is the fixed part: a 1,035-op MLP window 20-40 ms,
-    #: over the earlier per-op prior's 4-26 ms), 0 ms + 7.4 µs per op without; widened for
+    #: µs per op with the model (its set-up is the fixed part: a 1,035-op MLP window lost 20-40
+    #: ms where a per-op prior of 4-25 µs said 4-26 ms), 0 ms + 7.4 µs per op without; widened for
     #: machines up to ~4x faster. With the window's op count this gives the job's own
     #: post-window cost (``capture.window.measured_spike_steps``) and the adaptive window's
     #: budget (``capture.window.window_budget``).
