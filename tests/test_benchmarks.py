@@ -138,14 +138,6 @@ def test_decode_lost_time_reports_the_decode_beside_the_prior() -> None:
     assert "lost / the prior's midpoint: median" in result.stdout
 
 
-def test_gil_yield_runs_every_variant_beside_the_loop() -> None:
-    result = run("gil_yield.py", "--rounds", "1")
-    assert result.returncode == 0, result.stderr
-    rows = [x for x in result.stdout.splitlines() if x.startswith("sleep(0) every")]
-    assert [int(x.split()[2]) for x in rows] == [0, 1, 4, 16]
-    assert all(int(x.split("ms,")[1].split()[0]) >= 1 for x in rows)  # steps ran beside it
-
-
 def test_allocator_faults_reports_each_epoch_of_each_variant() -> None:
     result = run(
         "allocator_faults.py", "--runs", "1", "--batches", "2", "--epochs", "2", "--batch-size", "8"
