@@ -103,6 +103,10 @@ class DecodeCost:
         return 0.5 * (low + high)
 
 
+#: The cost of a decode that does not happen (a window whose ops were dropped).
+NO_DECODE = DecodeCost(fixed_s=(0.0, 0.0), us_per_op=(0.0, 0.0))
+
+
 class NativeOpCapture:
     """One capture session of the native observer (``ets_hook._ops``).
 

@@ -35,6 +35,7 @@ from ..trace.io import save_trace
 from . import native_ops
 from .clocks import ClockReading, epoch_ns, read_clocks
 from .ops import (
+    NO_DECODE,
     DecodeCost,
     NativeOpCapture,
     ProfilerOpCapture,
@@ -624,7 +625,7 @@ class WindowRunner:
             window_ops,
             self.capture_steps,
             ratio,
-            DecodeCost((0.0, 0.0), (0.0, 0.0)) if self._dropped else self._decode_cost,
+            self._decode_cost,
         )
         self._window_measure = {
             "capture_ratio": ratio,
@@ -651,8 +652,7 @@ class WindowRunner:
             window_s = (self.window_ops[0] * window_us + sum(self.window_ops[1:]) * later_us) * 1e-6
         else:
             window_s = sum(self.window_ops) * window_us * 1e-6
-        decode_s = 0.0 if self._dropped else self._decode_cost.midpoint_s(sum(self.window_ops))
-        return window_s + decode_s
+        return window_s + self._decode_cost.midpoint_s(sum(self.window_ops))
 
     def _bounds_on_event_clock(self) -> list[StepBounds]:
         """The window's step bounds moved from perf-counter time onto the events' Unix time,
@@ -678,6 +678,7 @@ class WindowRunner:
     def _drop_window(self) -> None:
         """Even one step's decode would cost more than the budget: stop, decode nothing."""
         self._dropped = True
+        self._decode_cost = NO_DECODE  # nothing will be decoded
         share = 100 * CAPTURE_BUDGET_SHARE
         self.abandon(  # which stops and discards the native observer's records
             f"capture dropped: decoding it would cost more than {share:g}% of this job's "
