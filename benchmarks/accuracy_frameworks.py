@@ -20,9 +20,14 @@ the end of optimizer steps 3, 5 and 10:
 
 Ground truth: the hook's clock when ``train()`` / ``fit()`` returns (the evaluation and the save
 after the last step included: the job's end). Reported: the absolute %
-error per job, repeat and step, and the median over all runs per step. Noise floor, per job:
-the run-to-run spread of the actual total over the repeats ((max - min) / mean) and the
-coefficient of variation of the step time over the second half of each run.
+error per job, repeat and step, and the median over all runs per step. Noise floors, per job:
+the run-to-run spread of the actual total over the repeats ((max - min) / mean), the
+coefficient of variation of the step time over the second half of each run, and the pace drift
+within each run as ``accuracy.py`` defines a job's floor (``drift_floor``: the median step
+time of steps 20..N/2 against the second half's, what even a predictor that knew the steady
+step time after step 20 would miss by). The verdict line applies issue 14's target to the
+run: ets-hook's step-5 median at most 5%, or within 2 points of the median drift floor where
+that is higher, and ets-hook's median below the framework bar's at every reported step.
 
     python benchmarks/accuracy_frameworks.py [--jobs a,b] [--repeats 2] [--quick]
         [--json results/accuracy_frameworks.json] [--markdown results/accuracy_frameworks.md]
@@ -45,9 +50,18 @@ from typing import Any
 
 import numpy as np
 import torch
-from accuracy import _AugmentedVectors, machine  # benchmarks/ is sys.path[0] here
+from accuracy import (  # benchmarks/ is sys.path[0] here
+    NOISE_FLOOR_FROM_STEP,
+    _AugmentedVectors,
+    machine,
+)
 
 REPORT_STEPS = (3, 5, 10)
+#: Issue 14's target: ets-hook's median |error| at this step at most TARGET_PCT (or within
+#: TARGET_FLOOR_MARGIN_PCT points of the run's median drift floor where that is higher).
+TARGET_STEP = 5
+TARGET_PCT = 5.0
+TARGET_FLOOR_MARGIN_PCT = 2.0
 METHODS = ("ets-hook", "framework", "last_step", "ets-hook unpriced")
 
 
@@ -440,8 +454,20 @@ def run_lightning_job(job: LightningJob, repeat: int, workdir: Path) -> Record:
 # Statistics and reporting
 
 
+def drift_floor(record: Record) -> float | None:
+    """One run's pace drift, %: |median step time of steps 20..N/2 / the second half's - 1|
+    (``accuracy.job_noise_floor``'s definition); None for runs of 41 steps or fewer."""
+    times = record.train_step_s
+    half = len(times) // 2
+    if half <= NOISE_FLOOR_FROM_STEP:
+        return None
+    first = statistics.median(times[NOISE_FLOOR_FROM_STEP:half])
+    return 100.0 * abs(first / statistics.median(times[half:]) - 1.0)
+
+
 def noise(records: list[Record]) -> dict[str, float | None]:
-    """A job's noise floor: run-to-run spread of the actual total and second-half step CV (%)."""
+    """A job's noise floors (%): run-to-run spread of the actual total, second-half step CV,
+    and the median of its runs' ``drift_floor``."""
     totals = [r.actual_total_s for r in records]
     spread = (
         100.0 * (max(totals) - min(totals)) / statistics.fmean(totals) if len(totals) > 1 else None
@@ -451,7 +477,38 @@ def noise(records: list[Record]) -> dict[str, float | None]:
         half = r.train_step_s[len(r.train_step_s) // 2 :]
         if len(half) > 1:
             cvs.append(100.0 * statistics.stdev(half) / statistics.fmean(half))
-    return {"total_spread": spread, "step_cv": statistics.fmean(cvs) if cvs else None}
+    drifts = [d for d in map(drift_floor, records) if d is not None]
+    return {
+        "total_spread": spread,
+        "step_cv": statistics.fmean(cvs) if cvs else None,
+        "drift": statistics.median(drifts) if drifts else None,
+    }
+
+
+def verdict(records: list[Record], table: dict[str, Any]) -> dict[str, Any]:
+    """Issue 14's target applied to this run (module docs).
+
+    Returns:
+        ``floor_pct`` (the median drift floor over the runs, None without one), ``limit_pct``
+        (what ets-hook's step-5 median may reach), ``step5_pct``, ``below_bar`` (step ->
+        whether ets-hook's median is below the bar's), and ``met``.
+    """
+    drifts = [d for d in map(drift_floor, records) if d is not None]
+    floor = statistics.median(drifts) if drifts else None
+    limit = max(TARGET_PCT, floor + TARGET_FLOOR_MARGIN_PCT) if floor is not None else TARGET_PCT
+    ours, bar = table.get("ets-hook", {}), table.get("framework", {})
+    below = {
+        k: ours[k]["median"] < bar[k]["median"] for k in REPORT_STEPS if k in ours and k in bar
+    }
+    step5 = ours[TARGET_STEP]["median"] if TARGET_STEP in ours else None
+    met = step5 is not None and step5 <= limit and len(below) == len(REPORT_STEPS)
+    return {
+        "floor_pct": floor,
+        "limit_pct": limit,
+        "step5_pct": step5,
+        "below_bar": {str(k): v for k, v in below.items()},
+        "met": met and all(below.values()),
+    }
 
 
 def summarize(errors: list[dict[str, dict[int, float]]]) -> dict[str, dict[int, dict[str, float]]]:
@@ -523,10 +580,21 @@ def markdown(records: list[Record], table: dict[str, Any], floors: dict[str, Any
             measured = "-" if mean is None else f"{mean:.3f}"
             rows.append(f"| {r.job} | {r.repeat} | {name} | {predicted} | {measured} | "
                         f"{final['occurrences']} |")  # fmt: skip
-    rows += ["", "| job | run-to-run spread of the actual total (%) | step-time CV, 2nd half (%) |",
-             "|---|---|---|"]  # fmt: skip
+    rows += ["", "| job | run-to-run spread of the actual total (%) | step-time CV, 2nd half (%) "
+             "| pace drift within a run, median (%) |", "|---|---|---|---|"]  # fmt: skip
     for name, floor in floors.items():
-        rows.append(f"| {name} | {_fmt(floor['total_spread'])} | {_fmt(floor['step_cv'])} |")
+        rows.append(f"| {name} | {_fmt(floor['total_spread'])} | {_fmt(floor['step_cv'])} "
+                    f"| {_fmt(floor['drift'])} |")  # fmt: skip
+    target = verdict(records, table)
+    below = ", ".join(f"step {k} {'yes' if v else 'no'}" for k, v in target["below_bar"].items())
+    rows += [
+        "",
+        f"**Target** (step-{TARGET_STEP} median <= {_fmt(target['limit_pct'])}%: "
+        f"{TARGET_PCT:.0f}%, or the runs' median drift floor {_fmt(target['floor_pct'])}% + "
+        f"{TARGET_FLOOR_MARGIN_PCT:.0f} where higher; below the bar at every step): "
+        f"step {TARGET_STEP} {_fmt(target['step5_pct'])}%; below the bar: {below or '-'}; "
+        f"{'met' if target['met'] else 'not met'}",
+    ]
     return "\n".join(rows)
 
 
@@ -589,6 +657,7 @@ def main(argv: list[str] | None = None) -> int:
         "jobs_spec": [asdict(specs[n]) for n in names],
         "summary": {m: {str(k): v for k, v in t.items()} for m, t in table.items()},
         "noise_floor": floors,
+        "target": verdict(records, table),
         "runs": [
             {
                 "job": r.job,

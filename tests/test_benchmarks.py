@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -169,7 +170,53 @@ def test_framework_accuracy_quick_run_reports_both_frameworks(tmp_path: Path) ->
     hf = next(r for r in document["runs"] if r["framework"] == "transformers")
     assert hf["phases_early"]["eval"]["source"] == "prior"
     assert hf["phases_final"]["eval"]["occurrences"] >= 1
+    assert set(document["target"]) == {"floor_pct", "limit_pct", "step5_pct", "below_bar", "met"}
+    assert "**Target**" in out_md.read_text()
     assert "| eval |" in out_md.read_text()
+
+
+def frameworks_benchmark() -> Any:
+    """benchmarks/accuracy_frameworks.py as a module (it imports ``accuracy``)."""
+    accuracy()
+    path = ROOT / "benchmarks" / "accuracy_frameworks.py"
+    spec = importlib.util.spec_from_file_location("accuracy_frameworks", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_framework_target_allows_the_runs_drift_floor_and_needs_the_bar_beaten() -> None:
+    bench = frameworks_benchmark()
+    steps = 100
+
+    def record(drift: float, ours: float, bar: float) -> Any:
+        # steps 20..49 run (1 + drift) x the second half's 1 s: the run's own drift floor
+        times = [1.0 + drift if 20 <= i < 50 else 1.0 for i in range(steps)]
+        ends = list(itertools.accumulate(times))
+        truth = ends[-1]
+        r = bench.Record("constructed", "lightning", 0, steps, step_ends_s=ends,
+                         train_step_s=times, job_end_s=truth)  # fmt: skip
+        for k in bench.REPORT_STEPS:
+            r.ets_total_s[k] = truth * (1 + ours)
+            r.framework_total_s[k] = truth * (1 - bar)
+        return r
+
+    def judged(records: list[Any]) -> dict[str, Any]:
+        return bench.verdict(records, bench.summarize([r.errors() for r in records]))
+
+    # 11% at step 5 with a 10% drift floor: within 2 points of it, below the bar's 15%
+    target = judged([record(0.10, 0.11, 0.15), record(0.10, 0.11, 0.15)])
+    assert target["floor_pct"] == pytest.approx(10.0)
+    assert target["limit_pct"] == pytest.approx(12.0)
+    assert target["step5_pct"] == pytest.approx(11.0) and target["met"]
+    # the same error on a steady run: the 5% target applies
+    steady = judged([record(0.0, 0.11, 0.15)])
+    assert steady["limit_pct"] == 5.0 and not steady["met"]
+    # within the floor but level with the bar: not met
+    level = judged([record(0.10, 0.11, 0.11)])
+    assert not level["met"] and level["below_bar"] == {"3": False, "5": False, "10": False}
 
 
 def test_accuracy_rounds_run_each_job_in_fresh_processes_and_report_per_job(
