@@ -72,7 +72,12 @@ from .distributed.coordinator import (
 from .errors import DeadlineExceededError
 from .ets.blas import blas_thread_setter, single_threaded_blas
 from .forecast.early_stop import EarlyStoppingRule
-from .forecast.epochs import EPOCH_START, EpochStarts, loader_restarts_workers
+from .forecast.epochs import (
+    EPOCH_START,
+    SEED_TO_LATER_START,
+    EpochStarts,
+    loader_restarts_workers,
+)
 from .forecast.forecaster import Forecaster, check_time_limit_s
 from .forecast.job import (
     CHECKPOINT,
@@ -1458,10 +1463,13 @@ class ETSHook:
         if epoch_start_ns:
             self._forecaster.on_phase_end(EPOCH_START, epoch_start_ns / 1e9, now_ns / 1e9)
         seed: tuple[float, float] | None = None
+        later: tuple[float, float] | None = None
         if self._first_epoch_wait is not None:
             # Before the first step (the workers' clocks saw the loop wait for them): that
-            # wait, ended where step 0 began; known as soon as step 0 ends.
+            # wait, ended where step 0 began; known as soon as step 0 ends. A lower bound on a
+            # later epoch's start-up (SEED_TO_LATER_START).
             seed = self._first_epoch_wait if step_index == 0 else None
+            later = SEED_TO_LATER_START
         else:
             # The first step's excess, which happened inside the first step: it ends there, not
             # now (counted now, it would be subtracted from the wall time of steps it is not
@@ -1470,7 +1478,9 @@ class ETSHook:
             if seed_s is not None:
                 seed = (seed_s, self._forecaster.first_step_end_s)
         if seed is not None:
-            self._forecaster.on_phase_end(EPOCH_START, *seed, at_step=epochs.initial_step)
+            self._forecaster.on_phase_end(
+                EPOCH_START, *seed, at_step=epochs.initial_step, first_to_later=later
+            )
 
     def _on_compile_step(self, step_index: int, compile_ns: int, end_ns: int) -> None:
         """Step ``step_index`` compiled: its compile time is a one-off phase; while the job has

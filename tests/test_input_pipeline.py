@@ -262,9 +262,16 @@ def test_the_first_epochs_worker_start_up_seeds_the_phase() -> None:
     hook.close()
     assert seeded is not None and seeded.occurrences == 1
     assert seeded.spent_s >= WORKER_START_CPU_S * 0.9, seeded
-    # It is projected over the epochs to come.
-    assert _phase(first_epoch, EPOCH_START).remaining == 2
-    assert _phase(first_epoch, EPOCH_START).remaining_s >= 2 * 0.9 * WORKER_START_CPU_S
+    # It is projected over the epochs to come, as a lower bound on a later start-up: priced at
+    # the middle of SEED_TO_LATER_START times it, that range its interval.
+    from ets_hook.forecast.epochs import SEED_TO_LATER_START
+
+    low, high = SEED_TO_LATER_START
+    projected = _phase(first_epoch, EPOCH_START)
+    assert projected.remaining == 2
+    assert projected.mean_s == pytest.approx(seeded.spent_s * (low + high) / 2)
+    assert projected.mean_ci_s == pytest.approx(seeded.spent_s * (high - low) / 2)
+    assert projected.remaining_s >= 2 * 0.9 * WORKER_START_CPU_S
 
 
 WORKER_START_WAIT_S = 0.25

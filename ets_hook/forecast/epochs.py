@@ -13,7 +13,9 @@ step's time above the median of the steps just before it is the epoch-start phas
 (``EPOCH_START``; ``JobModel.from_args`` hints its period, the steps per epoch). The job's very
 first step also starts the workers, but it carries the job's own warm-up too; when the loader is
 known to restart its workers (``restarts``), its excess over the first steady steps seeds the
-phase's cost until a later epoch starts (``PhaseTracker`` then uses the later occurrences only).
+phase's cost until a later epoch starts (``PhaseTracker`` then uses the later occurrences only);
+where the workers' clocks measured the loop's wait for them instead, that wait is a lower bound
+on a later start (``SEED_TO_LATER_START``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,16 @@ EPOCH_START = "epoch start"
 REFERENCE_STEPS = 8
 #: The job's first step is compared with this many steps after it (for the seed).
 SEED_STEPS = 3
+#: A later epoch's start-up over the first epoch's as the workers' clocks measure it (from the
+#: first worker's start to the first training forward, ``BatchClock.first_batch_wait_s``):
+#: that seed is a lower bound. A later start also waits for the previous epoch's workers to
+#: finish the batches in flight and exit (20-35 ms for two workers, 2.4k-sample epochs of a
+#: 256-feature MLP), for the forks before the first worker runs, and runs its first step
+#: beside the new workers' prefetching. Measured on CPU with two workers: 1.4x the seed in a
+#: plain loop (three later epochs), 1.4-2.2x under Lightning (six runs in three sessions,
+#: ``benchmarks/RESULTS.md``, *The epoch start-up's seed*). Until a later epoch has started,
+#: one is priced at the middle of this range of the seed, the range its interval.
+SEED_TO_LATER_START = (1.0, 2.2)
 
 
 def loader_restarts_workers(dataloader: Any) -> bool:

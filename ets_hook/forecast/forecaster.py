@@ -369,7 +369,12 @@ class Forecaster:
         self._device_series.pending.append(duration_s)
 
     def on_phase_end(
-        self, name: str, duration_s: float, now_s: float, at_step: int | None = None
+        self,
+        name: str,
+        duration_s: float,
+        now_s: float,
+        at_step: int | None = None,
+        first_to_later: tuple[float, float] | None = None,
     ) -> None:
         """A marked non-training phase ``name`` ended at ``now_s`` after ``duration_s``.
 
@@ -382,12 +387,14 @@ class Forecaster:
                 already recorded (a phase measured late: give the time it really ended).
             at_step: the global step count it belongs after, when known better than now (a
                 phase measured later, e.g. the first epoch's start-up); None: the steps done.
+            first_to_later: for the phase's first occurrence, what a later one costs over it
+                (``PhaseTracker.record``); None: the default.
         """
         try:
             with self._lock:
                 step = self._job.initial_step + self._steps_done if at_step is None else at_step
                 before_s = self._phases.total_s
-                self._phases.record(name, duration_s, step)
+                self._phases.record(name, duration_s, step, first_to_later)
                 added_s = self._phases.total_s - before_s
                 # Kept in end-time order: a phase measured late (the first epoch's start-up,
                 # inside the first step) ends before phases already recorded.

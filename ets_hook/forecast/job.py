@@ -470,6 +470,9 @@ class _PhaseStats:
     occurrences: int = 0
     spent_s: float = 0.0
     first_s: float = 0.0
+    # A later occurrence's cost over the first's, (low, high), while only the first is known:
+    # None for the default (the first is the estimate, +-_SINGLE_OCCURRENCE_REL_CI).
+    first_to_later: tuple[float, float] | None = None
     # Running stats of occurrences 2.. (Welford), and of the occurrence being accumulated.
     later_n: int = 0
     later_mean: float = 0.0
@@ -527,7 +530,13 @@ class PhaseTracker:
         else:
             self._priors[name] = prior
 
-    def record(self, name: str, duration_s: float, step: int) -> None:
+    def record(
+        self,
+        name: str,
+        duration_s: float,
+        step: int,
+        first_to_later: tuple[float, float] | None = None,
+    ) -> None:
         """A phase ``name`` took ``duration_s`` and ended after ``step`` global steps.
 
         Args:
@@ -535,10 +544,22 @@ class PhaseTracker:
             duration_s: its duration in seconds; negative and NaN count as 0.
             step: global steps completed when it ended; the same step as the phase's previous
                 record adds to that occurrence.
+            first_to_later: with the phase's first record only: what a later occurrence costs
+                over this one, ``(low, high)`` factors (0 < low <= high), while this is the
+                only one measured (a first occurrence known to be a lower bound: the first
+                epoch's start-up, ``forecast.epochs.SEED_TO_LATER_START``); None: this one's
+                cost, +-50%.
+
+        Raises:
+            ValueError: ``first_to_later`` is not ``(low, high)`` with ``0 < low <= high``.
         """
+        if first_to_later is not None:
+            low, high = first_to_later
+            if not 0 < low <= high < math.inf:
+                raise ValueError(f"first_to_later must be 0 < low <= high, got {first_to_later}")
         stats = self._stats.get(name)
         if stats is None:
-            stats = self._stats[name] = _PhaseStats()
+            stats = self._stats[name] = _PhaseStats(first_to_later=first_to_later)
         duration_s = max(0.0, duration_s)
         if step == stats.last_step:
             stats.current_s += duration_s
@@ -562,6 +583,9 @@ class PhaseTracker:
         # Mean cost of a future occurrence and its 95% half-width.
         n = stats.later_n + (1 if stats.occurrences >= 2 else 0)
         if n == 0:
+            if stats.first_to_later is not None:
+                low, high = stats.first_to_later
+                return stats.first_s * (low + high) / 2, stats.first_s * (high - low) / 2
             return stats.first_s, _SINGLE_OCCURRENCE_REL_CI * stats.first_s
         # Later occurrences, including the one still accumulating.
         mean = (stats.later_mean * stats.later_n + stats.current_s) / n

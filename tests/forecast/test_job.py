@@ -128,6 +128,30 @@ def test_first_occurrence_is_not_taken_as_the_typical_cost() -> None:
     assert 0 < ci < total
 
 
+def test_a_first_occurrence_known_as_a_lower_bound_prices_the_next_from_its_range() -> None:
+    job = JobModel.from_args(total_steps=400, phase_every={"epoch start": 100})
+    tracker = PhaseTracker(job)
+    tracker.record("epoch start", 0.1, 0, first_to_later=(1.0, 2.2))
+    (start,) = tracker.project(5)
+    assert start.mean_s == pytest.approx(0.16) and start.mean_ci_s == pytest.approx(0.06)
+    assert start.spent_s == pytest.approx(0.1)  # what it took, not what it prices
+    assert start.remaining == 3 and start.remaining_s == pytest.approx(0.48)
+    # once a later one is measured, the later ones alone price it, as for any phase
+    tracker.record("epoch start", 0.25, 100)
+    (start,) = tracker.project(105)
+    assert start.mean_s == pytest.approx(0.25)
+    # the default: the first occurrence, +-50%
+    tracker.record("eval", 2.0, 50)
+    assert tracker.project(105)[1].mean_ci_s == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("bad", [(0.0, 1.0), (2.0, 1.0), (1.0, float("inf")), (-1.0, 1.0)])
+def test_a_first_occurrence_range_must_be_positive_and_ordered(bad: tuple[float, float]) -> None:
+    tracker = PhaseTracker(JobModel.from_args(total_steps=10))
+    with pytest.raises(ValueError, match="first_to_later"):
+        tracker.record("epoch start", 0.1, 0, first_to_later=bad)
+
+
 def test_period_is_inferred_from_occurrences_without_hints() -> None:
     tracker = PhaseTracker(JobModel.from_args(total_steps=600))
     tracker.record("val", 5.0, 150)
