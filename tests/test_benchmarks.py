@@ -21,6 +21,8 @@ import pytest
 import torch
 from support import SHARED_DATA
 
+from ets_hook.forecast.epochs import SEED_TO_LATER_START
+
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
@@ -185,6 +187,22 @@ def frameworks_benchmark() -> Any:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def test_epoch_starts_measures_the_seed_and_the_later_start_ups_in_one_run() -> None:
+    accuracy()  # its dataset
+    spec = importlib.util.spec_from_file_location(
+        "epoch_starts", ROOT / "benchmarks" / "epoch_starts.py"
+    )
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    run = bench.one_run(workers=1, epochs=3, steps_per_epoch=8, batch=8)
+    assert len(run["first_batch_s"]) == 3 and len(run["stop_iteration_s"]) == 3
+    assert run["seed_s"] > 0 and run["later_mean_s"] > 0
+    assert run["later_over_seed"] == pytest.approx(run["later_mean_s"] / run["seed_s"])
+    low, high = SEED_TO_LATER_START
+    assert run["price_at_step_5_s"] == pytest.approx(run["seed_s"] * (low + high) / 2)
 
 
 def test_framework_target_allows_the_runs_drift_floor_and_needs_the_bar_beaten() -> None:

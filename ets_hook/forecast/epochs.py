@@ -35,10 +35,11 @@ SEED_STEPS = 3
 #: that seed is a lower bound. A later start also waits for the previous epoch's workers to
 #: finish the batches in flight and exit (20-35 ms for two workers, 2.4k-sample epochs of a
 #: 256-feature MLP), for the forks before the first worker runs, and runs its first step
-#: beside the new workers' prefetching. Measured on CPU with two workers: 1.4x the seed in a
-#: plain loop (three later epochs), 1.4-2.2x under Lightning (six runs in three sessions,
-#: ``benchmarks/RESULTS.md``, *The epoch start-up's seed*). Until a later epoch has started,
-#: one is priced at the middle of this range of the seed, the range its interval.
+#: beside the new workers' prefetching. Measured on CPU with two workers: 1.2-1.7x the seed
+#: in a plain loop (median 1.6, ``benchmarks/epoch_starts.py``), 1.25-3.0x under Lightning
+#: (median 2.0, fourteen runs; ``benchmarks/RESULTS.md``, *The epoch start-up's seed*). Until
+#: a later epoch has started, one is priced at the middle of this range of the seed, the range
+#: its interval.
 SEED_TO_LATER_START = (1.0, 2.2)
 
 
