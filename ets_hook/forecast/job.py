@@ -12,7 +12,9 @@ job time; an epoch start there is not (no epoch follows).
 expected remaining occurrences x mean cost. The first occurrence of a phase is often slower (eval
 data-loader workers start, the first checkpoint creates files, lazy compilation) and is already
 in the elapsed time, so once a phase has occurred twice its cost is the mean of the later
-occurrences. Periods come from hints (``eval_every=``, ``checkpoint_every=``, ``phase_every=``)
+occurrences; until then the first prices the next (+-50%), or a range of it where the first
+is known to be a lower bound (``PhaseTracker.record``'s ``first_to_later``: the first epoch's
+start-up). Periods come from hints (``eval_every=``, ``checkpoint_every=``, ``phase_every=``)
 or are inferred from the observed occurrences. Before a hinted phase first occurs its cost is
 unknown and counts as 0, unless a ``PhaseCostPrior`` says what one occurrence should cost (e.g.
 an evaluation's batches at the forward share of a training step: ``eval_cost_prior``); the
