@@ -488,6 +488,10 @@ def noise(records: list[Record]) -> dict[str, float | None]:
 def verdict(records: list[Record], table: dict[str, Any]) -> dict[str, Any]:
     """Issue 14's target applied to this run (module docs).
 
+    Args:
+        records: the run's records (their step times give the drift floors).
+        table: ``summarize``'s medians of the same records.
+
     Returns:
         ``floor_pct`` (the median drift floor over the runs, None without one), ``limit_pct``
         (what ets-hook's step-5 median may reach), ``step5_pct``, ``below_bar`` (step ->

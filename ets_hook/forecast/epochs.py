@@ -33,7 +33,7 @@ SEED_STEPS = 3
 #: A later epoch's start-up over the first epoch's as the workers' clocks measure it (from the
 #: first worker's start to the first training forward, ``BatchClock.first_batch_wait_s``):
 #: that seed is a lower bound. A later start also waits for the previous epoch's workers to
-#: finish the batches in flight and exit (20-35 ms for two workers, 2.4k-sample epochs of a
+#: finish the batches in flight and exit (13-35 ms for two workers, 3.8k-sample epochs of a
 #: 256-feature MLP), for the forks before the first worker runs, and runs its first step
 #: beside the new workers' prefetching. Measured on CPU with two workers: 1.2-1.7x the seed
 #: in a plain loop (median 1.6, ``benchmarks/epoch_starts.py``), 1.25-3.0x under Lightning
