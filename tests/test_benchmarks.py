@@ -201,16 +201,23 @@ def frameworks_benchmark() -> Any:
     return module
 
 
-def test_epoch_starts_measures_the_seed_and_the_later_start_ups_in_one_run() -> None:
-    accuracy()  # its dataset
+@pytest.mark.parametrize("loop", ["plain", "transformers"])
+def test_epoch_starts_measures_the_seed_and_the_later_start_ups_in_one_run(loop: str) -> None:
+    if loop == "transformers":
+        pytest.importorskip("transformers")
+    frameworks_benchmark()  # its datasets (and ``accuracy``'s), under their module names
     spec = importlib.util.spec_from_file_location(
         "epoch_starts", ROOT / "benchmarks" / "epoch_starts.py"
     )
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    run = bench.one_run(workers=1, epochs=3, steps_per_epoch=8, batch=8)
-    assert len(run["first_batch_s"]) == 3 and len(run["stop_iteration_s"]) == 3
+    runner = bench.one_trainer_run if loop == "transformers" else bench.one_run
+    run = runner(workers=1, epochs=3, steps_per_epoch=8, batch=8)
+    # the loader's own times where the loop is ours; the Trainer owns its loop
+    assert (
+        len(run["first_batch_s"]) == len(run["stop_iteration_s"]) == (3 if loop == "plain" else 0)
+    )
     assert run["seed_s"] > 0 and run["later_mean_s"] > 0
     assert run["later_over_seed"] == pytest.approx(run["later_mean_s"] / run["seed_s"])
     low, high = SEED_TO_LATER_START

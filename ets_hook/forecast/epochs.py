@@ -36,7 +36,8 @@ SEED_STEPS = 3
 #: finish the batches in flight and exit (13-35 ms for two workers, 3.8k-sample epochs of a
 #: 256-feature MLP), for the forks before the first worker runs, and runs its first step
 #: beside the new workers' prefetching. Measured on CPU with two workers: 1.2-1.7x the seed
-#: in a plain loop (median 1.6, ``benchmarks/epoch_starts.py``), 1.25-3.0x under Lightning
+#: in a plain loop (median 1.6, ``benchmarks/epoch_starts.py``), 1.0-1.7x under the Hugging
+#: Face Trainer (median 1.4, its ``--loop transformers``), 1.25-3.0x under Lightning
 #: (median 2.0, fourteen runs; ``benchmarks/RESULTS.md``, *The epoch start-up's seed*). Until
 #: a later epoch has started, one is priced at the middle of this range of the seed, the range
 #: its interval.
