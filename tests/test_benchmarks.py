@@ -28,14 +28,26 @@ pytestmark = pytest.mark.slow
 
 
 @cache
-def accuracy() -> Any:
-    """benchmarks/accuracy.py as a module (benchmarks/ is no package)."""
-    spec = importlib.util.spec_from_file_location("accuracy", ROOT / "benchmarks" / "accuracy.py")
+def benchmark(name: str) -> Any:
+    """benchmarks/<name>.py as a module (benchmarks/ is no package), registered under its name:
+    dataclasses look their module up, and the scripts import each other by name."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def accuracy() -> Any:
+    """benchmarks/accuracy.py as a module."""
+    return benchmark("accuracy")
+
+
+def frameworks_benchmark() -> Any:
+    """benchmarks/accuracy_frameworks.py as a module (it imports ``accuracy``)."""
+    accuracy()
+    return benchmark("accuracy_frameworks")
 
 
 def run(
@@ -142,18 +154,13 @@ def test_decode_lost_time_reports_the_decode_beside_the_prior() -> None:
 
 
 def test_allocator_faults_reports_each_epoch_of_each_variant(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     pytest.importorskip("lightning")
     # Each variant's one fit (what a child process of the script runs), in this process: the
     # script's fresh processes are for the measurement, not for its output's shape.
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location(
-        "allocator_faults", ROOT / "benchmarks" / "allocator_faults.py"
-    )
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    frameworks_benchmark()  # the model and module its fit imports
+    bench = benchmark("allocator_faults")
     for variant in ("bare", "hook"):
         argv = ["--one", variant, "--batches", "2", "--epochs", "2", "--batch-size", "8"]
         assert bench.main(argv) == 0
@@ -189,29 +196,12 @@ def test_framework_accuracy_quick_run_reports_both_frameworks(tmp_path: Path) ->
     assert "| eval |" in out_md.read_text()
 
 
-def frameworks_benchmark() -> Any:
-    """benchmarks/accuracy_frameworks.py as a module (it imports ``accuracy``)."""
-    accuracy()
-    path = ROOT / "benchmarks" / "accuracy_frameworks.py"
-    spec = importlib.util.spec_from_file_location("accuracy_frameworks", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("loop", ["plain", "transformers"])
 def test_epoch_starts_measures_the_seed_and_the_later_start_ups_in_one_run(loop: str) -> None:
     if loop == "transformers":
         pytest.importorskip("transformers")
     frameworks_benchmark()  # its datasets (and ``accuracy``'s), under their module names
-    spec = importlib.util.spec_from_file_location(
-        "epoch_starts", ROOT / "benchmarks" / "epoch_starts.py"
-    )
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = benchmark("epoch_starts")
     runner = bench.one_trainer_run if loop == "transformers" else bench.one_run
     run = runner(workers=1, epochs=3, steps_per_epoch=8, batch=8)
     # the loader's own times where the loop is ours; the Trainer owns its loop

@@ -41,6 +41,7 @@ CHECKPOINT = "checkpoint"
 _PHASE_CV_WEIGHT = 2.0
 _PHASE_CV_SCALE = 0.25
 _SINGLE_OCCURRENCE_REL_CI = 0.5
+_SINGLE_OCCURRENCE_RANGE = (1.0 - _SINGLE_OCCURRENCE_REL_CI, 1.0 + _SINGLE_OCCURRENCE_REL_CI)
 # Occurrence steps kept per phase for period inference.
 _PERIOD_HISTORY = 64
 
@@ -473,8 +474,8 @@ class _PhaseStats:
     spent_s: float = 0.0
     first_s: float = 0.0
     # A later occurrence's cost over the first's, (low, high), while only the first is known:
-    # None for the default (the first is the estimate, +-_SINGLE_OCCURRENCE_REL_CI).
-    first_to_later: tuple[float, float] | None = None
+    # by default the first itself, +-_SINGLE_OCCURRENCE_REL_CI.
+    first_to_later: tuple[float, float] = _SINGLE_OCCURRENCE_RANGE
     # Running stats of occurrences 2.. (Welford), and of the occurrence being accumulated.
     later_n: int = 0
     later_mean: float = 0.0
@@ -561,7 +562,9 @@ class PhaseTracker:
                 raise ValueError(f"first_to_later must be 0 < low <= high, got {first_to_later}")
         stats = self._stats.get(name)
         if stats is None:
-            stats = self._stats[name] = _PhaseStats(first_to_later=first_to_later)
+            stats = self._stats[name] = _PhaseStats(
+                first_to_later=first_to_later or _SINGLE_OCCURRENCE_RANGE
+            )
         duration_s = max(0.0, duration_s)
         if step == stats.last_step:
             stats.current_s += duration_s
@@ -585,10 +588,8 @@ class PhaseTracker:
         # Mean cost of a future occurrence and its 95% half-width.
         n = stats.later_n + (1 if stats.occurrences >= 2 else 0)
         if n == 0:
-            if stats.first_to_later is not None:
-                low, high = stats.first_to_later
-                return stats.first_s * (low + high) / 2, stats.first_s * (high - low) / 2
-            return stats.first_s, _SINGLE_OCCURRENCE_REL_CI * stats.first_s
+            low, high = stats.first_to_later
+            return stats.first_s * (low + high) / 2, stats.first_s * (high - low) / 2
         # Later occurrences, including the one still accumulating.
         mean = (stats.later_mean * stats.later_n + stats.current_s) / n
         m2 = stats.later_m2
